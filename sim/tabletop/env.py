@@ -1,0 +1,250 @@
+"""`TabletopEnv`: the embedded default task suite, a gymnasium env over a real MuJoCo simulation.
+
+Observations use LeRobot's names: `observation.images.front` / `.wrist` (uint8 HxWx3), `observation.state`
+(4 arm joints, gripper opening, end-effector xyz), `observation.environment_state` (privileged: cube centres and zone
+centres, for scripted experts and critics) and `task` (the language instruction).
+
+Actions (`control="ee_delta"`, default): end-effector delta position in [-1, 1]^3 scaled to 5 cm per control step,
+and a gripper command in [-1, 1] (+1 closes). `control="joint"`: absolute arm joint targets (rad) and the gripper.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("MUJOCO_GL", "egl")  # headless rendering; GLFW needs a display
+
+import string
+
+import gymnasium as gym
+import mujoco
+import numpy as np
+from gymnasium import spaces
+
+from sim.tabletop import model as M
+from sim.tabletop.tasks import MAX_STEPS, Layout, SceneState, parse_task, reward, sample_layout, success, instruction
+from sim.tabletop.twin import CUBE_COLOURS, REAL_WORLD, ZONE_COLOURS, TwinParams, apply_twin_params, read_nominal
+from wmrl.core.features import OBS_ENV_STATE, OBS_STATE, TASK, image_key
+
+EE_STEP = 0.05  # m per control step at |action| = 1
+STATE_NAMES = ["yaw", "shoulder", "elbow", "wrist", "gripper_opening", "ee_x", "ee_y", "ee_z"]
+ENV_STATE_NAMES = [f"{c}_{a}" for c in CUBE_COLOURS for a in "xyz"] + [f"zone_{z}_{a}" for z in ZONE_COLOURS for a in "xy"]
+TEXT_CHARSET = string.ascii_lowercase + string.digits + " "
+HOME_EE = np.array([0.3, 0.0, 0.2])
+
+
+def validate_action(action, shape: tuple[int, ...], field: str = "action") -> np.ndarray:
+    """Shared edge check: the right shape and finite values, else a ValueError that names the field."""
+    a = np.asarray(action, dtype=np.float64)
+    if a.shape != shape:
+        raise ValueError(f"{field}: expected shape {shape}, got {a.shape}")
+    if not np.all(np.isfinite(a)):
+        raise ValueError(f"{field}: contains NaN or inf: {a}")
+    return a
+
+
+class TabletopEnv(gym.Env):
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 10}
+
+    def __init__(
+        self,
+        task: str = "push-red",
+        control: str = "ee_delta",
+        image_size: int | tuple[int, int] = 64,
+        cameras: tuple[str, ...] = ("front", "wrist"),
+        control_hz: float = 10.0,
+        twin: TwinParams | str | None = None,
+        domain_randomization: float = 0.0,
+        max_episode_steps: int | None = None,
+        render_mode: str | None = None,
+        render_size: tuple[int, int] = (240, 320),
+    ):
+        self.spec_ = parse_task(task)
+        if control not in ("ee_delta", "joint"):
+            raise ValueError(f"control: expected 'ee_delta' or 'joint', got {control!r}")
+        for cam in cameras:
+            if cam not in ("front", "wrist"):
+                raise ValueError(f"cameras: unknown camera {cam!r}; valid: front, wrist")
+        if render_mode not in (None, "rgb_array"):
+            raise ValueError(f"render_mode: expected None or 'rgb_array', got {render_mode!r}")
+        self.control = control
+        self.cameras = tuple(cameras)
+        self.height, self.width = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
+        self.render_mode = render_mode
+        self.render_size = render_size
+        self.base_twin = REAL_WORLD if twin == "real" else (twin or TwinParams())
+        self.domain_randomization = float(domain_randomization)
+        self.max_episode_steps = max_episode_steps or MAX_STEPS[self.spec_.family]
+
+        self.model = mujoco.MjModel.from_xml_string(M.MJCF)
+        self.data = mujoco.MjData(self.model)
+        self.nominal = read_nominal(self.model)
+        self.twin = self.base_twin
+        apply_twin_params(self.model, self.nominal, self.twin)
+        self.n_substeps = max(1, int(round(1.0 / (control_hz * self.model.opt.timestep))))
+        self._renderer: mujoco.Renderer | None = None
+        self._big_renderer: mujoco.Renderer | None = None
+        self._ids()
+
+        obs = {image_key(c): spaces.Box(0, 255, (self.height, self.width, 3), np.uint8) for c in self.cameras}
+        obs[OBS_STATE] = spaces.Box(-np.inf, np.inf, (len(STATE_NAMES),), np.float32)
+        obs[OBS_ENV_STATE] = spaces.Box(-np.inf, np.inf, (len(ENV_STATE_NAMES),), np.float32)
+        obs[TASK] = spaces.Text(max_length=64, min_length=1, charset=TEXT_CHARSET)
+        self.observation_space = spaces.Dict(obs)
+        if control == "ee_delta":
+            self.action_space = spaces.Box(-1.0, 1.0, (4,), np.float32)
+        else:
+            low = np.concatenate([M.JOINT_LOW[:4], [-1.0]]).astype(np.float32)
+            high = np.concatenate([M.JOINT_HIGH[:4], [1.0]]).astype(np.float32)
+            self.action_space = spaces.Box(low, high, (5,), np.float32)
+        self.layout: Layout | None = None
+        self.task_text = ""
+        self._t = 0
+
+    # ------------------------------------------------------------------ model bookkeeping
+    def _ids(self):
+        m = self.model
+        jid = lambda n: mujoco.mj_name2id(m, mujoco.mjtObj.mjOBJ_JOINT, n)
+        self._arm_qpos = np.array([m.jnt_qposadr[jid(j)] for j in ("yaw", "shoulder", "elbow", "wrist")])
+        self._arm_qvel = np.array([m.jnt_dofadr[jid(j)] for j in ("yaw", "shoulder", "elbow", "wrist")])
+        self._finger_qpos = np.array([m.jnt_qposadr[jid(j)] for j in ("finger_left", "finger_right")])
+        self._cube_qpos = {c: m.jnt_qposadr[jid(f"cube_{c}")] for c in CUBE_COLOURS}
+        self._cube_geom = {c: mujoco.mj_name2id(m, mujoco.mjtObj.mjOBJ_GEOM, f"cube_{c}") for c in CUBE_COLOURS}
+        self._zone_geom = {z: mujoco.mj_name2id(m, mujoco.mjtObj.mjOBJ_GEOM, f"zone_{z}") for z in ZONE_COLOURS}
+        self._finger_geoms = {mujoco.mj_name2id(m, mujoco.mjtObj.mjOBJ_GEOM, g) for g in ("finger_left", "finger_right")}
+        self._ee_site = mujoco.mj_name2id(m, mujoco.mjtObj.mjOBJ_SITE, "ee")
+
+    @property
+    def task(self) -> str:
+        return self.spec_.name
+
+    def ee_pos(self) -> np.ndarray:
+        return self.data.site_xpos[self._ee_site].copy()
+
+    def gripper_opening(self) -> float:
+        return float(self.data.qpos[self._finger_qpos].sum())
+
+    def cube_pos(self, colour: str) -> np.ndarray:
+        a = self._cube_qpos[colour]
+        return self.data.qpos[a : a + 3].copy()
+
+    def grasped(self, colour: str) -> bool:
+        cube = self._cube_geom[colour]
+        touching = set()
+        for i in range(self.data.ncon):
+            c = self.data.contact[i]
+            pair = {c.geom1, c.geom2}
+            if cube in pair:
+                touching |= pair & self._finger_geoms
+        return len(touching) == 2
+
+    def scene_state(self) -> SceneState:
+        return SceneState(
+            ee=self.ee_pos(),
+            gripper_opening=self.gripper_opening(),
+            cube=self.cube_pos(self.spec_.colour),
+            zone_xy=self.layout.zone_xy[self.layout.zone].copy(),
+            grasped=self.grasped(self.spec_.colour),
+            half_size=self.twin.cube_half_size,
+        )
+
+    def sim_state(self) -> dict[str, np.ndarray]:
+        """Exact simulator state (qpos, qvel, ctrl) so an oracle can restore it."""
+        return {"qpos": self.data.qpos.copy(), "qvel": self.data.qvel.copy(), "ctrl": self.data.ctrl.copy()}
+
+    # ------------------------------------------------------------------ gymnasium API
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        options = options or {}
+        twin = options.get("twin", self.base_twin)
+        if self.domain_randomization > 0:
+            twin = twin.randomize(self.np_random, self.domain_randomization)
+        self.twin = twin
+        apply_twin_params(self.model, self.nominal, twin)
+        self.layout = options.get("layout") or sample_layout(self.spec_, self.np_random, twin)
+        self.task_text = instruction(self.spec_, self.layout.zone)
+
+        mujoco.mj_resetData(self.model, self.data)
+        q = M.inverse_kinematics(HOME_EE)
+        self.data.qpos[self._arm_qpos] = q
+        self.data.qpos[self._finger_qpos] = M.FINGER_MAX
+        self.data.ctrl[:4] = q
+        self.data.ctrl[4:6] = M.FINGER_MAX
+        h = twin.cube_half_size
+        for c in CUBE_COLOURS:
+            a = self._cube_qpos[c]
+            x, y = self.layout.cube_xy[c]
+            yaw = self.layout.cube_yaw[c]
+            self.data.qpos[a : a + 7] = [x, y, h, np.cos(yaw / 2), 0, 0, np.sin(yaw / 2)]
+        for z in ZONE_COLOURS:
+            self.model.geom_pos[self._zone_geom[z], :2] = self.layout.zone_xy[z]
+        mujoco.mj_forward(self.model, self.data)
+        self._t = 0
+        return self._obs(), self._info()
+
+    def _ctrl_from_action(self, a: np.ndarray) -> np.ndarray:
+        ctrl = np.empty(6)
+        if self.control == "ee_delta":
+            target = np.clip(self.ee_pos() + a[:3] * EE_STEP, M.WORKSPACE_LOW, M.WORKSPACE_HIGH)
+            ctrl[:4] = M.inverse_kinematics(target)
+        else:
+            ctrl[:4] = a[:4]
+        finger = M.FINGER_MAX * (1.0 - a[-1]) / 2.0  # +1 closes (0 travel), -1 opens fully
+        ctrl[4:6] = finger
+        return ctrl
+
+    def step(self, action):
+        if self.layout is None:
+            raise RuntimeError("call reset() before step()")
+        a = validate_action(action, self.action_space.shape)
+        a = np.clip(a, self.action_space.low, self.action_space.high)
+        new_ctrl = self._ctrl_from_action(a)
+        delay = min(self.n_substeps, int(round(self.twin.latency_s / self.model.opt.timestep)))
+        for i in range(self.n_substeps):
+            if i == delay:
+                self.data.ctrl[:] = new_ctrl
+            mujoco.mj_step(self.model, self.data)
+        if delay >= self.n_substeps:
+            self.data.ctrl[:] = new_ctrl
+        self._t += 1
+        s = self.scene_state()
+        ok = success(self.spec_.family, s)
+        r = reward(self.spec_.family, s)
+        terminated = ok
+        truncated = (not terminated) and self._t >= self.max_episode_steps
+        return self._obs(), r, terminated, truncated, self._info(ok)
+
+    def _info(self, ok: bool = False) -> dict:
+        return {"success": ok, "is_success": ok, "task": self.task_text, "step": self._t}
+
+    def _render_cameras(self) -> dict[str, np.ndarray]:
+        if self._renderer is None:
+            self._renderer = mujoco.Renderer(self.model, self.height, self.width)
+        out = {}
+        for cam in self.cameras:
+            self._renderer.update_scene(self.data, camera=cam)
+            out[image_key(cam)] = self._renderer.render().copy()
+        return out
+
+    def _obs(self) -> dict:
+        obs = self._render_cameras()
+        q = self.data.qpos[self._arm_qpos]
+        obs[OBS_STATE] = np.concatenate([q, [self.gripper_opening()], self.ee_pos()]).astype(np.float32)
+        env_state = [self.cube_pos(c) for c in CUBE_COLOURS] + [self.layout.zone_xy[z] for z in ZONE_COLOURS]
+        obs[OBS_ENV_STATE] = np.concatenate(env_state).astype(np.float32)
+        obs[TASK] = self.task_text
+        return obs
+
+    def render(self):
+        if self.render_mode != "rgb_array":
+            return None
+        if self._big_renderer is None:
+            self._big_renderer = mujoco.Renderer(self.model, *self.render_size)
+        self._big_renderer.update_scene(self.data, camera="front")
+        return self._big_renderer.render().copy()
+
+    def close(self):
+        for r in (self._renderer, self._big_renderer):
+            if r is not None:
+                r.close()
+        self._renderer = self._big_renderer = None

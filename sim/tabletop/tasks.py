@@ -1,0 +1,163 @@
+"""Language-conditioned task families of the tabletop suite: layouts, instructions, shaped rewards, success.
+
+A task is a family and a cube colour (`push-red`); the zone, where the family has one, is drawn per episode and
+named in the instruction, so the language carries information the policy needs.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from sim.tabletop.twin import CUBE_COLOURS, ZONE_COLOURS, TwinParams
+
+FAMILIES = ("reach", "push", "lift", "place")
+MAX_STEPS = {"reach": 40, "push": 80, "lift": 60, "place": 100}  # at 10 Hz
+LIFT_HEIGHT = 0.08  # success: cube raised this far above its resting height
+SUCCESS_RADIUS = 0.04  # cube centre within this distance of the zone centre (zones have radius 0.05)
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    family: str
+    colour: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.family}-{self.colour}"
+
+
+def all_tasks() -> list[TaskSpec]:
+    return [TaskSpec(f, c) for f in FAMILIES for c in CUBE_COLOURS]
+
+
+def parse_task(name: str) -> TaskSpec:
+    """'push-red' -> TaskSpec('push', 'red'); unknown names list the valid ones."""
+    m = re.fullmatch(r"([a-z]+)-([a-z]+)", name)
+    if not m or m.group(1) not in FAMILIES or m.group(2) not in CUBE_COLOURS:
+        valid = ", ".join(t.name for t in all_tasks())
+        raise ValueError(f"unknown task {name!r}; valid tasks: {valid}")
+    return TaskSpec(m.group(1), m.group(2))
+
+
+def instruction(spec: TaskSpec, zone: str) -> str:
+    c = spec.colour
+    return {
+        "reach": f"reach the {c} cube",
+        "push": f"push the {c} cube to the {zone} zone",
+        "lift": f"lift the {c} cube",
+        "place": f"put the {c} cube in the {zone} zone",
+    }[spec.family]
+
+
+_INSTRUCTION = re.compile(
+    r"(?P<verb>reach|push|lift|put) the (?P<cube>[a-z]+) cube(?: (?:to|in) the (?P<zone>[a-z]+) zone)?"
+)
+
+
+def parse_instruction(text: str) -> tuple[str, str, str | None]:
+    """Inverse of `instruction`: returns (family, cube colour, zone colour or None). Used by scripted experts,
+    which read the language instruction like any other policy."""
+    m = _INSTRUCTION.fullmatch(text.strip().lower())
+    if not m:
+        raise ValueError(f"cannot parse task instruction {text!r}")
+    family = "place" if m["verb"] == "put" else m["verb"]
+    return family, m["cube"], m["zone"]
+
+
+@dataclass
+class Layout:
+    cube_xy: dict[str, np.ndarray]
+    cube_yaw: dict[str, float]
+    zone_xy: dict[str, np.ndarray]
+    zone: str  # the zone named in the instruction (or a dummy for zone-less families)
+
+
+def _segment_distance(p: np.ndarray, a: np.ndarray, b: np.ndarray) -> float:
+    ab = b - a
+    t = np.clip(np.dot(p - a, ab) / max(np.dot(ab, ab), 1e-9), 0.0, 1.0)
+    return float(np.linalg.norm(p - (a + t * ab)))
+
+
+def sample_layout(spec: TaskSpec, rng: np.random.Generator, p: TwinParams, max_tries: int = 1000) -> Layout:
+    """Rejection-sample non-overlapping cubes and zones. For push, the straight path from the target cube to its
+    zone and the approach point behind the cube are kept clear of the other cubes, so every layout is solvable."""
+    (x0, x1), (y0, y1) = p.cube_x_range, p.cube_y_range
+    for _ in range(max_tries):
+        xy = {c: np.array([rng.uniform(x0, x1), rng.uniform(y0, y1)]) for c in CUBE_COLOURS}
+        pts = list(xy.values())
+        if min(np.linalg.norm(a - b) for i, a in enumerate(pts) for b in pts[i + 1 :]) < 0.085:
+            continue
+        zones = {z: np.array([rng.uniform(0.28, 0.54), rng.uniform(-0.24, 0.24)]) for z in ZONE_COLOURS}
+        zp = list(zones.values())
+        if np.linalg.norm(zp[0] - zp[1]) < 0.15:
+            continue
+        zone = ZONE_COLOURS[int(rng.integers(len(ZONE_COLOURS)))]
+        target = xy[spec.colour]
+        # cubes must not start inside any zone; the target must start well away from its own zone
+        if min(np.linalg.norm(c - z) for c in pts for z in zp) < 0.085:
+            continue
+        if spec.family in ("push", "place") and np.linalg.norm(target - zones[zone]) < 0.14:
+            continue
+        if spec.family == "push":
+            u = (zones[zone] - target) / np.linalg.norm(zones[zone] - target)
+            behind = target - u * 0.08
+            others = [xy[c] for c in CUBE_COLOURS if c != spec.colour]
+            if any(_segment_distance(o, behind, zones[zone] + u * 0.03) < 0.075 for o in others):
+                continue
+            if not (0.22 <= behind[0] <= 0.6 and abs(behind[1]) <= 0.26):
+                continue
+        yaw = {c: float(rng.uniform(-p.cube_yaw_range, p.cube_yaw_range)) for c in CUBE_COLOURS}
+        return Layout(xy, yaw, zones, zone)
+    raise RuntimeError("could not sample a valid layout; the workspace ranges in TwinParams are too tight")
+
+
+@dataclass
+class SceneState:
+    """Privileged state the reward and success functions read."""
+
+    ee: np.ndarray  # (3,)
+    gripper_opening: float  # distance between the fingers (m)
+    cube: np.ndarray  # (3,) target cube centre
+    zone_xy: np.ndarray  # (2,) instructed zone centre
+    grasped: bool  # both fingers touch the target cube
+    half_size: float
+
+
+def _reach_target(s: SceneState) -> np.ndarray:
+    return s.cube + np.array([0.0, 0.0, s.half_size + 0.03])
+
+
+def success(family: str, s: SceneState) -> bool:
+    if family == "reach":
+        return bool(np.linalg.norm(s.ee - _reach_target(s)) < 0.02)
+    d_zone = float(np.linalg.norm(s.cube[:2] - s.zone_xy))
+    if family == "push":
+        return d_zone < SUCCESS_RADIUS
+    if family == "lift":
+        return bool(s.cube[2] - s.half_size > LIFT_HEIGHT)
+    if family == "place":
+        resting = s.cube[2] < s.half_size + 0.01
+        released = s.gripper_opening > 2 * s.half_size + 0.01
+        return d_zone < SUCCESS_RADIUS and resting and released
+    raise ValueError(family)
+
+
+def reward(family: str, s: SceneState) -> float:
+    """Dense shaped reward in [0, 1]; 1 is reached at success."""
+    if success(family, s):
+        return 1.0
+    near = 1.0 - np.tanh(10.0 * np.linalg.norm(s.ee - s.cube))
+    d_zone = float(np.linalg.norm(s.cube[:2] - s.zone_xy))
+    if family == "reach":
+        return float(0.9 * (1.0 - np.tanh(10.0 * np.linalg.norm(s.ee - _reach_target(s)))))
+    if family == "push":
+        return float(0.2 * near + 0.7 * (1.0 - np.tanh(5.0 * d_zone)))
+    if family == "lift":
+        height = np.clip((s.cube[2] - s.half_size) / LIFT_HEIGHT, 0.0, 1.0)
+        return float(0.3 * near + 0.2 * s.grasped + 0.4 * height)
+    if family == "place":
+        return float(0.2 * near + 0.2 * s.grasped + 0.5 * (1.0 - np.tanh(5.0 * d_zone)))
+    raise ValueError(family)
