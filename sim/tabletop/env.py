@@ -10,10 +10,6 @@ and a gripper command in [-1, 1] (+1 closes). `control="joint"`: absolute arm jo
 
 from __future__ import annotations
 
-import os
-
-os.environ.setdefault("MUJOCO_GL", "egl")  # headless rendering; GLFW needs a display
-
 import string
 
 import gymnasium as gym

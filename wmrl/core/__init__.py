@@ -1,0 +1,1 @@
+"""Bottom layer: feature names, protocols, registries, atomic file helpers."""
