@@ -211,7 +211,8 @@ class TabletopEnv(gym.Env):
         return self._obs(), r, terminated, truncated, self._info(ok)
 
     def _info(self, ok: bool = False) -> dict:
-        return {"success": ok, "is_success": ok, "task": self.task_text, "step": self._t}
+        return {"success": ok, "is_success": ok, "task": self.task_text, "step": self._t,
+                "qpos": self.data.qpos.astype(np.float32), "qvel": self.data.qvel.astype(np.float32)}
 
     def _render_cameras(self) -> dict[str, np.ndarray]:
         if self._renderer is None:
