@@ -1,0 +1,3 @@
+from wmrl.replay.buffer import EpisodeReplay, MixedReplay
+
+__all__ = ["EpisodeReplay", "MixedReplay"]

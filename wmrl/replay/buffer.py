@@ -1,0 +1,337 @@
+"""The common replay buffer: whole episodes, every frame stored once as it came (images as uint8).
+
+Transitions (s, a, r, s', terminated) are sampled by index arithmetic: s' is the next frame of the same episode,
+so no `next` observation is ever stored twice. Windows of L frames (world-model sequences, action chunks) never cross
+an episode: indices past the episode end are clamped to its last frame and masked out. `next.terminated` and
+`next.truncated` stay distinct, so value targets bootstrap through a time limit but not through a termination.
+
+Storage is a ring of `capacity` frames with FIFO eviction of whole episodes (an episode is never split across the
+wrap). Optional per-episode weights (trajectory weighting, Hong et al. 2023) and per-frame priorities change the
+sampling distribution; `MixedReplay` mixes an offline and an online buffer at a fixed ratio.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from wmrl.core.episode import features_for
+from wmrl.core.features import IS_LAST
+from wmrl.core.io import write_json
+
+class EpisodeReplay:
+    def __init__(self, capacity: int, seed: int = 0):
+        if capacity <= 0:
+            raise ValueError(f"capacity must be positive, got {capacity}")
+        self.capacity = int(capacity)
+        self.rng = np.random.default_rng(seed)
+        self.data: dict[str, np.ndarray] = {}
+        self.vocab: dict[str, list[str]] = {}  # string features (task, source, ...) are stored as int32 codes
+        self.frame_episode = np.full(self.capacity, -1, np.int64)  # episode id per slot, -1 = empty
+        self.frame_end = np.zeros(self.capacity, np.int64)  # slot of the last frame of the slot's episode
+        self.priority = np.ones(self.capacity, np.float64)
+        self.episodes: dict[int, tuple[int, int]] = {}  # episode id -> (start slot, length), insertion ordered
+        self.episode_weight: dict[int, float] = {}
+        self.ptr = 0
+        self.high_water = 0  # slots [0, high_water) have ever been written
+        self.next_episode_id = 0
+        self._weighted = False
+        self._dirty = True
+        self._trans_starts = np.zeros(0, np.int64)
+        self._live = np.zeros(0, np.int64)
+
+    # ------------------------------------------------------------------ writing
+    def _allocate(self, ep: dict[str, Any]) -> None:
+        for k, v in ep.items():
+            if isinstance(v, list):
+                self.vocab[k] = []
+                self.data[k] = np.zeros(self.capacity, np.int32)
+            else:
+                v = np.asarray(v)
+                self.data[k] = np.zeros((self.capacity, *v.shape[1:]), v.dtype)
+
+    def add_episode(self, episode: dict[str, Any], weight: float = 1.0) -> int:
+        """Store an episode dict (see `wmrl.core.episode`); returns its id. Evicts the oldest episodes in the way."""
+        lengths = {k: len(v) for k, v in episode.items()}
+        T = next(iter(lengths.values()))
+        if any(n != T for n in lengths.values()):
+            raise ValueError(f"episode fields have different lengths: {lengths}")
+        if T > self.capacity:
+            raise ValueError(f"episode of {T} frames does not fit a replay of capacity {self.capacity}")
+        if not self.data:
+            self._allocate(episode)
+        if set(episode) != set(self.data):
+            raise ValueError(f"episode keys {sorted(episode)} differ from the buffer's {sorted(self.data)}")
+        for k, v in episode.items():
+            if not isinstance(v, list):
+                v = np.asarray(v)
+                if v.shape[1:] != self.data[k].shape[1:]:
+                    raise ValueError(f"{k}: expected per-frame shape {self.data[k].shape[1:]}, got {v.shape[1:]}")
+                if np.issubdtype(v.dtype, np.floating) and not np.all(np.isfinite(v)):
+                    raise ValueError(f"{k}: contains NaN or inf")
+        if self.ptr + T > self.capacity:
+            self.ptr = 0  # wrap: episodes stay contiguous
+        lo, hi = self.ptr, self.ptr + T
+        for eid in np.unique(self.frame_episode[lo:hi]):
+            if eid >= 0:
+                self._evict(int(eid))
+        for k, v in episode.items():
+            if isinstance(v, list):
+                voc = self.vocab[k]
+                codes = []
+                for s in v:
+                    if s not in voc:
+                        voc.append(s)
+                    codes.append(voc.index(s))
+                self.data[k][lo:hi] = codes
+            else:
+                self.data[k][lo:hi] = v
+        if IS_LAST not in episode:  # data without RLDS's flag: the last frame has no successor
+            self.data.setdefault(IS_LAST, np.zeros(self.capacity, bool))
+            self.data[IS_LAST][lo:hi] = np.arange(T) == T - 1
+        eid = self.next_episode_id
+        self.next_episode_id += 1
+        self.frame_episode[lo:hi] = eid
+        self.frame_end[lo:hi] = hi - 1
+        self.priority[lo:hi] = 1.0
+        self.episodes[eid] = (lo, T)
+        self.episode_weight[eid] = float(weight)
+        self._weighted |= weight != 1.0
+        self.ptr = hi
+        self.high_water = max(self.high_water, hi)
+        self._dirty = True
+        return eid
+
+    def _evict(self, eid: int) -> None:
+        lo, T = self.episodes.pop(eid)
+        self.episode_weight.pop(eid, None)
+        self.frame_episode[lo : lo + T] = -1
+
+    # ------------------------------------------------------------------ weights
+    def set_episode_weights(self, weights: dict[int, float]) -> None:
+        """Trajectory weighting: sampling probability of every frame of episode i is proportional to weights[i]."""
+        for eid, w in weights.items():
+            if eid not in self.episodes:
+                raise KeyError(f"episode {eid} is not in the buffer")
+            if not np.isfinite(w) or w < 0:
+                raise ValueError(f"episode weight must be finite and >= 0, got {w}")
+            self.episode_weight[eid] = float(w)
+        self._weighted = True
+        self._dirty = True
+
+    def update_priorities(self, idx: np.ndarray, priority: np.ndarray) -> None:
+        """Per-frame priorities (e.g. TD errors), multiplied with the episode weight."""
+        p = np.asarray(priority, dtype=np.float64)
+        if np.any(~np.isfinite(p)) or np.any(p < 0):
+            raise ValueError("priorities must be finite and >= 0")
+        self.priority[np.asarray(idx)] = p
+        self._weighted = True
+        self._dirty = True
+
+    # ------------------------------------------------------------------ sampling
+    def __len__(self) -> int:
+        return int(sum(T for _, T in self.episodes.values()))
+
+    @property
+    def num_episodes(self) -> int:
+        return len(self.episodes)
+
+    def _refresh(self) -> None:
+        if not self._dirty:
+            return
+        hw = self.high_water
+        live = self.frame_episode[:hw] >= 0
+        starts = live & ~self.data[IS_LAST][:hw]
+        starts[:-1] &= self.frame_episode[1:hw] == self.frame_episode[: hw - 1]
+        if hw:
+            starts[hw - 1] = False  # the last written slot has no successor
+        self._live = np.flatnonzero(live)
+        self._trans_starts = np.flatnonzero(starts)
+        if self._weighted:
+            w_ep = np.zeros(hw)
+            for eid, (lo, T) in self.episodes.items():
+                w_ep[lo : lo + T] = self.episode_weight[eid]
+            w = w_ep * self.priority[:hw]
+            self._p_trans = np.cumsum(w[self._trans_starts])
+            self._p_live = np.cumsum(w[self._live])
+        self._dirty = False
+
+    def _draw(self, pool: np.ndarray, cdf: np.ndarray | None, n: int) -> np.ndarray:
+        if len(pool) == 0:
+            raise ValueError("the replay buffer has nothing to sample yet")
+        if cdf is None:
+            return pool[self.rng.integers(0, len(pool), n)]
+        if cdf[-1] <= 0:
+            raise ValueError("all sampling weights are zero")
+        return pool[np.searchsorted(cdf, self.rng.random(n) * cdf[-1], side="right").clip(0, len(pool) - 1)]
+
+    def sampling_probabilities(self) -> tuple[np.ndarray, np.ndarray]:
+        """(transition start slots, their sampling probabilities); for tests and diagnostics."""
+        self._refresh()
+        if not self._weighted:
+            return self._trans_starts, np.full(len(self._trans_starts), 1.0 / max(len(self._trans_starts), 1))
+        return self._trans_starts, np.diff(self._p_trans, prepend=0.0) / self._p_trans[-1]
+
+    def _gather(self, idx: np.ndarray, keys: list[str] | None = None) -> dict[str, np.ndarray]:
+        return {k: self.data[k][idx] for k in (keys or self.data)}
+
+    def sample(self, batch_size: int, keys: list[str] | None = None) -> dict[str, np.ndarray]:
+        """Transitions: every stored key at s, `next.<key>` for observation keys at s', plus `index` (slot of s)."""
+        self._refresh()
+        idx = self._draw(self._trans_starts, self._p_trans if self._weighted else None, batch_size)
+        out = self._gather(idx, keys)
+        nxt = idx + 1
+        for k in (keys or self.data):
+            if k.startswith("observation."):
+                out[f"next.{k}"] = self.data[k][nxt]
+        out["index"] = idx
+        return out
+
+    def sample_windows(self, batch_size: int, length: int, keys: list[str] | None = None) -> dict[str, np.ndarray]:
+        """Windows of `length` frames (B, L, ...) inside one episode each; `mask` marks real frames, `action_mask`
+        real frames that also carry a real action (not the final observation's padding)."""
+        if length <= 0:
+            raise ValueError(f"window length must be positive, got {length}")
+        self._refresh()
+        start = self._draw(self._live, self._p_live if self._weighted else None, batch_size)
+        raw = start[:, None] + np.arange(length)[None, :]
+        end = self.frame_end[start][:, None]
+        mask = raw <= end
+        idx = np.minimum(raw, end)
+        out = {k: self.data[k][idx] for k in (keys or self.data)}
+        out["mask"] = mask
+        out["action_mask"] = mask & ~self.data[IS_LAST][idx]
+        out["index"] = idx
+        return out
+
+    def decode_strings(self, key: str, codes: np.ndarray) -> np.ndarray:
+        return np.asarray(self.vocab[key], dtype=object)[codes]
+
+    def get_episode(self, eid: int) -> dict[str, Any]:
+        lo, T = self.episodes[eid]
+        return {k: (self.decode_strings(k, v[lo : lo + T]).tolist() if k in self.vocab else v[lo : lo + T].copy())
+                for k, v in self.data.items()}
+
+    # ------------------------------------------------------------------ persistence
+    def save(self, path: str | Path) -> None:
+        """Crash-safe save: written to a sibling folder, then swapped in. A crash at any point leaves either the
+        old or the new save complete (`load` picks up a swap interrupted half way)."""
+        path = Path(path)
+        tmp = path.with_name(path.name + ".tmp")
+        old = path.with_name(path.name + ".old")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        hw = self.high_water
+        for k, v in self.data.items():
+            np.save(tmp / f"{k}.npy", v[:hw])
+        np.save(tmp / "_frame_episode.npy", self.frame_episode[:hw])
+        np.save(tmp / "_frame_end.npy", self.frame_end[:hw])
+        np.save(tmp / "_priority.npy", self.priority[:hw])
+        write_json(tmp / "manifest.json", {
+            "capacity": self.capacity, "ptr": self.ptr, "high_water": hw, "next_episode_id": self.next_episode_id,
+            "episodes": {str(e): list(v) for e, v in self.episodes.items()},
+            "episode_weight": {str(e): w for e, w in self.episode_weight.items()}, "weighted": self._weighted,
+            "vocab": self.vocab, "keys": list(self.data), "rng": self.rng.bit_generator.state})
+        for f in tmp.iterdir():
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+        if path.exists():
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(path, old)
+        os.replace(tmp, path)
+        shutil.rmtree(old, ignore_errors=True)
+
+    @classmethod
+    def load(cls, path: str | Path) -> "EpisodeReplay":
+        path = Path(path)
+        if not (path / "manifest.json").exists():
+            old = path.with_name(path.name + ".old")
+            if (old / "manifest.json").exists():
+                path = old  # a save was interrupted between its two renames
+            else:
+                raise FileNotFoundError(f"{path}: no replay save here (manifest.json missing)")
+        try:
+            m = json.loads((path / "manifest.json").read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path / 'manifest.json'}: not valid JSON ({e})") from e
+        buf = cls(m["capacity"])
+        hw = m["high_water"]
+        for k in m["keys"]:
+            arr = np.load(path / f"{k}.npy", allow_pickle=False)
+            buf.data[k] = np.zeros((buf.capacity, *arr.shape[1:]), arr.dtype)
+            buf.data[k][:hw] = arr
+        buf.frame_episode[:hw] = np.load(path / "_frame_episode.npy")
+        buf.frame_end[:hw] = np.load(path / "_frame_end.npy")
+        buf.priority[:hw] = np.load(path / "_priority.npy")
+        buf.ptr, buf.high_water, buf.next_episode_id = m["ptr"], hw, m["next_episode_id"]
+        buf.episodes = {int(e): tuple(v) for e, v in m["episodes"].items()}
+        buf.episode_weight = {int(e): w for e, w in m["episode_weight"].items()}
+        buf._weighted, buf.vocab = m["weighted"], m["vocab"]
+        buf.rng.bit_generator.state = m["rng"]
+        return buf
+
+    # ------------------------------------------------------------------ LeRobot v3
+    @classmethod
+    def from_lerobot(cls, root: str | Path, capacity: int | None = None, seed: int = 0) -> "EpisodeReplay":
+        from wmrl.datasets import LeRobotV3Dataset
+
+        ds = LeRobotV3Dataset(root)
+        buf = cls(capacity or ds.num_frames, seed=seed)
+        skip = {"timestamp", "frame_index", "episode_index", "index", "task_index"}
+        for ep in ds.iter_episodes():
+            buf.add_episode({k: v for k, v in ep.items() if k not in skip})
+        return buf
+
+    def to_lerobot(self, root: str | Path, fps: int, mode: str = "create", robot_type: str | None = None) -> int:
+        from wmrl.datasets import LeRobotV3Writer, write_episode
+
+        if not self.episodes:
+            raise ValueError("the replay buffer is empty; nothing to export")
+        eps = [self.get_episode(e) for e in self.episodes]
+        writer = LeRobotV3Writer(root, fps=fps, features=features_for(eps[0]), mode=mode, robot_type=robot_type)
+        for ep in eps:
+            write_episode(writer, ep)
+        writer.finalize()
+        return len(eps)
+
+
+class MixedReplay:
+    """Samples `online_ratio` of each batch from the online buffer and the rest from the offline one (RLPD, WSRL's
+    variants that keep offline data, HIL-SERL). Falls back to offline only until the online buffer has data."""
+
+    def __init__(self, offline: EpisodeReplay, online: EpisodeReplay, online_ratio: float = 0.5):
+        if not 0.0 <= online_ratio <= 1.0:
+            raise ValueError(f"online_ratio must be in [0, 1], got {online_ratio}")
+        self.offline, self.online, self.online_ratio = offline, online, online_ratio
+
+    def _split(self, batch_size: int) -> int:
+        return int(round(batch_size * self.online_ratio)) if len(self.online) else 0
+
+    def _mix(self, fn: str, batch_size: int, *args, **kw) -> dict[str, np.ndarray]:
+        n_on = self._split(batch_size)
+        parts = []
+        if n_on:
+            parts.append((getattr(self.online, fn)(n_on, *args, **kw), True))
+        if batch_size - n_on:
+            parts.append((getattr(self.offline, fn)(batch_size - n_on, *args, **kw), False))
+        keys = set.intersection(*(set(p) for p, _ in parts))
+        out = {k: np.concatenate([p[k] for p, _ in parts]) for k in keys}
+        out["is_online"] = np.concatenate([np.full(len(p["index"]), flag) for p, flag in parts])
+        return out
+
+    def sample(self, batch_size: int, keys: list[str] | None = None) -> dict[str, np.ndarray]:
+        return self._mix("sample", batch_size, keys=keys)
+
+    def sample_windows(self, batch_size: int, length: int, keys: list[str] | None = None) -> dict[str, np.ndarray]:
+        return self._mix("sample_windows", batch_size, length, keys=keys)
+
+    def __len__(self) -> int:
+        return len(self.offline) + len(self.online)
+
+
+__all__ = ["EpisodeReplay", "MixedReplay"]
