@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 
 os.environ.setdefault("MUJOCO_GL", "egl")  # headless rendering; must be set before mujoco is imported
@@ -41,11 +42,16 @@ def make_env(task: str, **kwargs) -> gym.Env:
     return gym.make(resolve_task(task), disable_env_checker=True, **kwargs)
 
 
+def _make_registered(env_id: str, kwargs: dict) -> gym.Env:
+    # Module-level (pickled by reference), so a spawned worker imports `sim` and with it the registrations.
+    return gym.make(env_id, disable_env_checker=True, **kwargs)
+
+
 def make_vector_env(task: str, num_envs: int = 1, asynchronous: bool = True, **kwargs) -> gym.vector.VectorEnv:
     """A batched tabletop: `AsyncVectorEnv` (one process per env) or `SyncVectorEnv`. Episodes autoreset on the
     next step (gymnasium's NEXT_STEP mode)."""
     env_id = resolve_task(task)
-    fns = [lambda: gym.make(env_id, disable_env_checker=True, **kwargs) for _ in range(num_envs)]
+    fns = [functools.partial(_make_registered, env_id, kwargs) for _ in range(num_envs)]
     if asynchronous and num_envs > 1:
         return gym.vector.AsyncVectorEnv(fns, shared_memory=False, context="spawn")
     return gym.vector.SyncVectorEnv(fns)

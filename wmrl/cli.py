@@ -1,0 +1,121 @@
+"""`wmrl`: one entry point. Each subcommand is a dataclass config parsed by tyro; `--config FILE.yaml` supplies
+defaults that flags then override.
+
+    wmrl demo | collect | eval | tasks | bench NAME [--json]
+"""
+
+from __future__ import annotations
+
+import json
+import runpy
+import sys
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+BENCHMARKS = REPO / "benchmarks"
+
+
+@dataclass
+class TasksConfig:
+    json: bool = False
+    """Print the task list as JSON."""
+
+
+@dataclass
+class BenchConfig:
+    name: str = "replay"
+    json: bool = True
+    """Print one JSON object (always written to benchmarks/results/NAME.json too)."""
+    quick: bool = False
+    """Tiny sizes, for smoke tests."""
+
+
+def _tasks(cfg: TasksConfig) -> dict:
+    import sim
+
+    ids = sim.env_ids()
+    if cfg.json:
+        print(json.dumps(ids))
+    else:
+        for i in ids:
+            print(i)
+    return {"tasks": ids}
+
+
+def _bench(cfg: BenchConfig) -> dict:
+    available = sorted(p.stem for p in BENCHMARKS.glob("*.py") if not p.stem.startswith("_"))
+    if cfg.name not in available:
+        raise ValueError(f"unknown benchmark {cfg.name!r}; valid: {', '.join(available)}")
+    mod = runpy.run_path(str(BENCHMARKS / f"{cfg.name}.py"), run_name="wmrl_bench")
+    result = mod["main"](quick=cfg.quick)
+    print(json.dumps(result, indent=None if cfg.json else 2))
+    return result
+
+
+def _commands() -> dict[str, tuple[type, Callable[[Any], Any], str]]:
+    from wmrl.commands.collect import CollectConfig, collect
+    from wmrl.commands.demo import DemoConfig, run_demo
+    from wmrl.commands.evaluate import EvalConfig, run_eval
+
+    return {
+        "demo": (DemoConfig, run_demo, "collect data, evaluate policies, write a report (the main job)"),
+        "collect": (CollectConfig, collect, "record scripted-expert episodes into a LeRobot v3 dataset"),
+        "eval": (EvalConfig, run_eval, "evaluate a policy on a task; metrics, videos, plots"),
+        "tasks": (TasksConfig, _tasks, "list the registered tasks"),
+        "bench": (BenchConfig, _bench, "run a benchmark from benchmarks/ and print its JSON"),
+    }
+
+
+def _defaults_from_yaml(cls: type, path: str) -> Any:
+    raw = yaml.safe_load(Path(path).read_text()) or {}
+    names = {f.name for f in fields(cls)}
+    unknown = set(raw) - names
+    if unknown:
+        raise ValueError(f"{path}: unknown keys {sorted(unknown)}; valid: {sorted(names)}")
+    types = {f.name: f.type for f in fields(cls)}
+    return cls(**{k: (Path(v) if "Path" in str(types[k]) else v) for k, v in raw.items()})
+
+
+def main(argv: list[str] | None = None) -> int:
+    import tyro
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    cmds = _commands()
+    if not argv or argv[0] in ("-h", "--help"):
+        print("usage: wmrl COMMAND [--help] [--config FILE.yaml] [flags]\n\ncommands:")
+        for name, (_, _, doc) in cmds.items():
+            print(f"  {name:<10}{doc}")
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in cmds:
+        print(f"error: unknown command {name!r}; valid: {', '.join(cmds)}", file=sys.stderr)
+        return 2
+    cls, fn, doc = cmds[name]
+    if name == "bench" and rest and not rest[0].startswith("-"):
+        rest = ["--name", rest[0], *rest[1:]]
+    default = None
+    if "--config" in rest:
+        i = rest.index("--config")
+        try:
+            default = _defaults_from_yaml(cls, rest[i + 1])
+        except (IndexError, OSError, ValueError, TypeError) as e:
+            print(f"error: --config: {e}", file=sys.stderr)
+            return 2
+        rest = rest[:i] + rest[i + 2 :]
+    cfg = tyro.cli(cls, args=rest, default=default, prog=f"wmrl {name}", description=doc)
+    try:
+        result = fn(cfg)
+    except (ValueError, FileExistsError, FileNotFoundError, KeyError, RuntimeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if name in ("collect", "eval", "demo") and isinstance(result, dict):
+        print(json.dumps({k: v for k, v in result.items() if k != "videos"}, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

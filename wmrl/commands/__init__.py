@@ -1,0 +1,1 @@
+"""One module per `wmrl` subcommand: a config dataclass and a `run(cfg)` function."""

@@ -1,0 +1,66 @@
+"""`wmrl collect`: record scripted-expert episodes on a task into a LeRobot v3 dataset."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from wmrl.core.episode import features_for
+
+
+@dataclass
+class CollectConfig:
+    task: str = "push-red"
+    """Task name (`wmrl tasks` lists them), e.g. push-red or tabletop-real-lift-blue."""
+    episodes: int = 50
+    out: Path = Path("data/push-red")
+    noise: float = 0.0
+    """Std of Gaussian noise on the expert's translational actions."""
+    failures: float = 0.0
+    """Share of episodes recorded in near-success failure mode (missed grasps, pushes that stop short)."""
+    seed: int = 0
+    num_envs: int = 2
+    """Parallel simulator processes (gymnasium AsyncVectorEnv)."""
+    image_size: int = 64
+    codec: str = "h264"
+    overwrite: bool = False
+    resume: bool = False
+    """Append to an existing dataset (episodes continue from its last one)."""
+
+
+def collect(cfg: CollectConfig, progress: bool = True) -> dict:
+    import sim
+    from wmrl.datasets import LeRobotV3Writer, write_episode
+    from wmrl.eval import evaluate
+    from wmrl.factory import make_policy
+
+    if cfg.episodes <= 0:
+        raise ValueError(f"--episodes must be positive, got {cfg.episodes}")
+    if not 0.0 <= cfg.failures <= 1.0:
+        raise ValueError(f"--failures must be in [0, 1], got {cfg.failures}")
+    mode = "overwrite" if cfg.overwrite else ("resume" if cfg.resume else "create")
+    if mode == "create" and cfg.out.exists() and any(cfg.out.iterdir()):
+        raise FileExistsError(f"{cfg.out} already exists; pass --overwrite to replace it or --resume to append")
+    env = sim.make_vector_env(cfg.task, cfg.num_envs, image_size=cfg.image_size)
+    try:
+        policy = make_policy("scripted", env.single_action_space, seed=cfg.seed, noise=cfg.noise,
+                             failure_prob=cfg.failures)
+        writer: list[LeRobotV3Writer] = []
+
+        def on_episode(ep: dict) -> None:
+            if not writer:  # features come from the first episode
+                writer.append(LeRobotV3Writer(cfg.out, fps=10, features=features_for(ep), robot_type="wmrl_tabletop",
+                                              mode=mode, codec=cfg.codec, extra_meta={"task": cfg.task}))
+            write_episode(writer[0], ep)
+
+        seed = cfg.seed
+        if mode == "resume":  # continue the seed sequence so resumed episodes are new ones
+            from wmrl.datasets import LeRobotV3Dataset
+
+            seed += LeRobotV3Dataset(cfg.out).num_episodes
+        result = evaluate(policy, env, cfg.episodes, seed=seed, source="expert", policy_id="scripted",
+                          on_episode=on_episode, progress=progress)
+        writer[0].finalize()
+    finally:
+        env.close()
+    return {"dataset": str(cfg.out), "episodes": cfg.episodes, "frames": writer[0].num_frames, **result.metrics()}

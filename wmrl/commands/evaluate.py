@@ -1,0 +1,64 @@
+"""`wmrl eval`: run a policy on a task for N episodes; metrics, videos and plots into a run folder."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass
+class EvalConfig:
+    policy: str = "scripted"
+    """Registered policy name (scripted, random)."""
+    task: str = "push-red"
+    episodes: int = 50
+    seed: int = 1000
+    num_envs: int = 2
+    out: Path = Path("runs/eval")
+    videos: int = 8
+    """Episodes to save as mp4 (plus a grid GIF); 0 for none."""
+    wandb: bool = False
+    """Mirror metrics to wandb in offline mode (no account or network needed)."""
+    overwrite: bool = False
+    resume: bool = False
+
+
+def plot_episodes(per_episode: list[dict], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(1, 2, figsize=(9, 3))
+    colours = ["tab:green" if r["success"] else "tab:red" for r in per_episode]
+    ax[0].bar(range(len(per_episode)), [r["sum_reward"] for r in per_episode], color=colours)
+    ax[0].set(xlabel="episode", ylabel="sum reward", title="return (green = success)")
+    ax[1].hist([r["length"] for r in per_episode], bins=20, color="tab:blue")
+    ax[1].set(xlabel="episode length (steps)", ylabel="episodes", title="lengths")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def run_eval(cfg: EvalConfig, progress: bool = True) -> dict:
+    import sim
+    from wmrl.eval import evaluate
+    from wmrl.factory import make_policy
+    from wmrl.run import Tracker, prepare_run_dir, save_config
+
+    run_dir = prepare_run_dir(cfg.out, cfg.overwrite, cfg.resume)
+    save_config(run_dir, cfg)
+    env = sim.make_vector_env(cfg.task, cfg.num_envs)
+    try:
+        policy = make_policy(cfg.policy, env.single_action_space, seed=cfg.seed)
+        result = evaluate(policy, env, cfg.episodes, seed=cfg.seed, policy_id=cfg.policy, progress=progress,
+                          video_dir=run_dir / "videos" if cfg.videos else None, max_videos=cfg.videos)
+    finally:
+        env.close()
+    tracker = Tracker(run_dir, wandb=cfg.wandb, config=cfg)
+    metrics = {"task": cfg.task, "policy": cfg.policy, **result.metrics()}
+    tracker.log(metrics)
+    tracker.close()
+    plot_episodes(result.per_episode, run_dir / "episodes.png", f"{cfg.policy} on {cfg.task}")
+    return {**metrics, "run_dir": str(run_dir), "videos": result.video_paths}
