@@ -64,14 +64,15 @@ def _arrow_type(ft: dict) -> pa.DataType:
     raise ValueError(f"non-image features must have shape (1,) or (N,); got {shape}")
 
 
-def _column_to_numpy(col: pa.ChunkedArray | pa.Array, ft: dict) -> np.ndarray:
+def _column_to_numpy(col: pa.ChunkedArray | pa.Array, ft: dict) -> np.ndarray | list:
+    """Numbers become arrays with a leading time axis; strings stay a list (the episode dict's convention)."""
     col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
     shape = tuple(ft["shape"])
     if pa.types.is_fixed_size_list(col.type) or pa.types.is_list(col.type) or pa.types.is_large_list(col.type):
         flat = col.flatten().to_numpy(zero_copy_only=False)
         return flat.reshape(len(col), *shape).astype(np.dtype(ft["dtype"]), copy=False)
     if ft["dtype"] == "string":
-        return np.array(col.to_pylist(), dtype=object)
+        return [str(x) for x in col.to_pylist()]
     arr = col.to_numpy(zero_copy_only=False)
     return arr.astype(np.dtype(ft["dtype"]) if ft["dtype"] != "bool" else bool, copy=False)
 

@@ -1,0 +1,26 @@
+import os
+
+os.environ.setdefault("MUJOCO_GL", "egl")
+
+import numpy as np
+import pytest
+
+
+def make_episode(T: int, tag: str = "task", image: bool = True, start: int = 0, terminal: bool = True):
+    """A synthetic episode whose frame values encode their time index (so tests can check alignment)."""
+    from wmrl.core.episode import build_episode
+
+    obs = []
+    for i in range(T + 1):
+        o = {"observation.state": np.full(3, start + i, np.float32), "task": tag}
+        if image:
+            o["observation.images.front"] = np.full((8, 8, 3), (start + i) % 256, np.uint8)
+        obs.append(o)
+    return build_episode(obs, [np.full(2, start + i, np.float32) for i in range(T)], [float(i) for i in range(T)],
+                         [terminal and i == T - 1 for i in range(T)], [(not terminal) and i == T - 1 for i in range(T)],
+                         [terminal and i == T - 1 for i in range(T)], source="expert")
+
+
+@pytest.fixture
+def episode_factory():
+    return make_episode

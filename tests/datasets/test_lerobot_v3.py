@@ -1,0 +1,185 @@
+import json
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from wmrl.core.episode import features_for
+from wmrl.datasets import DatasetError, LeRobotV3Dataset, LeRobotV3Writer, write_episode
+from wmrl.datasets.video import encode_video
+
+
+def _noisy_episode(make, T, seed):
+    ep = make(T, tag=f"task {seed}")
+    rng = np.random.default_rng(seed)
+    ep["observation.images.front"] = rng.integers(0, 255, size=(T + 1, 8, 8, 3)).astype(np.uint8).repeat(8, 1).repeat(8, 2)
+    ep["observation.state"] = rng.normal(size=(T + 1, 3)).astype(np.float32)
+    return ep
+
+
+def test_round_trip_is_exact_for_data_and_close_for_video(tmp_path, episode_factory):
+    eps = [_noisy_episode(episode_factory, T, s) for s, T in enumerate([5, 9, 3])]
+    w = LeRobotV3Writer(tmp_path / "ds", fps=10, features=features_for(eps[0]))
+    for ep in eps:
+        write_episode(w, ep)
+    w.finalize()
+    ds = LeRobotV3Dataset(tmp_path / "ds")
+    assert ds.num_episodes == 3 and ds.num_frames == 6 + 10 + 4
+    info = json.loads((tmp_path / "ds/meta/info.json").read_text())
+    assert info["codebase_version"] == "v3.0" and info["total_frames"] == 20
+    assert info["features"]["observation.images.front"]["dtype"] == "video"
+    for i, ep in enumerate(eps):
+        back = ds.episode(i)
+        for k, v in ep.items():
+            if isinstance(v, list):
+                assert list(back[k]) == v
+            elif k.startswith("observation.images"):
+                err = np.abs(back[k].astype(int) - v.astype(int))
+                assert back[k].shape == v.shape and err.mean() < 3.0
+            else:
+                assert np.array_equal(back[k].reshape(v.shape), v), k
+        assert np.array_equal(back["frame_index"], np.arange(len(ep["action"])))
+    stats = ds.stats
+    assert stats["observation.images.front"]["mean"].shape == (3, 1, 1)
+    allstate = np.concatenate([e["observation.state"] for e in eps])
+    assert np.allclose(stats["observation.state"]["mean"], allstate.mean(0), atol=1e-5)
+    assert np.allclose(stats["observation.state"]["std"], allstate.std(0), atol=1e-5)
+    tasks = pd.read_parquet(tmp_path / "ds/meta/tasks.parquet")
+    assert tasks.index.name == "task" and list(tasks["task_index"]) == [0, 1, 2]
+
+
+def test_existing_folder_is_refused_unless_overwrite_or_resume(tmp_path, episode_factory):
+    ep = episode_factory(4)
+    w = LeRobotV3Writer(tmp_path / "ds", fps=10, features=features_for(ep))
+    write_episode(w, ep)
+    with pytest.raises(FileExistsError, match="overwrite"):
+        LeRobotV3Writer(tmp_path / "ds", fps=10, features=features_for(ep))
+    w2 = LeRobotV3Writer(tmp_path / "ds", fps=10, features=features_for(ep), mode="resume")
+    write_episode(w2, episode_factory(6))
+    ds = LeRobotV3Dataset(tmp_path / "ds")
+    assert ds.num_episodes == 2 and ds.episodes[1]["dataset_from_index"] == 5
+    assert np.array_equal(ds.episode(1)["index"], np.arange(5, 12))
+
+
+def test_bad_frames_get_named_errors(tmp_path, episode_factory):
+    ep = episode_factory(3)
+    w = LeRobotV3Writer(tmp_path / "ds", fps=10, features=features_for(ep))
+    frame = {k: (v[0] if not isinstance(v, list) else v[0]) for k, v in ep.items()}
+    with pytest.raises(ValueError, match="observation.state: contains NaN"):
+        w.add_frame({**frame, "observation.state": np.array([np.nan, 0, 0], np.float32)})
+    with pytest.raises(ValueError, match="action: expected shape"):
+        w.add_frame({**frame, "action": np.zeros(5, np.float32)})
+    with pytest.raises(ValueError, match="missing .*action"):
+        w.add_frame({k: v for k, v in frame.items() if k != "action"})
+
+
+def test_crash_mid_episode_loses_only_that_episode(tmp_path):
+    script = textwrap.dedent(f"""
+        import os, signal, sys
+        sys.path.insert(0, {str(tmp_path.parent)!r})
+        from tests.conftest import make_episode
+        from wmrl.core.episode import features_for
+        from wmrl.datasets import LeRobotV3Writer, write_episode
+        eps = [make_episode(6, start=10 * i) for i in range(3)]
+        w = LeRobotV3Writer({str(tmp_path / 'ds')!r}, fps=10, features=features_for(eps[0]))
+        write_episode(w, eps[0]); write_episode(w, eps[1])
+        for t in range(4):  # half of the third episode, then the process dies without warning
+            w.add_frame({{k: v[t] for k, v in eps[2].items()}})
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    import pathlib
+    repo = pathlib.Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, "-c", script.replace(repr(str(tmp_path.parent)), repr(str(repo)))],
+                          cwd=repo, capture_output=True)
+    assert proc.returncode == -9
+    ds = LeRobotV3Dataset(tmp_path / "ds")
+    assert ds.num_episodes == 2
+    assert np.array_equal(ds.episode(1)["observation.state"][:, 0], np.arange(10, 17))
+
+
+def test_corrupt_files_get_errors_naming_the_file(tmp_path, episode_factory):
+    ep = episode_factory(4)
+    w = LeRobotV3Writer(tmp_path / "ds", fps=10, features=features_for(ep))
+    write_episode(w, ep)
+    data = tmp_path / "ds/data/chunk-000/file-000.parquet"
+    data.write_bytes(data.read_bytes()[:100])
+    with pytest.raises(DatasetError, match="file-000.parquet: cannot read parquet"):
+        LeRobotV3Dataset(tmp_path / "ds").episode(0)
+    (tmp_path / "ds/meta/info.json").write_text("{not json")
+    with pytest.raises(DatasetError, match="info.json: not valid JSON"):
+        LeRobotV3Dataset(tmp_path / "ds")
+    with pytest.raises(DatasetError, match="not a LeRobot v3 dataset"):
+        LeRobotV3Dataset(tmp_path / "nowhere")
+
+
+def _lerobot_style_dataset(root, fps=10):
+    """A dataset laid out as lerobot writes it: several episodes per data file and per AV1 video (addressed by
+    from/to timestamps), an `image` feature stored as PNG bytes in parquet, tasks as a pandas index."""
+    import io
+    from PIL import Image
+
+    lengths = [4, 6]
+    rng = np.random.default_rng(0)
+    frames = rng.integers(0, 255, size=(sum(lengths), 8, 8, 3)).astype(np.uint8).repeat(4, 1).repeat(4, 2)
+    state = rng.normal(size=(sum(lengths), 2)).astype(np.float32)
+    (root / "videos/observation.images.top/chunk-000").mkdir(parents=True)
+    encode_video(frames, root / "videos/observation.images.top/chunk-000/file-000.mp4", fps, codec="av1", crf=20)
+    pngs = []
+    for f in frames:
+        b = io.BytesIO()
+        Image.fromarray(f).save(b, format="PNG")
+        pngs.append({"bytes": b.getvalue(), "path": None})
+    ep_index = np.repeat([0, 1], lengths)
+    table = pa.table({
+        "observation.state": pa.array(state.tolist(), type=pa.list_(pa.float32())),  # variable-size lists
+        "observation.images.side": pa.array(pngs, type=pa.struct([("bytes", pa.binary()), ("path", pa.string())])),
+        "action": pa.array(state.tolist(), type=pa.list_(pa.float32())),
+        "timestamp": np.concatenate([np.arange(n) / fps for n in lengths]).astype(np.float32),
+        "frame_index": np.concatenate([np.arange(n) for n in lengths]),
+        "episode_index": ep_index, "index": np.arange(sum(lengths)), "task_index": ep_index,
+    })
+    (root / "data/chunk-000").mkdir(parents=True)
+    pq.write_table(table, root / "data/chunk-000/file-000.parquet")
+    (root / "meta/episodes/chunk-000").mkdir(parents=True)
+    eps = pa.Table.from_pylist([
+        {"episode_index": i, "tasks": [f"t{i}"], "length": n, "data/chunk_index": 0, "data/file_index": 0,
+         "dataset_from_index": int(sum(lengths[:i])), "dataset_to_index": int(sum(lengths[: i + 1])),
+         "videos/observation.images.top/chunk_index": 0, "videos/observation.images.top/file_index": 0,
+         "videos/observation.images.top/from_timestamp": sum(lengths[:i]) / fps,
+         "videos/observation.images.top/to_timestamp": sum(lengths[: i + 1]) / fps}
+        for i, n in enumerate(lengths)])
+    pq.write_table(eps, root / "meta/episodes/chunk-000/file-000.parquet")
+    pd.DataFrame({"task_index": [0, 1]}, index=pd.Index(["t0", "t1"], name="task")).to_parquet(root / "meta/tasks.parquet")
+    feats = {
+        "observation.state": {"dtype": "float32", "shape": [2], "names": None},
+        "action": {"dtype": "float32", "shape": [2], "names": None},
+        "observation.images.top": {"dtype": "video", "shape": [32, 32, 3], "names": ["height", "width", "channels"]},
+        "observation.images.side": {"dtype": "image", "shape": [32, 32, 3], "names": ["height", "width", "channels"]},
+        **{k: {"dtype": "float32" if k == "timestamp" else "int64", "shape": [1], "names": None}
+           for k in ("timestamp", "frame_index", "episode_index", "index", "task_index")}}
+    (root / "meta/info.json").write_text(json.dumps({
+        "codebase_version": "v3.0", "fps": fps, "features": feats, "total_episodes": 2,
+        "data_path": "data/chunk-{chunk_index:03d}/file-{file_index:03d}.parquet",
+        "video_path": "videos/{video_key}/chunk-{chunk_index:03d}/file-{file_index:03d}.mp4"}))
+    return frames, state, lengths
+
+
+def test_reads_lerobot_written_layout(tmp_path):
+    frames, state, lengths = _lerobot_style_dataset(tmp_path)
+    ds = LeRobotV3Dataset(tmp_path)
+    ep1 = ds.episode(1)
+    sl = slice(lengths[0], None)
+    assert ep1["task"] == ["t1"] * lengths[1]
+    assert np.array_equal(ep1["observation.state"], state[sl])
+    assert np.array_equal(ep1["observation.images.side"], frames[sl])  # PNG: lossless
+    assert ep1["observation.images.top"].shape == frames[sl].shape  # AV1, second episode of a shared file
+    assert np.abs(ep1["observation.images.top"].astype(int) - frames[sl].astype(int)).mean() < 12
+    # the decoded frames are the second episode's, not the first's
+    own = np.abs(ep1["observation.images.top"].astype(int) - frames[sl].astype(int)).mean()
+    other = np.abs(ep1["observation.images.top"][:4].astype(int) - frames[:4].astype(int)).mean()
+    assert own < other

@@ -1,0 +1,123 @@
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium.utils.env_checker import check_env
+
+import sim
+from sim.tabletop import model as M
+from sim.tabletop.env import TabletopEnv
+from sim.tabletop.experts import ScriptedExpert
+from sim.tabletop.tasks import FAMILIES, parse_instruction, instruction, TaskSpec
+from sim.tabletop.twin import REAL_WORLD, TwinParams
+from policies.random_policy import RandomPolicy
+from wmrl.eval import evaluate
+
+
+@pytest.mark.parametrize("env_id", sim.env_ids())
+def test_check_env_every_task(env_id):
+    env = gym.make(env_id, disable_env_checker=True).unwrapped
+    check_env(env, skip_render_check=True)
+    obs, _ = env.reset(seed=0)
+    assert obs["observation.images.front"].shape == (64, 64, 3)
+    assert obs["observation.images.wrist"].dtype == np.uint8
+    assert obs["observation.state"].shape == (8,)
+    env.close()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_expert_succeeds_95_percent(family):
+    successes = 0
+    n = 24
+    for i, colour in enumerate(["red", "green", "blue"] * (n // 3)):
+        env = TabletopEnv(f"{family}-{colour}", cameras=())
+        r = evaluate(ScriptedExpert(seed=i), env, 1, seed=100 + i, progress=False)
+        successes += r.pc_success / 100
+    assert successes / n >= 0.95
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_failure_mode_is_a_near_success(family):
+    env = TabletopEnv(f"{family}-red", cameras=())
+    r = evaluate(ScriptedExpert(failure_prob=1.0), env, 6, seed=7, progress=False)
+    rand = evaluate(RandomPolicy(env.action_space), env, 6, seed=7, progress=False)
+    assert r.pc_success <= 20.0
+    assert r.avg_max_reward > rand.avg_max_reward + 0.05  # it got close: well above a random policy's reward
+
+
+def test_ik_matches_forward_kinematics():
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        p = rng.uniform([0.25, -0.2, 0.03], [0.55, 0.2, 0.2])  # the region the tasks use; all reachable
+        q = M.inverse_kinematics(p)
+        assert np.allclose(M.forward_kinematics(q), p, atol=1e-6)
+        assert np.isclose(q[1] + q[2] + q[3], 0.0)  # hand points down
+
+
+def test_instruction_round_trip():
+    for f in FAMILIES:
+        text = instruction(TaskSpec(f, "blue"), "purple")
+        fam, cube, zone = parse_instruction(text)
+        assert (fam, cube) == (f, "blue") and zone in (None, "purple")
+
+
+def test_bad_actions_name_the_field():
+    env = TabletopEnv("reach-red", cameras=())
+    env.reset(seed=0)
+    with pytest.raises(ValueError, match="action: expected shape"):
+        env.step(np.zeros(3))
+    with pytest.raises(ValueError, match="action: contains NaN"):
+        env.step(np.array([0, np.nan, 0, 0]))
+    with pytest.raises(ValueError, match="action: contains NaN or inf"):
+        env.step(np.array([0, 0, np.inf, 0]))
+
+
+def test_unknown_task_lists_valid_ones():
+    with pytest.raises(ValueError, match="valid tasks: .*push-red"):
+        sim.make_env("shove-red")
+    with pytest.raises(ValueError, match="valid tasks"):
+        TabletopEnv("push-pink")
+
+
+def test_twin_params_apply_and_real_world_differs():
+    nominal = TabletopEnv("lift-red", cameras=())
+    real = gym.make("wmrl/tabletop-real-lift-red-v0").unwrapped
+    nominal.reset(seed=0), real.reset(seed=0)
+    bid = nominal.model.body("cube_red").id
+    assert np.isclose(nominal.model.body_mass[bid], TwinParams().cube_mass)
+    assert np.isclose(real.model.body_mass[bid], REAL_WORLD.cube_mass)
+    p = TwinParams().perturb(cube_mass=0.5)
+    assert np.isclose(p.cube_mass, 0.075)
+    r1 = TwinParams().randomize(np.random.default_rng(0), 0.2)
+    r2 = TwinParams().randomize(np.random.default_rng(1), 0.2)
+    assert r1 != r2 and abs(np.log(r1.cube_mass / 0.05)) <= 0.2
+    assert TwinParams.from_dict(REAL_WORLD.to_dict()) == REAL_WORLD
+
+
+def test_control_latency_delays_motion():
+    moved = {}
+    for lat in (0.0, 0.08):
+        env = TabletopEnv("reach-red", cameras=(), twin=TwinParams(latency_s=lat))
+        env.reset(seed=0)
+        z0 = env.ee_pos()[2]
+        env.step(np.array([0, 0, -1, 0]))
+        moved[lat] = z0 - env.ee_pos()[2]
+    assert moved[0.08] < 0.9 * moved[0.0]
+
+
+def test_joint_control_mode_tracks_targets():
+    env = TabletopEnv("reach-red", cameras=(), control="joint")
+    env.reset(seed=0)
+    target = M.inverse_kinematics(np.array([0.4, 0.1, 0.15]))
+    for _ in range(10):
+        env.step(np.concatenate([target, [-1.0]]))
+    assert np.allclose(env.ee_pos(), [0.4, 0.1, 0.15], atol=0.01)
+
+
+def test_async_vector_env_two_workers():
+    venv = sim.make_vector_env("push-green", 2)
+    obs, _ = venv.reset(seed=3)
+    assert obs["observation.images.front"].shape == (2, 64, 64, 3)
+    assert len(obs["task"]) == 2 and all("green" in t for t in obs["task"])
+    r = evaluate(ScriptedExpert(), venv, 2, seed=3, progress=False)
+    venv.close()
+    assert r.pc_success == 100.0
