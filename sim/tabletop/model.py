@@ -54,7 +54,7 @@ MJCF = """
     <geom name="floor" type="plane" size="2 2 0.1" pos="0 0 -0.75" rgba="0.3 0.3 0.32 1" contype="0" conaffinity="0"/>
     <geom name="table" type="box" size="0.45 0.45 0.02" pos="0.35 0 -0.02" material="table" friction="0.6 0.005 0.0001"/>
     <body name="look_target" pos="0.42 0 0.02"/>
-    <camera name="front" pos="1.0 0.0 0.55" mode="targetbody" target="look_target" fovy="50"/>
+    <camera name="front" pos="0.95 0.0 0.6" mode="targetbody" target="look_target" fovy="40"/>
     <geom name="zone_yellow" type="cylinder" size="0.05 0.001" pos="0.4 0.2 0.001" contype="0" conaffinity="0"/>
     <geom name="zone_purple" type="cylinder" size="0.05 0.001" pos="0.4 -0.2 0.001" contype="0" conaffinity="0"/>
     <body name="cube_red" pos="0.4 0 0.02"><freejoint name="cube_red"/>

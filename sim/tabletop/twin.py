@@ -42,7 +42,7 @@ class TwinParams:
     latency_s: float = 0.0  # control latency: a new command takes effect this long into the control period
     light_intensity: float = 0.7  # diffuse intensity of the key light
     camera_offset: tuple[float, float, float] = (0.0, 0.0, 0.0)  # front camera position offset (m)
-    camera_fovy: float = 50.0  # front camera vertical field of view (deg)
+    camera_fovy: float = 40.0  # front camera vertical field of view (deg)
     cube_rgba: dict[str, tuple[float, float, float, float]] = field(default_factory=_default_cube_rgba)
     zone_rgba: dict[str, tuple[float, float, float, float]] = field(default_factory=_default_zone_rgba)
     # Initial object-pose distribution (workspace region the layout sampler draws from).
@@ -118,7 +118,7 @@ REAL_WORLD = TwinParams(
     latency_s=0.03,
     light_intensity=0.55,
     camera_offset=(0.015, -0.01, 0.01),
-    camera_fovy=52.0,
+    camera_fovy=42.0,
 )
 
 

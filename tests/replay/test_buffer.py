@@ -118,3 +118,18 @@ def test_lerobot_export_import_round_trip(tmp_path, episode_factory):
     assert np.array_equal(e1["observation.state"], e2["observation.state"])
     assert e1["task"] == e2["task"] and e1["source"] == e2["source"]
     assert np.array_equal(e1["is_last"], e2["is_last"])
+
+
+def test_kept_batches_are_never_overwritten_and_dropped_ones_are_recycled(episode_factory):
+    b = _filled(episode_factory, [10, 20])
+    first = b.sample(64)
+    kept = first["observation.state"].copy()
+    view = first["observation.images.front"][:3]
+    for _ in range(10):
+        b.sample(64)
+    assert np.array_equal(first["observation.state"], kept)
+    assert np.array_equal(view, first["observation.images.front"][:3])
+    addr = b.sample(64)["observation.state"].__array_interface__["data"][0]
+    assert b.sample(64)["observation.state"].__array_interface__["data"][0] == addr  # dropped, then recycled
+    w = b.sample_windows(8, 4)
+    assert w["observation.images.front"].shape == (8, 4, 8, 8, 3)

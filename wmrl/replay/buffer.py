@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,7 @@ class EpisodeReplay:
         self._dirty = True
         self._trans_starts = np.zeros(0, np.int64)
         self._live = np.zeros(0, np.int64)
+        self._out: dict[tuple, list[np.ndarray]] = {}  # recycled sample outputs, see _take
 
     # ------------------------------------------------------------------ writing
     def _allocate(self, ep: dict[str, Any]) -> None:
@@ -177,18 +179,36 @@ class EpisodeReplay:
             return self._trans_starts, np.full(len(self._trans_starts), 1.0 / max(len(self._trans_starts), 1))
         return self._trans_starts, np.diff(self._p_trans, prepend=0.0) / self._p_trans[-1]
 
-    def _gather(self, idx: np.ndarray, keys: list[str] | None = None) -> dict[str, np.ndarray]:
-        return {k: self.data[k][idx] for k in (keys or self.data)}
+    def _take(self, key: str, idx: np.ndarray, tag: str = "") -> np.ndarray:
+        """Gather rows into a recycled output array.
+
+        A fresh multi-MB array costs a page fault per 4 KiB, which dominates sampling of image batches. So outputs
+        come from a small pool, and an array is reused only when nothing outside the pool refers to it any more (a
+        batch, a view or a tensor made with torch.from_numpy all hold a reference): a batch you keep is never
+        overwritten. mode="clip" keeps numpy off its slow buffered path (indices are always in range here)."""
+        src = self.data[key]
+        shape = (*idx.shape, *src.shape[1:])
+        pool = self._out.setdefault((tag + key, shape), [])
+        buf = None
+        for i in range(len(pool)):
+            if sys.getrefcount(pool[i]) == 2:  # only the pool (and this call's argument) refer to it
+                buf = pool[i]
+                break
+        if buf is None:
+            buf = np.empty(shape, src.dtype)
+            if len(pool) < 4:
+                pool.append(buf)
+        return np.take(src, idx, axis=0, mode="clip", out=buf)
 
     def sample(self, batch_size: int, keys: list[str] | None = None) -> dict[str, np.ndarray]:
         """Transitions: every stored key at s, `next.<key>` for observation keys at s', plus `index` (slot of s)."""
         self._refresh()
         idx = self._draw(self._trans_starts, self._p_trans if self._weighted else None, batch_size)
-        out = self._gather(idx, keys)
+        out = {k: self._take(k, idx) for k in (keys or self.data)}
         nxt = idx + 1
         for k in (keys or self.data):
             if k.startswith("observation."):
-                out[f"next.{k}"] = self.data[k][nxt]
+                out[f"next.{k}"] = self._take(k, nxt, tag="next.")
         out["index"] = idx
         return out
 
@@ -203,7 +223,7 @@ class EpisodeReplay:
         end = self.frame_end[start][:, None]
         mask = raw <= end
         idx = np.minimum(raw, end)
-        out = {k: self.data[k][idx] for k in (keys or self.data)}
+        out = {k: self._take(k, idx) for k in (keys or self.data)}
         out["mask"] = mask
         out["action_mask"] = mask & ~self.data[IS_LAST][idx]
         out["index"] = idx

@@ -1,0 +1,53 @@
+"""Shared by the scripts in benchmarks/: machine description, medians, result files."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+from typing import Callable
+
+RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
+
+
+def machine() -> dict:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    import torch
+
+    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
+            "platform": platform.platform()}
+
+
+def median_time(fn: Callable[[], object], repeats: int, warmup: int = 2) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def finish(name: str, result: dict, quick: bool) -> dict:
+    result = {"benchmark": name, **result, "machine": machine(),
+              "command": f"wmrl bench {name} --json" + (" --quick" if quick else ""),
+              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    if not quick:  # quick runs are smoke tests; they never overwrite the committed numbers
+        RESULTS.mkdir(exist_ok=True)
+        tmp = RESULTS / f".{name}.json.tmp"
+        tmp.write_text(json.dumps(result, indent=2) + "\n")
+        os.replace(tmp, RESULTS / f"{name}.json")
+    return result
+
