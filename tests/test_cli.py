@@ -36,9 +36,12 @@ def test_eval_writes_metrics_videos_and_plot(tmp_path):
 
 def test_config_file_supplies_defaults(tmp_path):
     cfg = tmp_path / "c.yaml"
-    cfg.write_text(f"task: reach-red\nepisodes: 1\nout: {tmp_path / 'o'}\nvideos: 0\n")
+    cfg.write_text(f"task: reach-red\nepisodes: 1\nout: {tmp_path / 'o'}\nvideos: 0\npolicy:\n  type: random\n")
     assert main(["eval", "--config", str(cfg)]) == 0
-    assert json.loads((tmp_path / "o/metrics.jsonl").read_text())["task"] == "reach-red"
+    rec = json.loads((tmp_path / "o/metrics.jsonl").read_text())
+    assert rec["task"] == "reach-red" and rec["policy"] == "random"
+    assert main(["eval", "--config", str(cfg), "--policy.type", "scripted", "--out", str(tmp_path / "p")]) == 0
+    assert json.loads((tmp_path / "p/metrics.jsonl").read_text())["pc_success"] == 100.0
     cfg.write_text("bogus: 1\n")
     assert main(["eval", "--config", str(cfg)]) == 2
 

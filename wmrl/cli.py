@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import runpy
 import sys
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -70,14 +70,24 @@ def _commands() -> dict[str, tuple[type, Callable[[Any], Any], str]]:
     }
 
 
-def _defaults_from_yaml(cls: type, path: str) -> Any:
-    raw = yaml.safe_load(Path(path).read_text()) or {}
-    names = {f.name for f in fields(cls)}
-    unknown = set(raw) - names
+def _from_dict(cls: type, raw: dict, where: str) -> Any:
+    """Build a (possibly nested) config dataclass from a YAML mapping; unknown keys are errors."""
+    known = {f.name: f for f in fields(cls)}
+    unknown = set(raw) - set(known)
     if unknown:
-        raise ValueError(f"{path}: unknown keys {sorted(unknown)}; valid: {sorted(names)}")
-    types = {f.name: f.type for f in fields(cls)}
-    return cls(**{k: (Path(v) if "Path" in str(types[k]) else v) for k, v in raw.items()})
+        raise ValueError(f"{where}: unknown keys {sorted(unknown)}; valid: {sorted(known)}")
+    kw = {}
+    for k, v in raw.items():
+        f = known[k]
+        if isinstance(v, dict) and callable(f.default_factory) and is_dataclass(f.default_factory()):
+            kw[k] = _from_dict(type(f.default_factory()), v, f"{where}.{k}")
+        else:
+            kw[k] = Path(v) if "Path" in str(f.type) and v is not None else v
+    return cls(**kw)
+
+
+def _defaults_from_yaml(cls: type, path: str) -> Any:
+    return _from_dict(cls, yaml.safe_load(Path(path).read_text()) or {}, path)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -95,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: unknown command {name!r}; valid: {', '.join(cmds)}", file=sys.stderr)
         return 2
     cls, fn, doc = cmds[name]
+    if "--policy" in rest:  # `--policy NAME` is short for `--policy.type NAME`
+        rest[rest.index("--policy")] = "--policy.type"
     if name == "bench" and rest and not rest[0].startswith("-"):
         rest = ["--name", rest[0], *rest[1:]]
     default = None

@@ -29,7 +29,7 @@ class DemoConfig:
 
 def run_demo(cfg: DemoConfig, progress: bool = True) -> dict:
     from wmrl.commands.collect import CollectConfig, collect
-    from wmrl.commands.evaluate import EvalConfig, run_eval
+    from wmrl.commands.evaluate import EvalConfig, PolicyConfig, run_eval
     from wmrl.replay import EpisodeReplay
     from wmrl.report import metrics_table, write_report
     from wmrl.run import Tracker, prepare_run_dir, save_config
@@ -58,7 +58,7 @@ def run_demo(cfg: DemoConfig, progress: bool = True) -> dict:
     rows = []
     for i, policy in enumerate(("scripted", "random")):
         say(f"[{3 + i}/4] evaluating the {policy} policy on {cfg.eval_episodes} episodes")
-        m = run_eval(EvalConfig(policy=policy, task=cfg.task, episodes=cfg.eval_episodes, seed=1000 + cfg.seed,
+        m = run_eval(EvalConfig(policy=PolicyConfig(type=policy), task=cfg.task, episodes=cfg.eval_episodes, seed=1000 + cfg.seed,
                                 num_envs=cfg.num_envs, out=run_dir / f"eval_{policy}", videos=4, overwrite=True),
                      progress=progress)
         tracker.log({"stage": f"eval_{policy}", **{k: v for k, v in m.items() if k != "videos"}})

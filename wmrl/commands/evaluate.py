@@ -2,19 +2,31 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Optional
+
+
+@dataclass
+class PolicyConfig:
+    type: str = "scripted"
+    """Registered policy name (`--policy.type scripted`; `--policy scripted` is short for it)."""
+    noise: float = 0.0
+    """Scripted expert only: action noise."""
+    failure_prob: float = 0.0
+    """Scripted expert only: share of episodes in near-success failure mode."""
 
 
 @dataclass
 class EvalConfig:
-    policy: str = "scripted"
-    """Registered policy name (scripted, random)."""
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
     task: str = "push-red"
     episodes: int = 50
     seed: int = 1000
     num_envs: int = 2
-    out: Path = Path("runs/eval")
+    out: Optional[Path] = None
+    """Run folder; default runs/eval/<policy>-<task>-<date>-<time>."""
     videos: int = 8
     """Episodes to save as mp4 (plus a grid GIF); 0 for none."""
     wandb: bool = False
@@ -47,18 +59,22 @@ def run_eval(cfg: EvalConfig, progress: bool = True) -> dict:
     from wmrl.factory import make_policy
     from wmrl.run import Tracker, prepare_run_dir, save_config
 
-    run_dir = prepare_run_dir(cfg.out, cfg.overwrite, cfg.resume)
+    pol = cfg.policy.type
+    out = cfg.out or Path("runs/eval") / f"{pol}-{cfg.task}-{time.strftime('%Y%m%d-%H%M%S')}"
+    sim.resolve_task(cfg.task)  # fail on a bad name before creating anything
+    run_dir = prepare_run_dir(out, cfg.overwrite, cfg.resume)
     save_config(run_dir, cfg)
     env = sim.make_vector_env(cfg.task, cfg.num_envs)
     try:
-        policy = make_policy(cfg.policy, env.single_action_space, seed=cfg.seed)
-        result = evaluate(policy, env, cfg.episodes, seed=cfg.seed, policy_id=cfg.policy, progress=progress,
+        policy = make_policy(pol, env.single_action_space, seed=cfg.seed, noise=cfg.policy.noise,
+                             failure_prob=cfg.policy.failure_prob)
+        result = evaluate(policy, env, cfg.episodes, seed=cfg.seed, policy_id=pol, progress=progress,
                           video_dir=run_dir / "videos" if cfg.videos else None, max_videos=cfg.videos)
     finally:
         env.close()
     tracker = Tracker(run_dir, wandb=cfg.wandb, config=cfg)
-    metrics = {"task": cfg.task, "policy": cfg.policy, **result.metrics()}
+    metrics = {"task": cfg.task, "policy": pol, **result.metrics()}
     tracker.log(metrics)
     tracker.close()
-    plot_episodes(result.per_episode, run_dir / "episodes.png", f"{cfg.policy} on {cfg.task}")
+    plot_episodes(result.per_episode, run_dir / "episodes.png", f"{pol} on {cfg.task}")
     return {**metrics, "run_dir": str(run_dir), "videos": result.video_paths}
