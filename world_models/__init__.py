@@ -1,0 +1,1 @@
+"""Learned simulators: the action-conditioned video world model (`world_models.video`) and `WorldModelEnv`."""

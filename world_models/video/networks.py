@@ -1,0 +1,163 @@
+"""Building blocks: a frame autoencoder, a small U-Net with adaptive group norm, a bag-of-words task encoder and
+the per-frame heads."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def _groups(c: int) -> int:
+    return min(8, c) if c % min(8, c) == 0 else 1
+
+
+class FrameAutoencoder(nn.Module):
+    """64x64x3 -> (latent_channels, 16, 16) and back; shared by all cameras (Ctrl-World's common latent layout).
+    Deterministic with a small latent L2 penalty, which keeps latents near unit scale for diffusion."""
+
+    def __init__(self, latent_channels: int = 4, width: int = 32):
+        super().__init__()
+        w = width
+        self.enc = nn.Sequential(
+            nn.Conv2d(3, w, 3, padding=1), nn.SiLU(),
+            nn.Conv2d(w, w, 4, stride=2, padding=1), nn.GroupNorm(_groups(w), w), nn.SiLU(),
+            nn.Conv2d(w, 2 * w, 4, stride=2, padding=1), nn.GroupNorm(_groups(2 * w), 2 * w), nn.SiLU(),
+            nn.Conv2d(2 * w, 2 * w, 3, padding=1), nn.SiLU(),
+            nn.Conv2d(2 * w, latent_channels, 1))
+        self.dec = nn.Sequential(
+            nn.Conv2d(latent_channels, 2 * w, 3, padding=1), nn.SiLU(),
+            nn.Conv2d(2 * w, 2 * w, 3, padding=1), nn.GroupNorm(_groups(2 * w), 2 * w), nn.SiLU(),
+            nn.Upsample(scale_factor=2, mode="nearest"), nn.Conv2d(2 * w, w, 3, padding=1), nn.GroupNorm(_groups(w), w), nn.SiLU(),
+            nn.Upsample(scale_factor=2, mode="nearest"), nn.Conv2d(w, w, 3, padding=1), nn.SiLU(),
+            nn.Conv2d(w, 3, 3, padding=1))
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        """x: float (N, 3, 64, 64) in [-1, 1]."""
+        return self.enc(x)
+
+    def decode(self, z: torch.Tensor) -> torch.Tensor:
+        return self.dec(z)
+
+
+class FourierEmbedding(nn.Module):
+    def __init__(self, dim: int):
+        super().__init__()
+        self.register_buffer("freqs", torch.randn(dim // 2) * 4.0, persistent=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        f = 2 * math.pi * x[:, None] * self.freqs[None]
+        return torch.cat([f.cos(), f.sin()], dim=-1)
+
+
+class AdaGroupNorm(nn.Module):
+    """GroupNorm whose scale and shift come from the conditioning vector (DIAMOND's action conditioning)."""
+
+    def __init__(self, channels: int, cond_dim: int):
+        super().__init__()
+        self.norm = nn.GroupNorm(_groups(channels), channels, affine=False)
+        self.proj = nn.Linear(cond_dim, 2 * channels)
+        nn.init.zeros_(self.proj.weight)
+        nn.init.zeros_(self.proj.bias)
+
+    def forward(self, x: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
+        scale, shift = self.proj(cond)[:, :, None, None].chunk(2, dim=1)
+        return self.norm(x) * (1 + scale) + shift
+
+
+class ResBlock(nn.Module):
+    def __init__(self, cin: int, cout: int, cond_dim: int):
+        super().__init__()
+        self.n1, self.c1 = AdaGroupNorm(cin, cond_dim), nn.Conv2d(cin, cout, 3, padding=1)
+        self.n2, self.c2 = AdaGroupNorm(cout, cond_dim), nn.Conv2d(cout, cout, 3, padding=1)
+        self.skip = nn.Conv2d(cin, cout, 1) if cin != cout else nn.Identity()
+        nn.init.zeros_(self.c2.weight)
+        nn.init.zeros_(self.c2.bias)
+
+    def forward(self, x: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
+        h = self.c1(F.silu(self.n1(x, cond)))
+        h = self.c2(F.silu(self.n2(h, cond)))
+        return self.skip(x) + h
+
+
+class UNet(nn.Module):
+    """Two-level U-Net over latent frames; every ResBlock is conditioned through AdaGroupNorm."""
+
+    def __init__(self, cin: int, cout: int, cond_dim: int, channels: tuple[int, ...] = (64, 128)):
+        super().__init__()
+        c0 = channels[0]
+        self.inp = nn.Conv2d(cin, c0, 3, padding=1)
+        self.down, self.downsample = nn.ModuleList(), nn.ModuleList()
+        prev, skips = c0, []
+        for i, c in enumerate(channels):
+            self.down.append(ResBlock(prev, c, cond_dim))
+            skips.append(c)
+            prev = c
+            self.downsample.append(nn.Conv2d(c, c, 3, stride=2, padding=1) if i < len(channels) - 1 else nn.Identity())
+        self.mid = ResBlock(prev, prev, cond_dim)
+        self.up, self.upsample = nn.ModuleList(), nn.ModuleList()
+        for i, c in reversed(list(enumerate(channels))):
+            self.upsample.append(nn.Upsample(scale_factor=2, mode="nearest") if i < len(channels) - 1 else nn.Identity())
+            self.up.append(ResBlock(prev + skips[i], c, cond_dim))
+            prev = c
+        self.out_norm = nn.GroupNorm(_groups(prev), prev)
+        self.out = nn.Conv2d(prev, cout, 3, padding=1)
+        nn.init.zeros_(self.out.weight)
+        nn.init.zeros_(self.out.bias)
+
+    def forward(self, x: torch.Tensor, cond: torch.Tensor) -> torch.Tensor:
+        h = self.inp(x)
+        hs = []
+        for block, down in zip(self.down, self.downsample):
+            h = block(h, cond)
+            hs.append(h)
+            h = down(h)
+        h = self.mid(h, cond)
+        for block, up in zip(self.up, self.upsample):
+            h = up(h)
+            h = block(torch.cat([h, hs.pop()], dim=1), cond)
+        return self.out(F.silu(self.out_norm(h)))
+
+
+class TaskEncoder(nn.Module):
+    """Bag-of-words embedding of the instruction over a vocabulary fixed at construction. Unknown words are
+    ignored, so new combinations of known words (a colour with another zone) still embed meaningfully."""
+
+    def __init__(self, vocab: list[str], dim: int = 32):
+        super().__init__()
+        self.vocab = sorted(set(vocab))
+        self.index = {w: i + 1 for i, w in enumerate(self.vocab)}  # 0 = padding
+        self.emb = nn.EmbeddingBag(len(self.vocab) + 1, dim, mode="mean", padding_idx=0)
+
+    @staticmethod
+    def words(text: str) -> list[str]:
+        return re.findall(r"[a-z0-9]+", text.lower())
+
+    def forward(self, tasks: list[str]) -> torch.Tensor:
+        ids = [[self.index.get(w, 0) for w in self.words(t)] or [0] for t in tasks]
+        n = max(len(i) for i in ids)
+        t = torch.tensor([i + [0] * (n - len(i)) for i in ids], device=self.emb.weight.device)
+        return self.emb(t)
+
+
+class FrameHeads(nn.Module):
+    """From one latent frame (and the task): proprioceptive state, success logit, reward, done logit."""
+
+    def __init__(self, latent_channels: int, state_dim: int, task_dim: int, latent_size: int = 16, width: int = 32):
+        super().__init__()
+        self.conv = nn.Sequential(
+            nn.Conv2d(latent_channels, width, 3, stride=2, padding=1), nn.SiLU(),
+            nn.Conv2d(width, 2 * width, 3, stride=2, padding=1), nn.SiLU(), nn.Flatten())
+        flat = 2 * width * ((latent_size + 3) // 4) ** 2
+        self.mlp = nn.Sequential(nn.Linear(flat, 128), nn.SiLU(), nn.Linear(128, state_dim + 3))
+        self.task_proj = nn.Linear(task_dim, 128)
+        self.state_dim = state_dim
+
+    def forward(self, z: torch.Tensor, task_emb: torch.Tensor) -> dict[str, torch.Tensor]:
+        h = self.mlp[0](self.conv(z)) + self.task_proj(task_emb)
+        out = self.mlp[2](self.mlp[1](h))
+        s = self.state_dim
+        return {"state": out[:, :s], "success_logit": out[:, s], "reward": out[:, s + 1], "done_logit": out[:, s + 2]}
