@@ -1,7 +1,7 @@
 """`wmrl`: one entry point. Each subcommand is a dataclass config parsed by tyro; `--config FILE.yaml` supplies
 defaults that flags then override.
 
-    wmrl demo | collect | eval | tasks | bench NAME [--json]
+    wmrl demo | collect | eval | train-wm | tasks | bench NAME [--json]
 """
 
 from __future__ import annotations
@@ -60,11 +60,13 @@ def _commands() -> dict[str, tuple[type, Callable[[Any], Any], str]]:
     from wmrl.commands.collect import CollectConfig, collect
     from wmrl.commands.demo import DemoConfig, run_demo
     from wmrl.commands.evaluate import EvalConfig, run_eval
+    from world_models.video.train import TrainWMConfig, train_world_model
 
     return {
         "demo": (DemoConfig, run_demo, "collect data, evaluate policies, write a report (the main job)"),
         "collect": (CollectConfig, collect, "record scripted-expert episodes into a LeRobot v3 dataset"),
         "eval": (EvalConfig, run_eval, "evaluate a policy on a task; metrics, videos, plots"),
+        "train-wm": (TrainWMConfig, train_world_model, "train the video world model on a LeRobot v3 dataset"),
         "tasks": (TasksConfig, _tasks, "list the registered tasks"),
         "bench": (BenchConfig, _bench, "run a benchmark from benchmarks/ and print its JSON"),
     }
@@ -124,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileExistsError, FileNotFoundError, KeyError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if name in ("collect", "eval", "demo") and isinstance(result, dict):
+    if name in ("collect", "eval", "demo", "train-wm") and isinstance(result, dict):
         print(json.dumps({k: v for k, v in result.items() if k != "videos"}, default=str))
     return 0
 

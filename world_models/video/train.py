@@ -42,6 +42,7 @@ class TrainWMConfig:
     holdout: float = 0.1
     """Share of episodes (the last ones) held out for evaluation and videos."""
     ckpt_every: int = 500
+    log_every: int = 50
     videos: int = 3
     seed: int = 0
     device: str = "cpu"
@@ -167,7 +168,6 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
     lat = None
     bar = tqdm(total=total, initial=step, desc="train-wm", disable=not progress)
     t0 = time.time() - extra.get("seconds", 0.0)
-    rng = np.random.default_rng(cfg.seed + step)
     last = {}
     while step < total:
         if step < cfg.ae_steps:
@@ -186,7 +186,7 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
                     model.lat_std.copy_(torch.from_numpy(raw.std(axis=(0, 2, 3)) + 1e-6).reshape(-1, 1, 1))
                     extra["lat_mean"] = True
                 lat = encode_all(model, train)
-            d = dynamics_batch(train, lat, B, K, H, cfg.device, rng)
+            d = dynamics_batch(train, lat, B, K, H, cfg.device, np.random.default_rng((cfg.seed, step)))
             l_dyn = model.dynamics_loss(d["ctx"], d["future"], d["actions"], d["proprio"], d["mask"])
             l_heads, hinfo = model.heads_loss(d["future"].flatten(0, 1), [t for t in d["tasks"] for _ in range(H)],
                                               {k: v.flatten(0, 1) for k, v in d["labels"].items()}, d["mask"].flatten(0, 1),
@@ -211,7 +211,7 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
         step += 1
         last = info
         bar.update(1)
-        if step % 50 == 0 or step == total:
+        if step % cfg.log_every == 0 or step == total:
             tracker.log(info, step=step)
             bar.set_postfix({k: f"{v:.3f}" for k, v in list(info.items())[:2]})
         if step % cfg.ckpt_every == 0 or step == total or step == cfg.ae_steps:

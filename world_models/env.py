@@ -1,0 +1,184 @@
+"""`WorldModelEnv`: a learned world model behind gymnasium's VectorEnv API, so policies and the evaluation loop run in
+imagination unchanged (RLinf's BaseWorldEnv / DIAMOND's WorldModelEnv, with WoVR's keyframe-initialised resets).
+
+- `reset` draws start contexts from real episodes: the first frame (repeated as context), or with probability
+  `keyframe_prob` a real mid-episode keyframe with its real preceding frames (WoVR's KIR). WoVR's keyframe rule is not
+  public; here keyframes are drawn uniformly from the frames that have a full real context.
+- `step` takes one action (B, A) or a whole chunk (B, h, A), h <= the model's chunk.
+- Reward: `relative_success` (WoVR: the change in success probability) or `head` (the reward head's prediction).
+  Success is declared when the success probability reaches `success_threshold` (0.9); that terminates the episode.
+- Images are decoded only when `decode_images` is set (decoding is the costly part); otherwise observations carry
+  `observation.state` and `task` only.
+- Autoreset follows gymnasium's NEXT_STEP mode, like the true simulator's vector envs.
+"""
+
+from __future__ import annotations
+
+import string
+
+import gymnasium as gym
+import numpy as np
+import torch
+from gymnasium import spaces
+from gymnasium.vector import AutoresetMode
+
+from world_models.video.model import VideoWorldModel
+
+STATE = "observation.state"
+TEXT_CHARSET = string.ascii_lowercase + string.digits + " "
+
+
+class WorldModelEnv(gym.vector.VectorEnv):
+    metadata = {"autoreset_mode": AutoresetMode.NEXT_STEP, "render_fps": 10}
+
+    def __init__(self, model: VideoWorldModel, starts, num_envs: int = 8, keyframe_prob: float = 0.0,
+                 reward: str = "relative_success", success_threshold: float = 0.9, max_episode_steps: int = 80,
+                 decode_images: bool = True, sampling_steps: int | None = None, action_low: float = -1.0,
+                 action_high: float = 1.0):
+        if reward not in ("relative_success", "head"):
+            raise ValueError(f"reward: expected 'relative_success' or 'head', got {reward!r}")
+        if not 0.0 <= keyframe_prob <= 1.0:
+            raise ValueError(f"keyframe_prob must be in [0, 1], got {keyframe_prob}")
+        if num_envs <= 0:
+            raise ValueError(f"num_envs must be positive, got {num_envs}")
+        self.model = model.eval()
+        self.starts = starts  # an EpisodeReplay of real episodes
+        if not starts.episodes:
+            raise ValueError("starts: the replay of real episodes is empty")
+        self.num_envs = num_envs
+        self.keyframe_prob, self.reward_mode = keyframe_prob, reward
+        self.success_threshold, self.max_episode_steps = success_threshold, max_episode_steps
+        self.decode_images, self.sampling_steps = decode_images, sampling_steps
+        cfg = model.cfg
+        obs = {}
+        if decode_images:
+            for c in cfg.cameras:
+                obs[f"observation.images.{c}"] = spaces.Box(0, 255, (cfg.image_size, cfg.image_size, 3), np.uint8)
+        obs[STATE] = spaces.Box(-np.inf, np.inf, (cfg.state_dim,), np.float32)
+        obs["task"] = spaces.Text(max_length=64, min_length=1, charset=TEXT_CHARSET)
+        self.single_observation_space = spaces.Dict(obs)
+        self.single_action_space = spaces.Box(action_low, action_high, (cfg.action_dim,), np.float32)
+        self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, num_envs)
+        self.action_space = gym.vector.utils.batch_space(self.single_action_space, num_envs)
+        self._rng = np.random.default_rng()
+        self._gen = torch.Generator(device=model.device)
+        self._state: dict | None = None
+        self._t = np.zeros(num_envs, np.int64)
+        self._p = np.zeros(num_envs)
+        self._needs_reset = np.zeros(num_envs, bool)
+        self.start_info: list[dict] = [{} for _ in range(num_envs)]
+        self._last_frames: dict[str, np.ndarray] = {}
+
+    # ------------------------------------------------------------------ starts
+    def _draw_start(self) -> tuple[dict, dict]:
+        eids = list(self.starts.episodes)
+        e = eids[self._rng.integers(len(eids))]
+        lo, T = self.starts.episodes[e]
+        K = self.model.cfg.context
+        keyframe = self._rng.random() < self.keyframe_prob and T - 1 > K - 1
+        t = int(self._rng.integers(K - 1, T - 1)) if keyframe else 0
+        idx = np.arange(t - K + 1, t + 1).clip(0) + lo  # before the first frame: repeat it
+        d = self.starts.data
+        obs = {f"observation.images.{c}": d[f"observation.images.{c}"][idx] for c in self.model.cfg.cameras}
+        obs[STATE] = d[STATE][lo + t]
+        obs["task"] = self.starts.vocab["task"][d["task"][lo + t]]
+        return obs, {"episode": int(e), "frame": t, "keyframe": bool(keyframe)}
+
+    def _reset_envs(self, ids: np.ndarray) -> None:
+        starts = [self._draw_start() for _ in ids]
+        batch = {k: np.stack([s[0][k] for s in starts]) for k in starts[0][0] if k != "task"}
+        batch["task"] = [s[0]["task"] for s in starts]
+        new = self.model.encode(batch)
+        if self._state is None:
+            self._state = new
+        else:
+            idx = torch.as_tensor(ids)
+            self._state["ctx"][idx] = new["ctx"]
+            self._state["proprio"][idx] = new["proprio"]
+            for j, i in enumerate(ids):
+                self._state["task"][i] = new["task"][j]
+        with torch.no_grad():
+            p = torch.sigmoid(self.model.heads(new["ctx"][:, -1], self.model.task(new["task"]))["success_logit"])
+        self._p[ids] = p.cpu().numpy()
+        self._t[ids] = 0
+        for j, i in enumerate(ids):
+            self.start_info[i] = starts[j][1]
+            for k in batch:
+                if k.startswith("observation.images."):
+                    self._last_frames.setdefault(k, np.zeros((self.num_envs, *batch[k].shape[2:]), np.uint8))
+                    self._last_frames[k][i] = batch[k][j, -1]
+
+    def _obs(self) -> dict:
+        obs = {}
+        if self.decode_images:
+            obs.update({k: v.copy() for k, v in self._last_frames.items()})
+        obs[STATE] = self._state["proprio"].cpu().numpy().astype(np.float32)
+        obs["task"] = tuple(self._state["task"])
+        return obs
+
+    # ------------------------------------------------------------------ VectorEnv API
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        if seed is not None:
+            self._rng = np.random.default_rng(seed)
+            self._gen.manual_seed(seed)
+        self._state = None
+        self._needs_reset[:] = False
+        self._reset_envs(np.arange(self.num_envs))
+        return self._obs(), {"success": np.zeros(self.num_envs, bool), "keyframe": np.array([s["keyframe"] for s in self.start_info])}
+
+    def step(self, actions):
+        a = np.asarray(actions, dtype=np.float32)
+        if a.ndim == 2:
+            a = a[:, None]
+        A = self.model.cfg.action_dim
+        if a.ndim != 3 or a.shape[0] != self.num_envs or a.shape[2] != A or not 1 <= a.shape[1] <= self.model.cfg.chunk:
+            raise ValueError(f"actions: expected ({self.num_envs}, {A}) or ({self.num_envs}, h<={self.model.cfg.chunk}, {A}), "
+                             f"got {a.shape}")
+        if not np.all(np.isfinite(a)):
+            raise ValueError("actions: contain NaN or inf")
+        a = np.clip(a, self.single_action_space.low, self.single_action_space.high)
+        resetting = np.flatnonzero(self._needs_reset)
+        self._state, preds = self.model.step(self._state, torch.from_numpy(a), steps=self.sampling_steps, generator=self._gen)
+        p = preds["success"].cpu().numpy()  # (B, h)
+        if self.reward_mode == "relative_success":
+            reward = p[:, -1] - self._p
+        else:
+            reward = preds["reward"].sum(dim=1).cpu().numpy()
+        success = p.max(axis=1) >= self.success_threshold
+        self._p = p[:, -1].copy()
+        self._t += a.shape[1]
+        if self.decode_images:
+            frames = self.model.decode(preds["latents"][:, -1])
+            for k, v in frames.items():
+                self._last_frames[k] = v
+        terminated = success.copy()
+        truncated = ~terminated & (self._t >= self.max_episode_steps)
+        if len(resetting):  # NEXT_STEP autoreset: these envs ignore the action and start a new episode
+            self._reset_envs(resetting)
+            reward[resetting], terminated[resetting], truncated[resetting], success[resetting] = 0.0, False, False, False
+        self._needs_reset = terminated | truncated
+        info = {"success": success, "success_prob": p[:, -1], "step": self._t.copy()}
+        return self._obs(), reward.astype(np.float64), terminated, truncated, info
+
+
+class WorldModelSingleEnv(gym.Env):
+    """One-env view of `WorldModelEnv` (for `check_env` and single-env code)."""
+
+    def __init__(self, model: VideoWorldModel, starts, **kwargs):
+        self.venv = WorldModelEnv(model, starts, num_envs=1, **kwargs)
+        self.observation_space = self.venv.single_observation_space
+        self.action_space = self.venv.single_action_space
+        self.metadata = {"render_modes": []}
+
+    @staticmethod
+    def _one(obs: dict) -> dict:
+        return {k: (v[0] if k != "task" else v[0]) for k, v in obs.items()}
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        obs, info = self.venv.reset(seed=seed if seed is not None else int(self.np_random.integers(2**31)))
+        return self._one(obs), {k: v[0] for k, v in info.items()}
+
+    def step(self, action):
+        obs, r, term, trunc, info = self.venv.step(np.asarray(action, dtype=np.float32)[None])
+        return self._one(obs), float(r[0]), bool(term[0]), bool(trunc[0]), {k: v[0] for k, v in info.items()}
