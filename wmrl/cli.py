@@ -47,10 +47,10 @@ def _tasks(cfg: TasksConfig) -> dict:
 
 
 def _bench(cfg: BenchConfig) -> dict:
-    available = sorted(p.stem for p in BENCHMARKS.glob("*.py") if not p.stem.startswith("_"))
+    available = sorted(p.stem.replace("_", "-") for p in BENCHMARKS.glob("*.py") if not p.stem.startswith("_"))
     if cfg.name not in available:
         raise ValueError(f"unknown benchmark {cfg.name!r}; valid: {', '.join(available)}")
-    mod = runpy.run_path(str(BENCHMARKS / f"{cfg.name}.py"), run_name="wmrl_bench")
+    mod = runpy.run_path(str(BENCHMARKS / f"{cfg.name.replace('-', '_')}.py"), run_name="wmrl_bench")
     result = mod["main"](quick=cfg.quick)
     print(json.dumps(result, indent=None if cfg.json else 2))
     return result

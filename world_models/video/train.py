@@ -39,6 +39,8 @@ class TrainWMConfig:
     sampling_steps: int = 3
     deterministic: bool = False
     """Train the no-diffusion baseline (same backbone, direct regression)."""
+    init_from: Optional[Path] = None
+    """Start from another run's checkpoint (autoencoder and latent statistics); use with --ae-steps 0."""
     holdout: float = 0.1
     """Share of episodes (the last ones) held out for evaluation and videos."""
     ckpt_every: int = 500
@@ -144,6 +146,12 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
             "dyn": torch.optim.AdamW([p for p in model.parameters() if id(p) not in ae_ids], cfg.lr),
             "cls": torch.optim.AdamW(clf.parameters(), cfg.lr * 3)}
     step, extra = 0, {}
+    if cfg.init_from is not None:
+        src = VideoWorldModel.load(Path(cfg.init_from) / "checkpoints" / "last", device=cfg.device)
+        model.ae.load_state_dict(src.ae.state_dict())
+        model.lat_mean.copy_(src.lat_mean)
+        model.lat_std.copy_(src.lat_std)
+        extra["lat_mean"] = True  # keep the source's latent statistics
     ck = run / "checkpoints" / "last"
     if cfg.resume and (ck / "train_state.json").exists():
         state = json.loads((ck / "train_state.json").read_text())
@@ -179,7 +187,7 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
             opt, info = opts["ae"], {"ae_loss": loss.item()}
         elif step < cfg.ae_steps + cfg.dyn_steps:
             if lat is None:
-                if step == cfg.ae_steps or "lat_mean" not in extra:  # latent statistics, fixed once
+                if "lat_mean" not in extra:  # latent statistics, fixed once after the autoencoder phase
                     with torch.no_grad():
                         raw = np.concatenate([encode_all_raw(model, train, i) for i in range(0, train.high_water, 512)])
                     model.lat_mean.copy_(torch.from_numpy(raw.mean(axis=(0, 2, 3))).reshape(-1, 1, 1))
