@@ -50,3 +50,14 @@ def test_tasks_lists_gymnasium_ids(capsys):
     assert main(["tasks", "--json"]) == 0
     ids = json.loads(capsys.readouterr().out)
     assert "wmrl/tabletop-push-red-v0" in ids and "wmrl/tabletop-real-push-red-v0" in ids
+
+
+def test_demo_writes_report_with_videos_and_world_model(tmp_path):
+    out = tmp_path / "demo"
+    assert main(["demo", "--out", str(out), "--episodes", "6", "--eval-episodes", "2", "--wm-steps", "8"]) == 0
+    html = (out / "report.html").read_text()
+    assert "eval_scripted/videos/grid.gif" in html and "real_vs_imagined.gif" in html
+    assert (out / "world_model/videos/real_vs_imagined.gif").exists()
+    stages = [json.loads(l)["stage"] for l in (out / "metrics.jsonl").read_text().splitlines()]
+    assert stages == ["collect", "replay", "eval_scripted", "eval_random", "world_model", "done"]
+    assert main(["demo", "--out", str(out)]) == 2  # an existing run folder is refused

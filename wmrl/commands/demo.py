@@ -21,6 +21,9 @@ class DemoConfig:
     failures: float = 0.25
     noise: float = 0.05
     eval_episodes: int = 12
+    wm_steps: int = 400
+    """Training steps for each world-model phase (autoencoder, dynamics); 0 skips the world model."""
+    wm_size: str = "tiny"
     num_envs: int = 2
     seed: int = 0
     overwrite: bool = False
@@ -40,13 +43,13 @@ def run_demo(cfg: DemoConfig, progress: bool = True) -> dict:
     tracker = Tracker(run_dir)
     say = print if progress else (lambda *a, **k: None)
 
-    say(f"[1/4] collecting {cfg.episodes} expert episodes on {cfg.task} ({cfg.failures:.0%} near-success failures)")
+    say(f"[1/5] collecting {cfg.episodes} expert episodes on {cfg.task} ({cfg.failures:.0%} near-success failures)")
     data = collect(CollectConfig(task=cfg.task, episodes=cfg.episodes, out=run_dir / "dataset", noise=cfg.noise,
                                  failures=cfg.failures, seed=cfg.seed, num_envs=cfg.num_envs, overwrite=True),
                    progress=progress)
     tracker.log({"stage": "collect", **data})
 
-    say("[2/4] loading the dataset into the replay buffer")
+    say("[2/5] loading the dataset into the replay buffer")
     replay = EpisodeReplay.from_lerobot(run_dir / "dataset")
     windows = replay.sample_windows(32, 16)
     batch = replay.sample(256)
@@ -57,12 +60,26 @@ def run_demo(cfg: DemoConfig, progress: bool = True) -> dict:
 
     rows = []
     for i, policy in enumerate(("scripted", "random")):
-        say(f"[{3 + i}/4] evaluating the {policy} policy on {cfg.eval_episodes} episodes")
+        say(f"[{3 + i}/5] evaluating the {policy} policy on {cfg.eval_episodes} episodes")
         m = run_eval(EvalConfig(policy=PolicyConfig(type=policy), task=cfg.task, episodes=cfg.eval_episodes, seed=1000 + cfg.seed,
                                 num_envs=cfg.num_envs, out=run_dir / f"eval_{policy}", videos=4, overwrite=True),
                      progress=progress)
         tracker.log({"stage": f"eval_{policy}", **{k: v for k, v in m.items() if k != "videos"}})
         rows.append(m)
+
+    wm_section = []
+    if cfg.wm_steps > 0:
+        from world_models.video.train import TrainWMConfig, train_world_model
+
+        say(f"[5/5] training a {cfg.wm_size} video world model ({cfg.wm_steps} steps per phase) on the dataset")
+        wm = train_world_model(TrainWMConfig(data=run_dir / "dataset", out=run_dir / "world_model", size=cfg.wm_size,
+                                             ae_steps=cfg.wm_steps, dyn_steps=cfg.wm_steps, cls_steps=cfg.wm_steps // 4,
+                                             batch_size=16, holdout=0.2, videos=2, overwrite=True), progress=progress)
+        tracker.log({"stage": "world_model", **{k: v for k, v in wm.items() if k != "videos"}})
+        wm_section = [("World model: real | imagined, held-out episodes, same actions (front above, wrist below)",
+                       "<img src='world_model/videos/real_vs_imagined.gif' width='900'>"
+                       f"<p>{cfg.wm_size} model, {cfg.wm_steps} steps per phase, {wm['train_minutes']:.1f} min on this "
+                       "machine: a smoke-sized model; see the README's world-model table for the default size.</p>")]
 
     sections = [
         ("Evaluation (true simulator)", metrics_table(
@@ -75,6 +92,7 @@ def run_demo(cfg: DemoConfig, progress: bool = True) -> dict:
             [data], ["dataset", "episodes", "frames", "pc_success"]) +
          "<p>Near-success failures are recorded on purpose: world models need them to learn what failure looks like.</p>"),
         ("Replay buffer", metrics_table([replay_info], list(replay_info))),
+        *wm_section,
     ]
     report = write_report(run_dir / "report.html", f"wmrl demo: {cfg.task}", sections)
     summary = {"run_dir": str(run_dir), "report": str(report), "minutes": (time.time() - t0) / 60,
