@@ -41,19 +41,25 @@ def grid(episodes: list[np.ndarray], cols: int = 4) -> np.ndarray:
     return np.concatenate(rows, axis=1)
 
 
-def write_episode_videos(episodes: list[dict], out_dir: str | Path, records: list[dict], fps: int = 10) -> list[str]:
+def write_clips(clips: list[tuple[str, np.ndarray]], out_dir: str | Path, gif_name: str, fps: int = 10,
+                cols: int = 4) -> list[str]:
+    """One mp4 per (name, frames) clip and a grid GIF of all of them (at half resolution)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths, tiles = [], []
-    for ep, rec in zip(episodes, records):
-        frames = _border(side_by_side(ep), rec.get("success", False))
-        path = out_dir / f"episode_{rec['episode']:03d}.mp4"
+    for name, frames in clips:
+        path = out_dir / f"{name}.mp4"
         with atomic_path(path) as tmp:
             encode_video(frames, tmp, fps=fps, crf=18, pix_fmt="yuv420p")
         paths.append(str(path))
         tiles.append(frames[:, ::2, ::2])
-    gif = out_dir / "grid.gif"
+    gif = out_dir / gif_name
     with atomic_path(gif) as tmp:
-        iio.imwrite(tmp, grid(tiles), extension=".gif", duration=1000 // fps, loop=0)
-    paths.append(str(gif))
-    return paths
+        iio.imwrite(tmp, grid(tiles, cols=cols), extension=".gif", duration=1000 // fps, loop=0)
+    return paths + [str(gif)]
+
+
+def write_episode_videos(episodes: list[dict], out_dir: str | Path, records: list[dict], fps: int = 10) -> list[str]:
+    clips = [(f"episode_{rec['episode']:03d}", _border(side_by_side(ep), rec.get("success", False)))
+             for ep, rec in zip(episodes, records)]
+    return write_clips(clips, out_dir, "grid.gif", fps=fps)

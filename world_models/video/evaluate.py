@@ -94,21 +94,15 @@ def rollout(model: VideoWorldModel, held, starts: list[tuple[int, int]], horizon
 def write_side_by_side(model: VideoWorldModel, held, out_dir: Path, n: int = 3, fps: int = 10) -> list[str]:
     """For n held-out episodes: real | imagined, every camera, whole episode from its first frame under the
     recorded actions. mp4 per episode and one GIF of all of them."""
-    import imageio.v3 as iio
+    from wmrl.eval.video import write_clips
 
-    from wmrl.core.io import atomic_path
-    from wmrl.datasets.video import encode_video
-    from wmrl.eval.video import grid
-
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     K = model.cfg.context
-    paths, tiles = [], []
+    cams = [f"observation.images.{c}" for c in model.cfg.cameras]
+    clips = []
     for e in list(held.episodes)[:n]:
         lo, T = held.episodes[e]
         horizon = T - 1
         # reset-like start: the first frame repeated as context
-        cams = [f"observation.images.{c}" for c in model.cfg.cameras]
         ctx = {c: np.repeat(held.data[c][lo : lo + 1], K, 0)[None] for c in cams}
         state = model.encode({**ctx, STATE: held.data[STATE][lo : lo + 1], "task": [held.vocab["task"][held.data["task"][lo]]]})
         lat = []
@@ -117,17 +111,6 @@ def write_side_by_side(model: VideoWorldModel, held, out_dir: Path, n: int = 3, 
             state, p = model.step(state, torch.as_tensor(acts[:, i : i + model.cfg.chunk]))
             lat.append(p["latents"])
         pred = model.decode(torch.cat(lat, 1)[0])
-        rows = []
-        for c in cams:
-            real = held.data[c][lo + 1 : lo + 1 + horizon]
-            rows.append(np.concatenate([real, pred[c]], axis=2))  # real | imagined
-        frames = np.concatenate(rows, axis=1).repeat(3, 1).repeat(3, 2)
-        path = out_dir / f"real_vs_imagined_{e:03d}.mp4"
-        with atomic_path(path) as tmp:
-            encode_video(frames, tmp, fps=fps, crf=18, pix_fmt="yuv420p")
-        paths.append(str(path))
-        tiles.append(frames[:, ::2, ::2])
-    gif = out_dir / "real_vs_imagined.gif"
-    with atomic_path(gif) as tmp:
-        iio.imwrite(tmp, grid(tiles, cols=min(3, len(tiles))), extension=".gif", duration=1000 // fps, loop=0)
-    return paths + [str(gif)]
+        rows = [np.concatenate([held.data[c][lo + 1 : lo + 1 + horizon], pred[c]], axis=2) for c in cams]  # real | imagined
+        clips.append((f"real_vs_imagined_{e:03d}", np.concatenate(rows, axis=1).repeat(3, 1).repeat(3, 2)))
+    return write_clips(clips, out_dir, "real_vs_imagined.gif", fps=fps, cols=min(3, len(clips)))
