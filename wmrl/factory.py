@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import gymnasium as gym
 
-from wmrl.core.registry import POLICIES
+from wmrl.core.registry import POLICIES, WORLD_MODELS
 
 
 @POLICIES.register("scripted")
@@ -25,3 +25,18 @@ def _random(action_space: gym.spaces.Box, seed: int = 0, **_):
 
 def make_policy(name: str, action_space: gym.spaces.Box, **kwargs):
     return POLICIES.get(name)(action_space, **kwargs)
+
+
+@WORLD_MODELS.register("video")
+def _video_world_model(path: str, device: str = "cpu", **_):
+    """A trained video world model from a `wmrl train-wm` run folder or checkpoint folder."""
+    from pathlib import Path
+
+    from world_models.video.model import VideoWorldModel
+
+    p = Path(path)
+    return VideoWorldModel.load(p / "checkpoints" / "last" if (p / "checkpoints").exists() else p, device=device)
+
+
+def make_world_model(kind: str, path: str, **kwargs):
+    return WORLD_MODELS.get(kind)(path, **kwargs)

@@ -84,6 +84,7 @@ class WorldModelEnv(gym.vector.VectorEnv):
         obs["task"] = self.starts.vocab["task"][d["task"][lo + t]]
         return obs, {"episode": int(e), "frame": t, "keyframe": bool(keyframe)}
 
+    @torch.no_grad()
     def _reset_envs(self, ids: np.ndarray) -> None:
         starts = [self._draw_start() for _ in ids]
         batch = {k: np.stack([s[0][k] for s in starts]) for k in starts[0][0] if k != "task"}

@@ -97,6 +97,9 @@ def test_world_model_env_contract_and_kir(trained, tiny_data):
     assert obs["observation.images.front"].shape == (3, 64, 64, 3)
     o2, r, term, trunc, inf = venv.step(np.zeros((3, 2, 4), np.float32))  # a chunk of 2 actions
     assert r.shape == (3,) and inf["success_prob"].shape == (3,)
+    venv._needs_reset[1] = True  # a finished env autoresets on the next step, the others continue
+    venv.step(np.zeros((3, 4), np.float32))
+    assert venv._t[1] == 0 and venv._t[0] == 3
     with pytest.raises(ValueError, match="actions: expected"):
         venv.step(np.zeros((3, model.cfg.chunk + 1, 4), np.float32))
     with pytest.raises(ValueError, match="NaN"):

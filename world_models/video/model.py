@@ -97,7 +97,12 @@ class VideoWorldModel(nn.Module):
         self.cond = nn.Sequential(
             nn.Linear(2 * cfg.cond_dim + H * (cfg.cond_dim // 4) + cfg.state_dim, cfg.cond_dim), nn.SiLU(),
             nn.Linear(cfg.cond_dim, cfg.cond_dim))
-        self.unet = UNet(H * C + K * C, H * C, cfg.cond_dim, SIZES[cfg.size])
+        # Input: noisy future, context, and maps that give convolutions spatial access to the conditioning:
+        # x/y coordinates (CoordConv) and the actions and proprioception broadcast over the latent grid.
+        self.unet = UNet(H * C + K * C + 2 + H * cfg.action_dim + cfg.state_dim, H * C, cfg.cond_dim, SIZES[cfg.size])
+        S = cfg.latent_size
+        ys, xs = torch.meshgrid(torch.linspace(-1, 1, S), torch.linspace(-1, 1, S), indexing="ij")
+        self.register_buffer("coords", torch.stack([xs, ys])[None], persistent=False)
         self.task = TaskEncoder(cfg.task_vocab, cfg.task_dim)
         self.heads = FrameHeads(C, cfg.state_dim, cfg.task_dim, cfg.latent_size)
         self.scheduler = EDMEulerScheduler(sigma_min=cfg.sigma_min, sigma_max=cfg.sigma_max,
@@ -132,6 +137,11 @@ class VideoWorldModel(nn.Module):
         return out
 
     # ------------------------------------------------------------------ the denoiser
+    def _inputs(self, x_in: torch.Tensor, ctx: torch.Tensor, actions: torch.Tensor, proprio: torch.Tensor) -> torch.Tensor:
+        B, S = x_in.shape[0], x_in.shape[-1]
+        maps = torch.cat([actions.reshape(B, -1), proprio], dim=1)[:, :, None, None].expand(-1, -1, S, S)
+        return torch.cat([x_in, ctx.flatten(1, 2), self.coords.expand(B, -1, -1, -1), maps], dim=1)
+
     def _condition(self, c_noise, ctx_sigma, actions, proprio):
         B = actions.shape[0]
         a = self.action_emb(actions).reshape(B, -1)
@@ -143,7 +153,7 @@ class VideoWorldModel(nn.Module):
         B = x.shape[0]
         c_skip, c_out, c_in, c_noise = (c.reshape(B, 1, 1, 1) if c.ndim else c for c in edm_coefficients(sigma, self.cfg.sigma_data))
         cond = self._condition(c_noise.reshape(B), ctx_sigma, actions, proprio)
-        F_ = self.unet(torch.cat([c_in * x, ctx.flatten(1, 2)], dim=1), cond)
+        F_ = self.unet(self._inputs(c_in * x, ctx, actions, proprio), cond)
         return c_skip * x + c_out * F_
 
     # ------------------------------------------------------------------ losses
@@ -163,7 +173,7 @@ class VideoWorldModel(nn.Module):
             x = x0 + sigma.reshape(B, 1, 1, 1) * torch.randn_like(x0)
             c_skip, c_out, c_in, c_noise = (c.reshape(B, 1, 1, 1) for c in edm_coefficients(sigma, self.cfg.sigma_data))
             cond = self._condition(c_noise.reshape(B), ctx_sigma, actions, proprio)
-            F_ = self.unet(torch.cat([c_in * x, ctx.flatten(1, 2)], dim=1), cond)
+            F_ = self.unet(self._inputs(c_in * x, ctx, actions, proprio), cond)
             err = (F_ - (x0 - c_skip * x) / c_out) ** 2  # EDM loss: lambda(sigma) ||D(x) - x0||^2
         err = err.reshape(B, H, C, *err.shape[-2:]).mean(dim=(2, 3, 4))
         return (err * mask).sum() / mask.sum().clamp(min=1)
@@ -201,10 +211,11 @@ class VideoWorldModel(nn.Module):
         for t in sched.timesteps:  # EDM's timesteps are c_noise = ln(sigma) / 4
             x_in = sched.scale_model_input(x, t)  # c_in * x
             cond = self._condition(t.reshape(1).expand(B).to(ctx.device), ctx_sigma, actions, proprio)
-            F_ = self.unet(torch.cat([x_in, ctx.flatten(1, 2)], dim=1), cond)
+            F_ = self.unet(self._inputs(x_in, ctx, actions, proprio), cond)
             x = sched.step(F_, t, x).prev_sample  # c_skip x + c_out F, then the Euler step
         return x.reshape(B, H, C, S, S)
 
+    @torch.no_grad()
     def encode(self, obs: dict) -> dict:
         """Observation dict with K context frames per camera (B, K, H, W, 3) (or one frame (B, H, W, 3), repeated),
         `observation.state` (B, state_dim) and `task` (B strings) -> imagination state."""
@@ -239,7 +250,7 @@ class VideoWorldModel(nn.Module):
         preds = {"latents": fut, "observation.state": out["state"].reshape(B, h, -1),
                  "success": torch.sigmoid(out["success_logit"]).reshape(B, h),
                  "reward": out["reward"].reshape(B, h), "done": torch.sigmoid(out["done_logit"]).reshape(B, h)}
-        ctx = torch.cat([state["ctx"], fut], dim=1)[:, -self.cfg.context :]
+        ctx = torch.cat([state["ctx"], fut], dim=1)[:, -self.cfg.context :].contiguous()
         return {"ctx": ctx, "proprio": preds["observation.state"][:, -1], "task": state["task"]}, preds
 
     @torch.no_grad()

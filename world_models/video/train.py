@@ -30,7 +30,7 @@ class TrainWMConfig:
     size: str = "small"
     """U-Net widths: tiny, small, base, large."""
     ae_steps: int = 1500
-    dyn_steps: int = 3000
+    dyn_steps: int = 4000
     cls_steps: int = 600
     batch_size: int = 32
     lr: float = 3e-4
