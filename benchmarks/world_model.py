@@ -2,13 +2,14 @@
 detection on generated frames, sampling steps and imagination throughput, against copy-last-frame and a
 deterministic latent predictor with the same backbone, trained on the same data in the same run.
 
-Work folder: runs/bench-world-model/ (dataset, the diffusion model, the deterministic baseline). Finished trainings
-are reused (resume), so re-running only re-measures; delete the folder to retrain from scratch.
+Work folder: runs/bench-world-model/full/ (dataset, the diffusion model, the deterministic baseline). Finished
+trainings are reused (resume), so re-running only re-measures; delete the folder to retrain from scratch.
 """
 
 from __future__ import annotations
 
 import json
+import tempfile
 import time
 from pathlib import Path
 
@@ -72,7 +73,7 @@ def main(quick: bool = False) -> dict:
     from world_models.video.train import TrainWMConfig, load_split, train_world_model
     from wmrl.commands.collect import CollectConfig, collect
 
-    work = WORK / ("quick" if quick else "full")
+    work = Path(tempfile.mkdtemp(prefix="wmrl-bench-wm-")) if quick else WORK / "full"  # quick: always fresh
     n_eps = 16 if quick else 200
     steps = dict(ae_steps=20, dyn_steps=20, cls_steps=10, size="tiny", batch_size=8) if quick else {}
     data = work / "data"
@@ -139,11 +140,9 @@ def main(quick: bool = False) -> dict:
     # controllability (Genie): true actions vs actions shuffled across episodes, horizon 8
     rt = rollout(model, held, starts, 8, seed=1)
     rs = rollout(model, held, starts, 8, shuffle_actions=True, seed=1)
-    key = "observation.images.front"
     pt = np.mean([psnr(rt["pred"][f"observation.images.{c}"], rt["real"][f"observation.images.{c}"])[:, 7] for c in model.cfg.cameras])
     ps = np.mean([psnr(rs["pred"][f"observation.images.{c}"], rs["real"][f"observation.images.{c}"])[:, 7] for c in model.cfg.cameras])
     out["delta_t_psnr_h8"] = float(pt - ps)
-    del key
 
     # success detection on generated frames: success / near-success pairs sharing a prefix
     pairs = _prefix_pairs(4 if quick else 20)

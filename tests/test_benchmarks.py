@@ -27,3 +27,11 @@ def test_benchmark_keys(name, keys):
     r = _run(name)
     for k in keys:
         assert r[k] > 0
+
+
+def test_world_model_benchmark_reports_every_result_key():
+    r = _run("world_model")
+    for k in ("psnr_h1", "psnr_h4", "psnr_h16", "psnr_h16_copy_last", "psnr_h16_deterministic", "ssim_h16",
+              "delta_t_psnr_h8", "state_error_h16", "success_auroc_generated", "imagined_steps_per_s_decode"):
+        assert k in r and r[k] == r[k], k  # present and not NaN
+    assert r["imagined_steps_per_s_nodecode"] > 0 and r["true_sim_steps_per_s_render"] > 0 and r["train_minutes"] > 0

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, asdict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -138,36 +138,30 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
     torch.manual_seed(cfg.seed)
     ds, train, held = load_split(cfg.data, cfg.holdout, cfg.seed)
     mcfg = model_config(cfg, ds)
-    model = VideoWorldModel(mcfg).to(cfg.device)
+    ck = run / "checkpoints" / "last"
+    resuming = cfg.resume and (ck / "train_state.json").exists()
+    model = VideoWorldModel.load(ck, expect=mcfg, device=cfg.device) if resuming else VideoWorldModel(mcfg).to(cfg.device)
     clf = SuccessClassifier(mcfg.cameras, mcfg.task_vocab).to(cfg.device)
-    ae_params = list(model.ae.parameters())
-    ae_ids = {id(p) for p in ae_params}
-    opts = {"ae": torch.optim.AdamW(ae_params, cfg.lr * 3),
+    ae_ids = {id(p) for p in model.ae.parameters()}
+    opts = {"ae": torch.optim.AdamW(model.ae.parameters(), cfg.lr * 3),
             "dyn": torch.optim.AdamW([p for p in model.parameters() if id(p) not in ae_ids], cfg.lr),
             "cls": torch.optim.AdamW(clf.parameters(), cfg.lr * 3)}
     step, extra = 0, {}
-    if cfg.init_from is not None:
-        src = VideoWorldModel.load(Path(cfg.init_from) / "checkpoints" / "last", device=cfg.device)
-        model.ae.load_state_dict(src.ae.state_dict())
-        model.lat_mean.copy_(src.lat_mean)
-        model.lat_std.copy_(src.lat_std)
-        extra["lat_mean"] = True  # keep the source's latent statistics
-    ck = run / "checkpoints" / "last"
-    if cfg.resume and (ck / "train_state.json").exists():
+    if resuming:
         state = json.loads((ck / "train_state.json").read_text())
-        model = VideoWorldModel.load(ck, expect=mcfg, device=cfg.device)
         clf.load_state_dict(load_file(str(ck / "classifier.safetensors"), device=cfg.device))
-        ae_params = list(model.ae.parameters())
-        ae_ids = {id(p) for p in ae_params}
-        opts = {"ae": torch.optim.AdamW(ae_params, cfg.lr * 3),
-                "dyn": torch.optim.AdamW([p for p in model.parameters() if id(p) not in ae_ids], cfg.lr),
-                "cls": torch.optim.AdamW(clf.parameters(), cfg.lr * 3)}
         for name, opt in opts.items():
             opt.load_state_dict(torch.load(ck / f"optim_{name}.pt", weights_only=True))
         torch.set_rng_state(torch.load(ck / "rng_torch.pt", weights_only=True))
         train.rng.bit_generator.state = state["replay_rng"]
         step = state["step"]
         extra = {k: v for k, v in state.items() if k not in ("step", "replay_rng")}
+    elif cfg.init_from is not None:
+        src = VideoWorldModel.load(Path(cfg.init_from) / "checkpoints" / "last", device=cfg.device)
+        model.ae.load_state_dict(src.ae.state_dict())
+        model.lat_mean.copy_(src.lat_mean)
+        model.lat_std.copy_(src.lat_std)
+        extra["lat_mean"] = True  # keep the source's latent statistics
     tracker = Tracker(run)
     K, H, B = cfg.context, cfg.chunk, cfg.batch_size
     total = cfg.ae_steps + cfg.dyn_steps + cfg.cls_steps
@@ -245,6 +239,3 @@ def encode_all_raw(model: VideoWorldModel, replay, start: int, batch: int = 512)
                           .permute(0, 3, 1, 2).float() / 127.5 - 1.0) for c in model.cfg.cameras]
     return torch.cat(zs, dim=1).cpu().numpy()
 
-
-def config_dict(cfg: TrainWMConfig) -> dict:
-    return {k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()}
