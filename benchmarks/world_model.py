@@ -78,8 +78,8 @@ def main(quick: bool = False) -> dict:
     steps = dict(ae_steps=20, dyn_steps=20, cls_steps=10, size="tiny", batch_size=8) if quick else {}
     data = work / "data"
     if not (data / "meta/info.json").exists():
-        collect(CollectConfig(task="push-red", episodes=n_eps, out=data, failures=0.3, noise=0.05, overwrite=True),
-                progress=not quick)
+        collect(CollectConfig(task="push-red", episodes=n_eps, out=data, failures=0.3, noise=0.05, overwrite=True,
+                              post_success_steps=3), progress=not quick)
     diff_run, det_run = work / "diffusion", work / "deterministic"
     resume = lambda run: (run / "checkpoints/last/train_state.json").exists()
     tcfg = TrainWMConfig(data=data, out=diff_run, videos=3, resume=resume(diff_run), overwrite=not resume(diff_run), **steps)

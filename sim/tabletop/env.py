@@ -54,6 +54,7 @@ class TabletopEnv(gym.Env):
         max_episode_steps: int | None = None,
         render_mode: str | None = None,
         render_size: tuple[int, int] = (240, 320),
+        post_success_steps: int = 0,
     ):
         self.spec_ = parse_task(task)
         if control not in ("ee_delta", "joint"):
@@ -71,6 +72,12 @@ class TabletopEnv(gym.Env):
         self.base_twin = REAL_WORLD if twin == "real" else (twin or TwinParams())
         self.domain_randomization = float(domain_randomization)
         self.max_episode_steps = max_episode_steps or MAX_STEPS[self.spec_.family]
+        if post_success_steps < 0:
+            raise ValueError(f"post_success_steps must be >= 0, got {post_success_steps}")
+        # Keep the episode running this many steps after the first success (more frames that show success, for
+        # success classifiers and world-model heads); the episode then terminates.
+        self.post_success_steps = post_success_steps
+        self._since_success = -1
 
         self.model = mujoco.MjModel.from_xml_string(M.MJCF)
         self.data = mujoco.MjData(self.model)
@@ -176,6 +183,7 @@ class TabletopEnv(gym.Env):
             self.model.geom_pos[self._zone_geom[z], :2] = self.layout.zone_xy[z]
         mujoco.mj_forward(self.model, self.data)
         self._t = 0
+        self._since_success = -1
         return self._obs(), self._info()
 
     def _ctrl_from_action(self, a: np.ndarray) -> np.ndarray:
@@ -206,7 +214,9 @@ class TabletopEnv(gym.Env):
         s = self.scene_state()
         ok = success(self.spec_.family, s)
         r = reward(self.spec_.family, s)
-        terminated = ok
+        if ok or self._since_success >= 0:
+            self._since_success += 1
+        terminated = self._since_success >= self.post_success_steps
         truncated = (not terminated) and self._t >= self.max_episode_steps
         return self._obs(), r, terminated, truncated, self._info(ok)
 

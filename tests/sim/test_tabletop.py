@@ -121,3 +121,12 @@ def test_async_vector_env_two_workers():
     r = evaluate(ScriptedExpert(), venv, 2, seed=3, progress=False)
     venv.close()
     assert r.pc_success == 100.0
+
+
+def test_post_success_steps_extend_the_episode_with_success_frames():
+    env = TabletopEnv("reach-red", cameras=(), post_success_steps=3)
+    r = evaluate(ScriptedExpert(), env, 1, seed=0, record=True, progress=False)
+    base = evaluate(ScriptedExpert(), TabletopEnv("reach-red", cameras=()), 1, seed=0, progress=False)
+    ep = r.episodes[0]
+    assert r.per_episode[0]["length"] == base.per_episode[0]["length"] + 3
+    assert ep["next.success"][:-1].sum() >= 3 and ep["next.terminated"][-2] and not ep["next.terminated"][:-2].any()

@@ -22,6 +22,8 @@ class CollectConfig:
     num_envs: int = 2
     """Parallel simulator processes (gymnasium AsyncVectorEnv)."""
     image_size: int = 64
+    post_success_steps: int = 0
+    """Keep recording this many steps after success before the episode ends (more success frames)."""
     codec: str = "h264"
     overwrite: bool = False
     resume: bool = False
@@ -41,7 +43,8 @@ def collect(cfg: CollectConfig, progress: bool = True) -> dict:
     mode = "overwrite" if cfg.overwrite else ("resume" if cfg.resume else "create")
     if mode == "create" and cfg.out.exists() and any(cfg.out.iterdir()):
         raise FileExistsError(f"{cfg.out} already exists; pass --overwrite to replace it or --resume to append")
-    env = sim.make_vector_env(cfg.task, cfg.num_envs, image_size=cfg.image_size)
+    env = sim.make_vector_env(cfg.task, cfg.num_envs, image_size=cfg.image_size,
+                              post_success_steps=cfg.post_success_steps)
     try:
         policy = make_policy("scripted", env.single_action_space, seed=cfg.seed, noise=cfg.noise,
                              failure_prob=cfg.failures)
