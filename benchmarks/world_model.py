@@ -119,6 +119,13 @@ def main(quick: bool = False) -> dict:
         res["state_error_h16"] = float(np.abs(r["pred_state"][:, H16 - 1] - r["real_state"][:, H16 - 1]).mean())
         return res, r
 
+    # the autoencoder's reconstruction of the real target frames: a ceiling for every latent model here
+    keys = [f"observation.images.{c}" for c in model.cfg.cameras]
+    targets = {k: np.stack([held.data[k][held.episodes[e][0] + t0 + 1] for e, t0 in starts]) for k in keys}
+    with torch.no_grad():
+        rec = model.decode_frames(model.encode_frames(targets))
+    ae = [float(psnr(rec[k].numpy(), targets[k]).mean()) for k in keys]
+    out["psnr_autoencoder"] = float(np.mean(ae))
     diff3, r3 = fidelity(model)
     out.update({k: v for k, v in diff3.items() if k != "seconds"})
     diff1, _ = fidelity(model, steps_=1)

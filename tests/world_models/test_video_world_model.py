@@ -160,3 +160,15 @@ def test_action_chunk_validation():
         model.step(state, torch.zeros(2, 2, 3))
     _, preds = model.step(state, torch.zeros(2, 3, 4), steps=1)
     assert preds["latents"].shape == (2, 3, 8, 16, 16) and preds["success"].shape == (2, 3)
+
+
+def test_autoencoder_weights_favour_pixels_that_differ_from_the_mean_frame():
+    from world_models.video.train import ae_weights
+
+    x = -torch.ones(2 * 4, 3, 8, 8)  # 2 cameras x 4 frames of flat background
+    x[1, :, 2, 3] = 1.0  # camera 0, frame 1: one bright "cube" pixel
+    w = ae_weights(x, n_cameras=2, fg_weight=3.0)
+    assert w.shape == (8, 1, 8, 8)
+    assert abs(w.mean().item() - 1.0) < 1e-6
+    assert w[1, 0, 2, 3] > 3 * w[1, 0, 0, 0]
+    assert torch.allclose(w[4:], w[4, 0, 0, 0].expand_as(w[4:]))  # the other camera is all background

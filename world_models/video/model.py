@@ -47,6 +47,7 @@ class WorldModelConfig:
     p_mean: float = -0.4  # training ln(sigma) ~ N(p_mean, p_std), DIAMOND
     p_std: float = 1.2
     context_noise_max: float = 0.3
+    motion_weight: float = 3.0  # extra dynamics-loss weight where the future differs from the last context frame
     sampling_steps: int = 3
     deterministic: bool = False  # baseline: same backbone regressing the next latents directly, no diffusion
     task_vocab: list[str] = field(default_factory=list)
@@ -175,7 +176,11 @@ class VideoWorldModel(nn.Module):
             cond = self._condition(c_noise.reshape(B), ctx_sigma, actions, proprio)
             F_ = self.unet(self._inputs(c_in * x, ctx, actions, proprio), cond)
             err = (F_ - (x0 - c_skip * x) / c_out) ** 2  # EDM loss: lambda(sigma) ||D(x) - x0||^2
-        err = err.reshape(B, H, C, *err.shape[-2:]).mean(dim=(2, 3, 4))
+        err = err.reshape(B, H, C, *err.shape[-2:])
+        if self.cfg.motion_weight:  # most of a frame is static background; the arm and cubes are what matter
+            moved = (future - ctx[:, -1:]).abs().mean(dim=2, keepdim=True)  # (B, H, 1, S, S), standardised units
+            err = err * (1 + self.cfg.motion_weight * (moved / 0.5).clamp(max=1))
+        err = err.mean(dim=(2, 3, 4))
         return (err * mask).sum() / mask.sum().clamp(min=1)
 
     def heads_loss(self, z: torch.Tensor, tasks: list[str], labels: dict[str, torch.Tensor], mask: torch.Tensor,

@@ -41,6 +41,9 @@ class TrainWMConfig:
     """Train the no-diffusion baseline (same backbone, direct regression)."""
     init_from: Optional[Path] = None
     """Start from another run's checkpoint (autoencoder and latent statistics); use with --ae-steps 0."""
+    fg_weight: float = 3.0
+    """Extra autoencoder-loss weight on pixels that differ from the batch's mean frame of their camera (arm, cubes):
+    plain MSE spends the latent on the static background."""
     holdout: float = 0.1
     """Share of episodes (the last ones) held out for evaluation and videos."""
     ckpt_every: int = 500
@@ -79,6 +82,15 @@ def model_config(cfg: TrainWMConfig, ds) -> WorldModelConfig:
     return WorldModelConfig(context=cfg.context, chunk=cfg.chunk, size=cfg.size, sampling_steps=cfg.sampling_steps,
                             deterministic=cfg.deterministic, task_vocab=vocab,
                             action_dim=int(ds.features[ACTION]["shape"][0]), state_dim=int(ds.features[STATE]["shape"][0]))
+
+
+def ae_weights(x: torch.Tensor, n_cameras: int, fg_weight: float) -> torch.Tensor:
+    """Per-pixel loss weights (N, 1, H, W), mean 1, for a batch x (N, 3, H, W) made of n_cameras equal blocks:
+    1 + fg_weight where a pixel is far (> 0.1) from its camera's batch-mean frame."""
+    xc = x.reshape(n_cameras, -1, *x.shape[1:])
+    fg = ((xc - xc.mean(dim=1, keepdim=True)).abs().mean(dim=2, keepdim=True) > 0.1).float()
+    w = (1 + fg_weight * fg).reshape(-1, 1, *x.shape[2:])
+    return w / w.mean()
 
 
 @torch.no_grad()
@@ -177,7 +189,7 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
             x = torch.cat([torch.as_tensor(b[f"observation.images.{c}"], device=cfg.device) for c in mcfg.cameras])
             x = x.permute(0, 3, 1, 2).float() / 127.5 - 1.0
             z = model.ae.encode(x)
-            loss = F.mse_loss(model.ae.decode(z), x) + 1e-4 * (z**2).mean()
+            loss = (ae_weights(x, len(mcfg.cameras), cfg.fg_weight) * (model.ae.decode(z) - x) ** 2).mean() + 1e-4 * (z**2).mean()
             opt, info = opts["ae"], {"ae_loss": loss.item()}
         elif step < cfg.ae_steps + cfg.dyn_steps:
             if lat is None:
