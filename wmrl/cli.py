@@ -1,7 +1,7 @@
 """`wmrl`: one entry point. Each subcommand is a dataclass config parsed by tyro; `--config FILE.yaml` supplies
 defaults that flags then override.
 
-    wmrl demo | collect | eval | train-wm | tasks | bench NAME [--json]
+    wmrl demo | collect | eval | train-wm | train-policy | tasks | bench NAME [--json]
 """
 
 from __future__ import annotations
@@ -60,6 +60,7 @@ def _commands() -> dict[str, tuple[type, Callable[[Any], Any], str]]:
     from wmrl.commands.collect import CollectConfig, collect
     from wmrl.commands.demo import DemoConfig, run_demo
     from wmrl.commands.evaluate import EvalConfig, run_eval
+    from wmrl.commands.train_policy import TrainPolicyConfig, train_policy
     from world_models.video.train import TrainWMConfig, train_world_model
 
     return {
@@ -67,6 +68,7 @@ def _commands() -> dict[str, tuple[type, Callable[[Any], Any], str]]:
         "collect": (CollectConfig, collect, "record scripted-expert episodes into a LeRobot v3 dataset"),
         "eval": (EvalConfig, run_eval, "evaluate a policy on a task; metrics, videos, plots"),
         "train-wm": (TrainWMConfig, train_world_model, "train the video world model on a LeRobot v3 dataset"),
+        "train-policy": (TrainPolicyConfig, train_policy, "behaviour-clone the VLA policy on LeRobot v3 datasets"),
         "tasks": (TasksConfig, _tasks, "list the registered tasks"),
         "bench": (BenchConfig, _bench, "run a benchmark from benchmarks/ and print its JSON"),
     }
@@ -107,7 +109,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: unknown command {name!r}; valid: {', '.join(cmds)}", file=sys.stderr)
         return 2
     cls, fn, doc = cmds[name]
-    if "--policy" in rest:  # `--policy NAME` is short for `--policy.type NAME`
+    policy_field = next((f for f in fields(cls) if f.name == "policy"), None)
+    if "--policy" in rest and policy_field is not None and callable(policy_field.default_factory):
+        # `--policy NAME` is short for `--policy.type NAME` where `policy` is a nested PolicyConfig
         rest[rest.index("--policy")] = "--policy.type"
     if name == "bench" and rest and not rest[0].startswith("-"):
         rest = ["--name", rest[0], *rest[1:]]
@@ -126,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileExistsError, FileNotFoundError, KeyError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if name in ("collect", "eval", "demo", "train-wm") and isinstance(result, dict):
+    if name not in ("tasks", "bench") and isinstance(result, dict):
         print(json.dumps({k: v for k, v in result.items() if k != "videos"}, default=str))
     return 0
 

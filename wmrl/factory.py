@@ -23,6 +23,21 @@ def _random(action_space: gym.spaces.Box, seed: int = 0, **_):
     return RandomPolicy(action_space, seed=seed)
 
 
+@POLICIES.register("vla")
+def _vla(action_space: gym.spaces.Box, path: str | None = None, device: str = "cpu", stochastic: bool = False,
+         observation_space: gym.spaces.Dict | None = None, **_):
+    """A trained VLA policy from a `wmrl train-policy` run folder or checkpoint folder."""
+    from policies.vla import VLAPolicy
+    from wmrl.core.checkpoint import resolve_checkpoint
+
+    if path is None:
+        raise ValueError("policy vla needs a checkpoint: --policy.path RUN_DIR")
+    policy = VLAPolicy.load(resolve_checkpoint(path), device=device).eval()
+    policy.check_spaces(observation_space, action_space)
+    policy.stochastic = stochastic
+    return policy
+
+
 def make_policy(name: str, action_space: gym.spaces.Box, **kwargs):
     return POLICIES.get(name)(action_space, **kwargs)
 
@@ -30,12 +45,10 @@ def make_policy(name: str, action_space: gym.spaces.Box, **kwargs):
 @WORLD_MODELS.register("video")
 def _video_world_model(path: str, device: str = "cpu", **_):
     """A trained video world model from a `wmrl train-wm` run folder or checkpoint folder."""
-    from pathlib import Path
-
     from world_models.video.model import VideoWorldModel
+    from wmrl.core.checkpoint import resolve_checkpoint
 
-    p = Path(path)
-    return VideoWorldModel.load(p / "checkpoints" / "last" if (p / "checkpoints").exists() else p, device=device)
+    return VideoWorldModel.load(resolve_checkpoint(path), device=device)
 
 
 def make_world_model(kind: str, path: str, **kwargs):

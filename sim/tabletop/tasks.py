@@ -67,6 +67,12 @@ def parse_instruction(text: str) -> tuple[str, str, str | None]:
     return family, m["cube"], m["zone"]
 
 
+def task_from_instruction(text: str) -> str:
+    """The task name ('push-red') whose episodes carry this instruction."""
+    family, cube, _ = parse_instruction(text)
+    return f"{family}-{cube}"
+
+
 @dataclass
 class Layout:
     cube_xy: dict[str, np.ndarray]

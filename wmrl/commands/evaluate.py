@@ -16,6 +16,17 @@ class PolicyConfig:
     """Scripted expert only: action noise."""
     failure_prob: float = 0.0
     """Scripted expert only: share of episodes in near-success failure mode."""
+    path: Optional[Path] = None
+    """Learned policies (vla): a `wmrl train-policy` run folder or checkpoint folder."""
+    stochastic: bool = False
+    """Learned policies: sample actions instead of acting with the mean."""
+
+    def build(self, env, seed: int = 0):
+        """The policy for `env` (a vector env); learned policies are checked against its spaces."""
+        from wmrl.factory import make_policy
+
+        return make_policy(self.type, env.single_action_space, seed=seed, noise=self.noise, failure_prob=self.failure_prob,
+                           path=self.path, stochastic=self.stochastic, observation_space=env.single_observation_space)
 
 
 @dataclass
@@ -56,7 +67,6 @@ def plot_episodes(per_episode: list[dict], path: Path, title: str) -> None:
 def run_eval(cfg: EvalConfig, progress: bool = True) -> dict:
     import sim
     from wmrl.eval import evaluate
-    from wmrl.factory import make_policy
     from wmrl.run import Tracker, prepare_run_dir, save_config
 
     pol = cfg.policy.type
@@ -66,8 +76,7 @@ def run_eval(cfg: EvalConfig, progress: bool = True) -> dict:
     save_config(run_dir, cfg)
     env = sim.make_vector_env(cfg.task, cfg.num_envs)
     try:
-        policy = make_policy(pol, env.single_action_space, seed=cfg.seed, noise=cfg.policy.noise,
-                             failure_prob=cfg.policy.failure_prob)
+        policy = cfg.policy.build(env, seed=cfg.seed)
         result = evaluate(policy, env, cfg.episodes, seed=cfg.seed, policy_id=pol, progress=progress,
                           video_dir=run_dir / "videos" if cfg.videos else None, max_videos=cfg.videos)
     finally:

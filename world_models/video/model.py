@@ -12,8 +12,6 @@ Training noises the context latents too (DIAMOND's fix for autoregressive drift)
 
 from __future__ import annotations
 
-import dataclasses
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,6 +21,7 @@ import torch.nn.functional as F
 from diffusers import EDMEulerScheduler
 from torch import nn
 
+from wmrl.core.checkpoint import load_state, read_config, save_pretrained
 from world_models.video.networks import FourierEmbedding, FrameAutoencoder, FrameHeads, TaskEncoder, UNet
 
 SIZES = {"tiny": (16, 32), "small": (48, 96), "base": (128, 256), "large": (192, 384)}
@@ -51,15 +50,6 @@ class WorldModelConfig:
     sampling_steps: int = 3
     deterministic: bool = False  # baseline: same backbone regressing the next latents directly, no diffusion
     task_vocab: list[str] = field(default_factory=list)
-
-    def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), indent=2)
-
-    @classmethod
-    def from_json(cls, text: str) -> "WorldModelConfig":
-        d = json.loads(text)
-        d["cameras"] = tuple(d["cameras"])
-        return cls(**d)
 
     @property
     def latent_size(self) -> int:
@@ -267,29 +257,9 @@ class VideoWorldModel(nn.Module):
 
     # ------------------------------------------------------------------ checkpoints
     def save(self, path: str | Path) -> None:
-        from safetensors.torch import save_file
-
-        from wmrl.core.io import atomic_path
-
-        path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
-        state = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
-        with atomic_path(path / "model.safetensors") as tmp:
-            save_file(state, str(tmp))
-        with atomic_path(path / "config.json") as tmp:
-            tmp.write_text(self.cfg.to_json())
+        save_pretrained(self, self.cfg, path)
 
     @classmethod
     def load(cls, path: str | Path, expect: WorldModelConfig | None = None, device: str = "cpu") -> "VideoWorldModel":
-        from safetensors.torch import load_file
-
-        path = Path(path)
-        if not (path / "config.json").exists() or not (path / "model.safetensors").exists():
-            raise FileNotFoundError(f"{path}: not a world-model checkpoint (config.json and model.safetensors needed)")
-        cfg = WorldModelConfig.from_json((path / "config.json").read_text())
-        if expect is not None and dataclasses.asdict(expect) != dataclasses.asdict(cfg):
-            diff = {k: (v, getattr(expect, k)) for k, v in dataclasses.asdict(cfg).items() if getattr(expect, k) != v}
-            raise ValueError(f"{path}: checkpoint config differs from the requested one (checkpoint, requested): {diff}")
-        model = cls(cfg)
-        model.load_state_dict(load_file(str(path / "model.safetensors"), device=device))
-        return model.to(device)
+        cfg = read_config(path, WorldModelConfig, expect, what="world-model checkpoint")
+        return load_state(cls(cfg), path, device)

@@ -4,11 +4,12 @@ the per-frame heads."""
 from __future__ import annotations
 
 import math
-import re
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from wmrl.core.text import TaskEncoder  # noqa: F401  (the world model's instruction encoder)
 
 
 def _groups(c: int) -> int:
@@ -120,27 +121,6 @@ class UNet(nn.Module):
             h = up(h)
             h = block(torch.cat([h, hs.pop()], dim=1), cond)
         return self.out(F.silu(self.out_norm(h)))
-
-
-class TaskEncoder(nn.Module):
-    """Bag-of-words embedding of the instruction over a vocabulary fixed at construction. Unknown words are
-    ignored, so new combinations of known words (a colour with another zone) still embed meaningfully."""
-
-    def __init__(self, vocab: list[str], dim: int = 32):
-        super().__init__()
-        self.vocab = sorted(set(vocab))
-        self.index = {w: i + 1 for i, w in enumerate(self.vocab)}  # 0 = padding
-        self.emb = nn.EmbeddingBag(len(self.vocab) + 1, dim, mode="mean", padding_idx=0)
-
-    @staticmethod
-    def words(text: str) -> list[str]:
-        return re.findall(r"[a-z0-9]+", text.lower())
-
-    def forward(self, tasks: list[str]) -> torch.Tensor:
-        ids = [[self.index.get(w, 0) for w in self.words(t)] or [0] for t in tasks]
-        n = max(len(i) for i in ids)
-        t = torch.tensor([i + [0] * (n - len(i)) for i in ids], device=self.emb.weight.device)
-        return self.emb(t)
 
 
 class FrameHeads(nn.Module):

@@ -4,7 +4,6 @@ pixel success classifier. One global step counter across the three phases; check
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -124,23 +123,20 @@ def dynamics_batch(replay, lat: np.ndarray, B: int, K: int, H: int, device, rng:
 def _save_checkpoint(run: Path, step: int, model, clf, opts: dict, replay, extra: dict) -> None:
     from safetensors.torch import save_file
 
-    from wmrl.core.io import atomic_path, write_json
+    from wmrl.core.checkpoint import save_train_state
+    from wmrl.core.io import atomic_path
 
     ck = run / "checkpoints" / "last"
     model.save(ck)
     with atomic_path(ck / "classifier.safetensors") as tmp:
         save_file({k: v.contiguous() for k, v in clf.state_dict().items()}, str(tmp))
-    for name, opt in opts.items():
-        with atomic_path(ck / f"optim_{name}.pt") as tmp:
-            torch.save(opt.state_dict(), tmp)
-    with atomic_path(ck / "rng_torch.pt") as tmp:
-        torch.save(torch.get_rng_state(), tmp)
-    write_json(ck / "train_state.json", {"step": step, "replay_rng": replay.rng.bit_generator.state, **extra})
+    save_train_state(ck, step, opts, replay_rng=replay.rng.bit_generator.state, **extra)
 
 
 def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
     from safetensors.torch import load_file
 
+    from wmrl.core.checkpoint import load_train_state
     from wmrl.run import Tracker, prepare_run_dir, save_config
 
     if cfg.threads:
@@ -160,11 +156,8 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
             "cls": torch.optim.AdamW(clf.parameters(), cfg.lr * 3)}
     step, extra = 0, {}
     if resuming:
-        state = json.loads((ck / "train_state.json").read_text())
+        state = load_train_state(ck, opts, cfg.device)
         clf.load_state_dict(load_file(str(ck / "classifier.safetensors"), device=cfg.device))
-        for name, opt in opts.items():
-            opt.load_state_dict(torch.load(ck / f"optim_{name}.pt", weights_only=True))
-        torch.set_rng_state(torch.load(ck / "rng_torch.pt", weights_only=True))
         train.rng.bit_generator.state = state["replay_rng"]
         step = state["step"]
         extra = {k: v for k, v in state.items() if k not in ("step", "replay_rng")}

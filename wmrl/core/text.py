@@ -1,0 +1,47 @@
+"""The built-in instruction encoder: a word tokenizer and a bag-of-words embedding, shared by the world model and
+the VLA policy. It is pluggable through `TEXT_ENCODERS` (anything mapping a list of B strings to (B, dim))."""
+
+from __future__ import annotations
+
+import re
+import warnings
+
+import torch
+from torch import nn
+
+from wmrl.core.registry import Registry
+
+TEXT_ENCODERS = Registry("text encoder")
+
+
+def words(text: str) -> list[str]:
+    """The tokenizer: lower-case alphanumeric words."""
+    return re.findall(r"[a-z0-9]+", text.lower())
+
+
+@TEXT_ENCODERS.register("bow")
+class TaskEncoder(nn.Module):
+    """Bag-of-words embedding of the instruction over a vocabulary fixed at construction. Unknown words are
+    ignored (with a warning, once per word), so new combinations of known words (a colour with another zone) still
+    embed meaningfully."""
+
+    def __init__(self, vocab: list[str], dim: int = 32):
+        super().__init__()
+        self.vocab = sorted(set(vocab))
+        self.index = {w: i + 1 for i, w in enumerate(self.vocab)}  # 0 = padding
+        self.emb = nn.EmbeddingBag(len(self.vocab) + 1, dim, mode="mean", padding_idx=0)
+        self._warned: set[str] = set()
+
+    words = staticmethod(words)
+
+    def forward(self, tasks: list[str]) -> torch.Tensor:
+        toks = [words(t) for t in tasks]
+        unknown = {w for ws in toks for w in ws if w not in self.index} - self._warned
+        if unknown:
+            self._warned |= unknown
+            warnings.warn(f"instruction words outside the training vocabulary are ignored: {sorted(unknown)}",
+                          stacklevel=2)
+        ids = [[self.index.get(w, 0) for w in ws] or [0] for ws in toks]
+        n = max(len(i) for i in ids)
+        t = torch.tensor([i + [0] * (n - len(i)) for i in ids], device=self.emb.weight.device)
+        return self.emb(t)
