@@ -24,3 +24,31 @@ def make_episode(T: int, tag: str = "task", image: bool = True, start: int = 0, 
 @pytest.fixture
 def episode_factory():
     return make_episode
+
+
+def tiny_wm_config(data, out, **kw):
+    from world_models.video.train import TrainWMConfig
+
+    base = dict(data=data, out=out, size="tiny", ae_steps=30, dyn_steps=30, cls_steps=6, batch_size=8,
+                log_every=1, ckpt_every=1000, videos=0, holdout=0.25, overwrite=True)
+    return TrainWMConfig(**{**base, **kw})
+
+
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory):
+    """8 push-red episodes, half of them near-successes (shared by world-model, policy and RL tests)."""
+    from wmrl.commands.collect import CollectConfig, collect
+
+    out = tmp_path_factory.mktemp("wm") / "data"
+    collect(CollectConfig(task="push-red", episodes=8, out=out, failures=0.5, num_envs=1), progress=False)
+    return out
+
+
+@pytest.fixture(scope="session")
+def trained(tiny_data, tmp_path_factory):
+    """A tiny world model trained for a few steps on `tiny_data` (a run folder)."""
+    from world_models.video.train import train_world_model
+
+    run = tmp_path_factory.mktemp("wm") / "run"
+    train_world_model(tiny_wm_config(tiny_data, run, videos=1), progress=False)
+    return run

@@ -61,6 +61,7 @@ def _commands() -> dict[str, tuple[type, Callable[[Any], Any], str]]:
     from wmrl.commands.demo import DemoConfig, run_demo
     from wmrl.commands.evaluate import EvalConfig, run_eval
     from wmrl.commands.train_policy import TrainPolicyConfig, train_policy
+    from wmrl.rl.imagine import ImagineConfig, imagine
     from world_models.video.train import TrainWMConfig, train_world_model
 
     return {
@@ -69,6 +70,7 @@ def _commands() -> dict[str, tuple[type, Callable[[Any], Any], str]]:
         "eval": (EvalConfig, run_eval, "evaluate a policy on a task; metrics, videos, plots"),
         "train-wm": (TrainWMConfig, train_world_model, "train the video world model on a LeRobot v3 dataset"),
         "train-policy": (TrainPolicyConfig, train_policy, "behaviour-clone the VLA policy on LeRobot v3 datasets"),
+        "imagine": (ImagineConfig, imagine, "RL (GRPO or PPO) of a VLA policy inside a video world model"),
         "tasks": (TasksConfig, _tasks, "list the registered tasks"),
         "bench": (BenchConfig, _bench, "run a benchmark from benchmarks/ and print its JSON"),
     }

@@ -33,3 +33,30 @@ def write_report(path: Path, title: str, sections: list[tuple[str, str]]) -> Pat
     with atomic_path(path) as tmp:
         tmp.write_text("\n".join(parts))
     return path
+
+
+def plot_curves(metrics_jsonl: Path, path: Path, keys: list[str], title: str = "", x: str = "step") -> Path | None:
+    """One panel per metric key, from a run's metrics.jsonl (records that carry `x` and the key)."""
+    import json
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    recs = [json.loads(line) for line in Path(metrics_jsonl).read_text().splitlines() if line.strip()]
+    series = {k: [(r[x], r[k]) for r in recs if x in r and isinstance(r.get(k), (int, float))] for k in keys}
+    series = {k: v for k, v in series.items() if v}
+    if not series:
+        return None
+    fig, axes = plt.subplots(1, len(series), figsize=(3.2 * len(series), 2.8), squeeze=False)
+    for ax, (k, v) in zip(axes[0], series.items()):
+        ax.plot(*zip(*v), marker=".")
+        ax.set(xlabel=x, title=k)
+        ax.grid(alpha=0.3)
+    fig.suptitle(title)
+    fig.tight_layout()
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=90, format=Path(path).suffix.lstrip(".") or "png")
+    plt.close(fig)
+    return path

@@ -10,6 +10,9 @@ imagination unchanged (RLinf's BaseWorldEnv / DIAMOND's WorldModelEnv, with WoVR
 - Images are decoded only when `decode_images` is set (decoding is the costly part); otherwise observations carry
   `observation.state` and `task` only.
 - Autoreset follows gymnasium's NEXT_STEP mode, like the true simulator's vector envs.
+- `reset(options={"group_size": G})` gives each group of G consecutive envs the same start (GRPO's groups);
+  `reset(options={"observations": obs})` starts from given observations (e.g. true-simulator resets, so that an
+  imagined rollout can be replayed in the true simulator).
 """
 
 from __future__ import annotations
@@ -84,9 +87,23 @@ class WorldModelEnv(gym.vector.VectorEnv):
         obs["task"] = self.starts.vocab["task"][d["task"][lo + t]]
         return obs, {"episode": int(e), "frame": t, "keyframe": bool(keyframe)}
 
+    def _given_starts(self, obs: dict) -> list[tuple[dict, dict]]:
+        """Start contexts from observations the caller provides, e.g. true-simulator resets (B == num_envs)."""
+        K = self.model.cfg.context
+        out = []
+        for i in range(self.num_envs):
+            o = {}
+            for c in self.model.cfg.cameras:
+                img = np.asarray(obs[f"observation.images.{c}"][i])
+                o[f"observation.images.{c}"] = np.repeat(img[None], K, 0) if img.ndim == 3 else img[-K:]
+            o[STATE] = np.asarray(obs[STATE][i], np.float32)
+            o["task"] = obs["task"][i] if not isinstance(obs["task"], str) else obs["task"]
+            out.append((o, {"episode": -1, "frame": 0, "keyframe": False}))
+        return out
+
     @torch.no_grad()
-    def _reset_envs(self, ids: np.ndarray) -> None:
-        starts = [self._draw_start() for _ in ids]
+    def _reset_envs(self, ids: np.ndarray, starts: list | None = None) -> None:
+        starts = starts if starts is not None else [self._draw_start() for _ in ids]
         batch = {k: np.stack([s[0][k] for s in starts]) for k in starts[0][0] if k != "task"}
         batch["task"] = [s[0]["task"] for s in starts]
         new = self.model.encode(batch)
@@ -122,9 +139,21 @@ class WorldModelEnv(gym.vector.VectorEnv):
         if seed is not None:
             self._rng = np.random.default_rng(seed)
             self._gen.manual_seed(seed)
+        options = options or {}
+        unknown = set(options) - {"group_size", "observations"}
+        if unknown:
+            raise ValueError(f"reset options: unknown {sorted(unknown)}; valid: group_size, observations")
+        starts = None
+        if "observations" in options:
+            starts = self._given_starts(options["observations"])
+        elif options.get("group_size", 1) > 1:  # GRPO: groups of G envs share one start
+            G = int(options["group_size"])
+            if self.num_envs % G:
+                raise ValueError(f"group_size {G} does not divide num_envs {self.num_envs}")
+            starts = [s for s in (self._draw_start() for _ in range(self.num_envs // G)) for _ in range(G)]
         self._state = None
         self._needs_reset[:] = False
-        self._reset_envs(np.arange(self.num_envs))
+        self._reset_envs(np.arange(self.num_envs), starts)
         return self._obs(), {"success": np.zeros(self.num_envs, bool), "keyframe": np.array([s["keyframe"] for s in self.start_info])}
 
     def step(self, actions):

@@ -41,6 +41,7 @@ def validate_action(action, shape: tuple[int, ...], field: str = "action") -> np
 
 class TabletopEnv(gym.Env):
     metadata = {"render_modes": ["rgb_array"], "render_fps": 10}
+    steps_taken = 0  # true-simulator steps in this process, all instances (RL in imagination reports it stays 0)
 
     def __init__(
         self,
@@ -200,6 +201,7 @@ class TabletopEnv(gym.Env):
     def step(self, action):
         if self.layout is None:
             raise RuntimeError("call reset() before step()")
+        TabletopEnv.steps_taken += 1
         a = validate_action(action, self.action_space.shape)
         a = np.clip(a, self.action_space.low, self.action_space.high)
         new_ctrl = self._ctrl_from_action(a)

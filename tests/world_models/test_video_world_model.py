@@ -12,6 +12,7 @@ from wmrl.commands.collect import CollectConfig, collect
 from wmrl.eval import evaluate
 from world_models.env import WorldModelEnv, WorldModelSingleEnv
 from world_models.video.model import VideoWorldModel, WorldModelConfig, edm_coefficients
+from tests.conftest import tiny_wm_config
 from world_models.video.train import TrainWMConfig, load_split, train_world_model
 
 VOCAB = ["push", "the", "red", "cube", "to", "yellow", "purple", "zone"]
@@ -29,29 +30,13 @@ def test_edm_coefficients_match_the_scheduler(sigma, sigma_data):
     assert torch.allclose(sched.precondition_noise(s), c_noise)
 
 
-@pytest.fixture(scope="module")
-def tiny_data(tmp_path_factory):
-    out = tmp_path_factory.mktemp("wm") / "data"
-    collect(CollectConfig(task="push-red", episodes=8, out=out, failures=0.5, num_envs=1), progress=False)
-    return out
-
-
 def _cfg(data, out, **kw):
-    base = dict(data=data, out=out, size="tiny", ae_steps=30, dyn_steps=30, cls_steps=6, batch_size=8,
-                log_every=1, ckpt_every=1000, videos=0, holdout=0.25, overwrite=True)
-    return TrainWMConfig(**{**base, **kw})
+    return tiny_wm_config(data, out, **kw)
 
 
 def _losses(run: Path, key: str) -> dict[int, float]:
     recs = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
     return {r["step"]: r[key] for r in recs if key in r and "step" in r}
-
-
-@pytest.fixture(scope="module")
-def trained(tiny_data, tmp_path_factory):
-    run = tmp_path_factory.mktemp("wm") / "run"
-    train_world_model(_cfg(tiny_data, run, videos=1), progress=False)
-    return run
 
 
 def test_training_losses_go_down(trained):

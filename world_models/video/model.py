@@ -103,6 +103,8 @@ class VideoWorldModel(nn.Module):
     def device(self) -> torch.device:
         return self.lat_mean.device
 
+    has_success_head = True  # imagined episodes can be scored (imagine, rank)
+
     # ------------------------------------------------------------------ frames <-> latents
     def encode_frames(self, images: dict[str, torch.Tensor | np.ndarray]) -> torch.Tensor:
         """{camera key: uint8 (N, H, W, 3)} -> standardised latents (N, C, S, S), cameras stacked on channels."""

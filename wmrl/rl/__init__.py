@@ -1,0 +1,1 @@
+"""Reinforcement learning: in imagination (GRPO, PPO) and, later, offline model-based agents."""
