@@ -311,7 +311,7 @@ def imagine(cfg: ImagineConfig, progress: bool = True) -> dict:
         policy.eval()
         rec = {"iteration": it + 1, "imagined_success": float(ro.success.float().mean()),
                "imagined_return": float(ro.returns.mean()), "episode_chunks": float(ro.valid.float().sum(0).mean()),
-               "log_std": float(policy.log_std.mean()), "true_env_steps": TabletopEnv.steps_taken - true_steps0,
+               "log_std": float(policy.log_std.detach().mean()), "true_env_steps": TabletopEnv.steps_taken - true_steps0,
                "seconds": time.time() - t0, **info}
         tracker.log(rec, step=it + 1)
         if (it + 1) % cfg.ckpt_every == 0 or it + 1 == cfg.iterations:

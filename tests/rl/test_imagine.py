@@ -1,0 +1,136 @@
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from wmrl.rl.imagine import (ImagineConfig, clipped_surrogate, gae, grpo_advantages, imagine, ppo_loss,
+                             require_success_head, rollout_mean)
+
+
+def test_grpo_advantages_are_group_standardised_and_uninformative_groups_dropped():
+    returns = torch.tensor([1, 0, 0.5, 0.5, 1, 1, 1, 1, 0, 0, 0, 0], dtype=torch.float32)
+    success = torch.tensor([1, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0], dtype=torch.bool)
+    adv, keep = grpo_advantages(returns, success, group_size=4)
+    assert torch.allclose(adv[:4], torch.tensor([math.sqrt(2), -math.sqrt(2), 0, 0]), atol=1e-4)
+    assert keep.tolist() == [True] * 4 + [False] * 8  # all-success and all-failure groups carry no signal
+    with pytest.raises(ValueError, match="groups of 5"):
+        grpo_advantages(returns, success, group_size=5)
+
+
+def test_rollout_mean_averages_only_valid_steps():
+    x = torch.tensor([[1.0, 4.0], [2.0, 5.0], [3.0, 100.0]])
+    valid = torch.tensor([[1, 1], [1, 1], [1, 0]], dtype=torch.bool)
+    assert torch.allclose(rollout_mean(x, valid), torch.tensor([2.0, 4.5]))
+    # the GRPO objective ignores whatever the policy does after termination
+    old = torch.zeros(3, 2)
+    adv = torch.ones(3, 2)
+    a = rollout_mean(clipped_surrogate(torch.zeros(3, 2), old, adv, 0.2, 0.28), valid)
+    logp = torch.zeros(3, 2)
+    logp[2, 1] = 5.0  # an invalid step
+    assert torch.allclose(rollout_mean(clipped_surrogate(logp, old, adv, 0.2, 0.28), valid), a)
+
+
+def test_clip_is_asymmetric():
+    old, adv = torch.zeros(2), torch.tensor([1.0, -1.0])
+    s = clipped_surrogate(torch.log(torch.tensor([2.0, 0.1])), old, adv, 0.2, 0.28)
+    assert torch.allclose(s, torch.tensor([1.28, -0.8]))
+
+
+def test_ppo_loss_matches_a_hand_computed_example():
+    logp = torch.log(torch.tensor([1.0, 1.5, 0.5]))
+    loss, info = ppo_loss(logp, torch.zeros(3), torch.tensor([1.0, 1.0, -1.0]), torch.tensor([0.5, 0.0, 0.0]),
+                          torch.tensor([1.0, 1.0, 0.0]), torch.ones(3, dtype=torch.bool), clip=0.2, vf_coef=0.5)
+    # surrogate: min(1, 1) = 1; min(1.5, 1.2) = 1.2; min(-0.5, -0.8) = -0.8; value error (0.25 + 1 + 0) / 3
+    assert info["pg_loss"] == pytest.approx(-(1 + 1.2 - 0.8) / 3, abs=1e-6)
+    assert loss.item() == pytest.approx(-(1 + 1.2 - 0.8) / 3 + 0.5 * 1.25 / 3, abs=1e-6)
+
+
+def test_gae_bootstraps_on_truncation_but_not_on_termination():
+    r = torch.tensor([[1.0], [2.0]])
+    v = torch.tensor([[0.5], [0.25], [10.0]])
+    valid = torch.ones(2, 1, dtype=torch.bool)
+    adv, ret = gae(r, v, torch.tensor([[False], [True]]), valid, gamma=0.9, lam=0.8)
+    assert adv[:, 0].tolist() == pytest.approx([0.725 + 0.72 * 1.75, 1.75])
+    assert ret[:, 0].tolist() == pytest.approx([0.725 + 0.72 * 1.75 + 0.5, 2.0])
+    adv_t, _ = gae(r, v, torch.tensor([[False], [False]]), valid, gamma=0.9, lam=0.8)
+    assert adv_t[1, 0].item() == pytest.approx(2 + 0.9 * 10 - 0.25)
+    adv_m, _ = gae(r, v, torch.tensor([[True], [False]]), torch.tensor([[True], [False]]), gamma=0.9, lam=0.8)
+    assert adv_m[:, 0].tolist() == pytest.approx([0.5, 0.0])  # nothing leaks back from after the end
+
+
+def _toy_rollouts(success, policy):
+    from tests.policies.test_vla import _obs
+    from wmrl.rl.imagine import Rollouts, _step_logp
+
+    N = len(success)
+    torch.manual_seed(0)
+    ro = Rollouts(obs=[_obs(N, seed=t) for t in range(3)], actions=torch.randn(2, N, 4, 4), logp=torch.full((2, N), -20.0),
+                    rewards=torch.tensor([[0.1 * i for i in range(N)], [0.5] * N]), terminal=torch.zeros(2, N, dtype=torch.bool),
+                    valid=torch.ones(2, N, dtype=torch.bool), success=torch.tensor(success))
+    with torch.no_grad():  # behaviour log-probs = the current policy's, as right after collection
+        ro.logp = _step_logp(policy, ro, np.arange(N))
+    return ro
+
+
+def test_grpo_update_learns_only_from_groups_with_mixed_outcomes():
+    from tests.policies.test_vla import _policy
+    from wmrl.rl.imagine import update
+
+    cfg = ImagineConfig(group_size=2, epochs=1, minibatch_rollouts=4)
+    pol = _policy()
+    before = [p.detach().clone() for p in pol.parameters()]
+    opt = torch.optim.SGD(pol.parameters(), lr=0.1)
+    info = update(pol, opt, _toy_rollouts([True, True, False, False], pol), cfg)
+    assert info["updates"] == 0 and info["kept_groups"] == 0.0
+    assert all(torch.equal(a, b) for a, b in zip(before, pol.parameters()))
+    info = update(pol, opt, _toy_rollouts([True, False, False, False], pol), cfg)
+    assert info["updates"] == 1 and info["kept_groups"] == 0.5
+    assert any(not torch.equal(a, b) for a, b in zip(before, pol.parameters()))
+
+
+def test_a_world_model_without_success_head_is_refused():
+    with pytest.raises(ValueError, match="no success head"):
+        require_success_head(object())
+
+
+@pytest.fixture(scope="module")
+def tiny_policy(tiny_data, tmp_path_factory):
+    from wmrl.commands.train_policy import TrainPolicyConfig, train_policy
+
+    out = tmp_path_factory.mktemp("pol") / "run"
+    train_policy(TrainPolicyConfig(data=(tiny_data,), out=out, steps=2, batch_size=4, eval_episodes=0,
+                                   extra={"vision_width": 8, "hidden": 32, "text_dim": 8, "init_log_std": 0.0}),
+                 progress=False)
+    return out
+
+
+@pytest.mark.parametrize("algo", ["grpo", "ppo"])
+def test_imagine_runs_with_zero_true_environment_steps_and_resumes(trained, tiny_data, tiny_policy, tmp_path, algo):
+    base = dict(policy=tiny_policy, world_model=trained, data=tiny_data, out=tmp_path / algo, algo=algo, iterations=2,
+                groups=2, group_size=2, max_steps=8, minibatch_rollouts=2, epochs=1, lr=1e-3, ckpt_every=1)
+    r = imagine(ImagineConfig(**base), progress=False)
+    assert r["true_env_steps_during_rl"] == 0
+    recs = [json.loads(l) for l in (tmp_path / algo / "metrics.jsonl").read_text().splitlines()]
+    its = [x for x in recs if "iteration" in x]
+    assert [x["iteration"] for x in its] == [1, 2]
+    assert all(x["true_env_steps"] == 0 and 0 <= x["imagined_success"] <= 1 for x in its)
+    if algo == "ppo":
+        assert all(x["updates"] > 0 for x in its)
+    else:  # GRPO updates exactly when some group had mixed outcomes
+        assert all((x["updates"] > 0) == (x["kept_groups"] > 0) for x in its)
+    assert (tmp_path / algo / "learning_curves.png").exists()
+    r2 = imagine(ImagineConfig(**{**base, "iterations": 3, "resume": True}), progress=False)
+    recs = [json.loads(l) for l in (tmp_path / algo / "metrics.jsonl").read_text().splitlines()]
+    assert [x["iteration"] for x in recs if "iteration" in x] == [1, 2, 3] and r2["true_env_steps_during_rl"] == 0
+
+
+def test_imagine_refuses_a_flow_policy(trained, tiny_data, tmp_path):
+    from wmrl.commands.train_policy import TrainPolicyConfig, train_policy
+
+    train_policy(TrainPolicyConfig(data=(tiny_data,), out=tmp_path / "flow", head="flow", steps=1, batch_size=2,
+                                   eval_episodes=0, extra={"vision_width": 8, "hidden": 16, "text_dim": 8}), progress=False)
+    with pytest.raises(ValueError, match="gaussian head"):
+        imagine(ImagineConfig(policy=tmp_path / "flow", world_model=trained, data=tiny_data, out=tmp_path / "x"),
+                progress=False)
