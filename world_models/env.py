@@ -28,6 +28,7 @@ from gymnasium.vector import AutoresetMode
 from world_models.video.model import VideoWorldModel
 
 STATE = "observation.state"
+ENV_STATE = "observation.environment_state"
 TEXT_CHARSET = string.ascii_lowercase + string.digits + " "
 
 
@@ -58,6 +59,8 @@ class WorldModelEnv(gym.vector.VectorEnv):
             for c in cfg.cameras:
                 obs[f"observation.images.{c}"] = spaces.Box(0, 255, (cfg.image_size, cfg.image_size, 3), np.uint8)
         obs[STATE] = spaces.Box(-np.inf, np.inf, (cfg.state_dim,), np.float32)
+        if cfg.env_state_dim:  # predicted by the model's head (scripted policies act on it)
+            obs[ENV_STATE] = spaces.Box(-np.inf, np.inf, (cfg.env_state_dim,), np.float32)
         obs["task"] = spaces.Text(max_length=64, min_length=1, charset=TEXT_CHARSET)
         self.single_observation_space = spaces.Dict(obs)
         self.single_action_space = spaces.Box(action_low, action_high, (cfg.action_dim,), np.float32)
@@ -68,6 +71,7 @@ class WorldModelEnv(gym.vector.VectorEnv):
         self._state: dict | None = None
         self._t = np.zeros(num_envs, np.int64)
         self._p = np.zeros(num_envs)
+        self._env_state = np.zeros((num_envs, cfg.env_state_dim), np.float32)
         self._needs_reset = np.zeros(num_envs, bool)
         self.start_info: list[dict] = [{} for _ in range(num_envs)]
         self._last_frames: dict[str, np.ndarray] = {}
@@ -116,8 +120,10 @@ class WorldModelEnv(gym.vector.VectorEnv):
             for j, i in enumerate(ids):
                 self._state["task"][i] = new["task"][j]
         with torch.no_grad():
-            p = torch.sigmoid(self.model.heads(new["ctx"][:, -1], self.model.task(new["task"]))["success_logit"])
-        self._p[ids] = p.cpu().numpy()
+            heads = self.model.heads(new["ctx"][:, -1], self.model.task(new["task"]))
+        self._p[ids] = torch.sigmoid(heads["success_logit"]).cpu().numpy()
+        if "env_state" in heads:
+            self._env_state[ids] = heads["env_state"].cpu().numpy()
         self._t[ids] = 0
         for j, i in enumerate(ids):
             self.start_info[i] = starts[j][1]
@@ -131,6 +137,8 @@ class WorldModelEnv(gym.vector.VectorEnv):
         if self.decode_images:
             obs.update({k: v.copy() for k, v in self._last_frames.items()})
         obs[STATE] = self._state["proprio"].cpu().numpy().astype(np.float32)
+        if self.model.cfg.env_state_dim:
+            obs[ENV_STATE] = self._env_state.copy()
         obs["task"] = tuple(self._state["task"])
         return obs
 
@@ -176,6 +184,8 @@ class WorldModelEnv(gym.vector.VectorEnv):
             reward = preds["reward"].sum(dim=1).cpu().numpy()
         success = p.max(axis=1) >= self.success_threshold
         self._p = p[:, -1].copy()
+        if ENV_STATE in preds:
+            self._env_state = preds[ENV_STATE][:, -1].cpu().numpy().astype(np.float32)
         self._t += a.shape[1]
         if self.decode_images:
             frames = self.model.decode(preds["latents"][:, -1])

@@ -36,6 +36,7 @@ class WorldModelConfig:
     chunk: int = 4  # H frames predicted per step (one action per frame)
     action_dim: int = 4
     state_dim: int = 8
+    env_state_dim: int = 0  # > 0: a head predicts observation.environment_state (scripted policies can act in imagination)
     size: str = "small"  # U-Net widths, see SIZES; scales up on a GPU without code changes
     ae_width: int = 16
     cond_dim: int = 128
@@ -95,7 +96,7 @@ class VideoWorldModel(nn.Module):
         ys, xs = torch.meshgrid(torch.linspace(-1, 1, S), torch.linspace(-1, 1, S), indexing="ij")
         self.register_buffer("coords", torch.stack([xs, ys])[None], persistent=False)
         self.task = TaskEncoder(cfg.task_vocab, cfg.task_dim)
-        self.heads = FrameHeads(C, cfg.state_dim, cfg.task_dim, cfg.latent_size)
+        self.heads = FrameHeads(C, cfg.state_dim, cfg.task_dim, cfg.latent_size, env_state_dim=cfg.env_state_dim)
         self.scheduler = EDMEulerScheduler(sigma_min=cfg.sigma_min, sigma_max=cfg.sigma_max,
                                            sigma_data=cfg.sigma_data, prediction_type="epsilon")
 
@@ -188,7 +189,12 @@ class VideoWorldModel(nn.Module):
         l_rew = (((out["reward"] - labels["reward"]) ** 2) * m).sum() / n
         l_done = (F.binary_cross_entropy_with_logits(out["done_logit"], labels["done"], reduction="none") * m).sum() / n
         loss = l_state + l_succ + l_rew + 0.5 * l_done
-        return loss, {"state": l_state.item(), "success": l_succ.item(), "reward": l_rew.item(), "done": l_done.item()}
+        info = {"state": l_state.item(), "success": l_succ.item(), "reward": l_rew.item(), "done": l_done.item()}
+        if "env_state" in out and "env_state" in labels:  # positions in metres: weighted so that 1 cm matters
+            l_env = (((out["env_state"] - labels["env_state"]) ** 2).mean(-1) * m).sum() / n
+            loss = loss + 100.0 * l_env
+            info["env_state"] = l_env.item()
+        return loss, info
 
     # ------------------------------------------------------------------ imagination
     @torch.no_grad()
@@ -247,6 +253,8 @@ class VideoWorldModel(nn.Module):
         preds = {"latents": fut, "observation.state": out["state"].reshape(B, h, -1),
                  "success": torch.sigmoid(out["success_logit"]).reshape(B, h),
                  "reward": out["reward"].reshape(B, h), "done": torch.sigmoid(out["done_logit"]).reshape(B, h)}
+        if "env_state" in out:
+            preds["observation.environment_state"] = out["env_state"].reshape(B, h, -1)
         ctx = torch.cat([state["ctx"], fut], dim=1)[:, -self.cfg.context :].contiguous()
         return {"ctx": ctx, "proprio": preds["observation.state"][:, -1], "task": state["task"]}, preds
 

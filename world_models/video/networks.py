@@ -124,15 +124,17 @@ class UNet(nn.Module):
 
 
 class FrameHeads(nn.Module):
-    """From one latent frame (and the task): proprioceptive state, success logit, reward, done logit."""
+    """From one latent frame (and the task): proprioceptive state, success logit, reward, done logit and, when
+    `env_state_dim` > 0, the simulator's environment state."""
 
-    def __init__(self, latent_channels: int, state_dim: int, task_dim: int, latent_size: int = 16, width: int = 32):
+    def __init__(self, latent_channels: int, state_dim: int, task_dim: int, latent_size: int = 16, width: int = 32,
+                 env_state_dim: int = 0):
         super().__init__()
         self.conv = nn.Sequential(
             nn.Conv2d(latent_channels, width, 3, stride=2, padding=1), nn.SiLU(),
             nn.Conv2d(width, 2 * width, 3, stride=2, padding=1), nn.SiLU(), nn.Flatten())
         flat = 2 * width * ((latent_size + 3) // 4) ** 2
-        self.mlp = nn.Sequential(nn.Linear(flat, 128), nn.SiLU(), nn.Linear(128, state_dim + 3))
+        self.mlp = nn.Sequential(nn.Linear(flat, 128), nn.SiLU(), nn.Linear(128, state_dim + 3 + env_state_dim))
         self.task_proj = nn.Linear(task_dim, 128)
         self.state_dim = state_dim
 
@@ -140,4 +142,7 @@ class FrameHeads(nn.Module):
         h = self.mlp[0](self.conv(z)) + self.task_proj(task_emb)
         out = self.mlp[2](self.mlp[1](h))
         s = self.state_dim
-        return {"state": out[:, :s], "success_logit": out[:, s], "reward": out[:, s + 1], "done_logit": out[:, s + 2]}
+        res = {"state": out[:, :s], "success_logit": out[:, s], "reward": out[:, s + 1], "done_logit": out[:, s + 2]}
+        if out.shape[1] > s + 3:  # privileged simulator state (cube and zone positions), for scripted policies
+            res["env_state"] = out[:, s + 3 :]
+        return res

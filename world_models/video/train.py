@@ -19,6 +19,7 @@ from world_models.video.model import VideoWorldModel, WorldModelConfig
 from world_models.video.networks import TaskEncoder
 
 STATE, ACTION, SUCC, REW, TERM = "observation.state", "action", "next.success", "next.reward", "next.terminated"
+ENV_STATE = "observation.environment_state"
 
 
 @dataclass
@@ -80,7 +81,8 @@ def model_config(cfg: TrainWMConfig, ds) -> WorldModelConfig:
     vocab = sorted({w for t in ds.tasks for w in TaskEncoder.words(t)})
     return WorldModelConfig(context=cfg.context, chunk=cfg.chunk, size=cfg.size, sampling_steps=cfg.sampling_steps,
                             deterministic=cfg.deterministic, task_vocab=vocab,
-                            action_dim=int(ds.features[ACTION]["shape"][0]), state_dim=int(ds.features[STATE]["shape"][0]))
+                            action_dim=int(ds.features[ACTION]["shape"][0]), state_dim=int(ds.features[STATE]["shape"][0]),
+                            env_state_dim=int(ds.features[ENV_STATE]["shape"][0]) if ENV_STATE in ds.features else 0)
 
 
 def ae_weights(x: torch.Tensor, n_cameras: int, fg_weight: float) -> torch.Tensor:
@@ -105,7 +107,8 @@ def encode_all(model: VideoWorldModel, replay, batch: int = 256) -> np.ndarray:
 
 
 def dynamics_batch(replay, lat: np.ndarray, B: int, K: int, H: int, device, rng: np.random.Generator) -> dict:
-    w = replay.sample_windows(B, K + H, keys=[STATE, ACTION, SUCC, REW, TERM, "task"])
+    env = [ENV_STATE] if ENV_STATE in replay.data else []
+    w = replay.sample_windows(B, K + H, keys=[STATE, ACTION, SUCC, REW, TERM, "task", *env])
     z = torch.from_numpy(lat[w["index"]]).to(device)
     ctx = z[:, :K].clone()
     dup = rng.random(B) < 0.1  # emulate a reset: the start frame repeated as context
@@ -116,7 +119,8 @@ def dynamics_batch(replay, lat: np.ndarray, B: int, K: int, H: int, device, rng:
         "ctx": ctx, "future": z[:, K:], "actions": t(w[ACTION][:, K - 1 : K + H - 1]).float(),
         "proprio": t(w[STATE][:, K - 1]).float(), "mask": t(w["mask"][:, K:]).float(), "tasks": tasks,
         "labels": {"state": t(w[STATE][:, K:]).float(), "success": t(w[SUCC][:, K - 1 : K + H - 1]).float(),
-                   "reward": t(w[REW][:, K - 1 : K + H - 1]).float(), "done": t(w[TERM][:, K - 1 : K + H - 1]).float()},
+                   "reward": t(w[REW][:, K - 1 : K + H - 1]).float(), "done": t(w[TERM][:, K - 1 : K + H - 1]).float(),
+                   **({"env_state": t(w[ENV_STATE][:, K:]).float()} if env else {})},
     }
 
 
