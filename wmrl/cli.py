@@ -1,7 +1,7 @@
 """`wmrl`: one entry point. Each subcommand is a dataclass config parsed by tyro; `--config FILE.yaml` supplies
 defaults that flags then override.
 
-    wmrl demo | collect | eval | train-wm | train-policy | tasks | bench NAME [--json]
+    wmrl demo | collect | eval | train-wm | train-policy | imagine | rank | tasks | bench NAME [--json]
 """
 
 from __future__ import annotations
@@ -61,6 +61,7 @@ def _commands() -> dict[str, tuple[type, Callable[[Any], Any], str]]:
     from wmrl.commands.demo import DemoConfig, run_demo
     from wmrl.commands.evaluate import EvalConfig, run_eval
     from wmrl.commands.train_policy import TrainPolicyConfig, train_policy
+    from wmrl.eval.rank import RankConfig, run_rank
     from wmrl.rl.imagine import ImagineConfig, imagine
     from world_models.video.train import TrainWMConfig, train_world_model
 
@@ -71,6 +72,7 @@ def _commands() -> dict[str, tuple[type, Callable[[Any], Any], str]]:
         "train-wm": (TrainWMConfig, train_world_model, "train the video world model on a LeRobot v3 dataset"),
         "train-policy": (TrainPolicyConfig, train_policy, "behaviour-clone the VLA policy on LeRobot v3 datasets"),
         "imagine": (ImagineConfig, imagine, "RL (GRPO or PPO) of a VLA policy inside a video world model"),
+        "rank": (RankConfig, run_rank, "rank policies in the world model and in the true simulator; agreement"),
         "tasks": (TasksConfig, _tasks, "list the registered tasks"),
         "bench": (BenchConfig, _bench, "run a benchmark from benchmarks/ and print its JSON"),
     }
