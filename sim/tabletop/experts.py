@@ -90,6 +90,8 @@ def expert_action(task: str, state: np.ndarray, env_state: np.ndarray, failure: 
             step = min(0.015, float(np.dot(stop - cube[:2], u)) + 0.004)
             target_xy = ee[:2] + u * step - lateral
             return _move(ee, np.array([target_xy[0], target_xy[1], GRASP_Z]), 1.0)
+        if ee[2] < GRASP_Z + 0.02 and along < -H - 0.005:  # low and behind the cube: re-align sideways, no hop
+            return _move(ee, np.array([behind[0], behind[1], GRASP_Z]), 1.0)
         return _approach(ee, behind, GRASP_Z, 1.0)
 
     if family == "place":
