@@ -52,3 +52,15 @@ def trained(tiny_data, tmp_path_factory):
     run = tmp_path_factory.mktemp("wm") / "run"
     train_world_model(tiny_wm_config(tiny_data, run, videos=1), progress=False)
     return run
+
+
+@pytest.fixture(scope="session")
+def tiny_policy(tiny_data, tmp_path_factory):
+    """A tiny VLA policy (gaussian head) behaviour-cloned for two steps on `tiny_data` (a run folder)."""
+    from wmrl.commands.train_policy import TrainPolicyConfig, train_policy
+
+    out = tmp_path_factory.mktemp("pol") / "run"
+    train_policy(TrainPolicyConfig(data=(tiny_data,), out=out, steps=2, batch_size=4, eval_episodes=0,
+                                   extra={"vision_width": 8, "hidden": 32, "text_dim": 8, "init_log_std": 0.0}),
+                 progress=False)
+    return out

@@ -95,17 +95,6 @@ def test_a_world_model_without_success_head_is_refused():
         require_success_head(object())
 
 
-@pytest.fixture(scope="module")
-def tiny_policy(tiny_data, tmp_path_factory):
-    from wmrl.commands.train_policy import TrainPolicyConfig, train_policy
-
-    out = tmp_path_factory.mktemp("pol") / "run"
-    train_policy(TrainPolicyConfig(data=(tiny_data,), out=out, steps=2, batch_size=4, eval_episodes=0,
-                                   extra={"vision_width": 8, "hidden": 32, "text_dim": 8, "init_log_std": 0.0}),
-                 progress=False)
-    return out
-
-
 @pytest.mark.parametrize("algo", ["grpo", "ppo"])
 def test_imagine_runs_with_zero_true_environment_steps_and_resumes(trained, tiny_data, tiny_policy, tmp_path, algo):
     base = dict(policy=tiny_policy, world_model=trained, data=tiny_data, out=tmp_path / algo, algo=algo, iterations=2,

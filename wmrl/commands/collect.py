@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 from wmrl.core.episode import features_for
 
@@ -28,6 +29,8 @@ class CollectConfig:
     overwrite: bool = False
     resume: bool = False
     """Append to an existing dataset (episodes continue from its last one)."""
+    policy_path: Optional[Path] = None
+    """Record a learned (VLA) policy instead of the scripted expert, sampling its actions (failures included)."""
 
 
 def collect(cfg: CollectConfig, progress: bool = True) -> dict:
@@ -46,8 +49,12 @@ def collect(cfg: CollectConfig, progress: bool = True) -> dict:
     env = sim.make_vector_env(cfg.task, cfg.num_envs, image_size=cfg.image_size,
                               post_success_steps=cfg.post_success_steps)
     try:
-        policy = make_policy("scripted", env.single_action_space, seed=cfg.seed, noise=cfg.noise,
-                             failure_prob=cfg.failures)
+        if cfg.policy_path is not None:
+            policy = make_policy("vla", env.single_action_space, path=cfg.policy_path, stochastic=True,
+                                 observation_space=env.single_observation_space)
+        else:
+            policy = make_policy("scripted", env.single_action_space, seed=cfg.seed, noise=cfg.noise,
+                                 failure_prob=cfg.failures)
         writer: list[LeRobotV3Writer] = []
 
         def on_episode(ep: dict) -> None:
@@ -61,7 +68,8 @@ def collect(cfg: CollectConfig, progress: bool = True) -> dict:
             from wmrl.datasets import LeRobotV3Dataset
 
             seed += LeRobotV3Dataset(cfg.out).num_episodes
-        result = evaluate(policy, env, cfg.episodes, seed=seed, source="expert", policy_id="scripted",
+        source, pid = ("policy", str(cfg.policy_path)) if cfg.policy_path is not None else ("expert", "scripted")
+        result = evaluate(policy, env, cfg.episodes, seed=seed, source=source, policy_id=pid,
                           on_episode=on_episode, progress=progress)
         writer[0].finalize()
     finally:

@@ -39,8 +39,11 @@ class TrainWMConfig:
     sampling_steps: int = 3
     deterministic: bool = False
     """Train the no-diffusion baseline (same backbone, direct regression)."""
+    extra_data: tuple[Path, ...] = ()
+    """More datasets to train on (all episodes to training), e.g. true rollouts of an evolved policy (co-evolution)."""
     init_from: Optional[Path] = None
-    """Start from another run's checkpoint (autoencoder and latent statistics); use with --ae-steps 0."""
+    """Start from another run's checkpoint: all weights if its config matches (fine-tuning), else the autoencoder and
+    latent statistics only (e.g. a deterministic baseline on the same latents); use with --ae-steps 0."""
     fg_weight: float = 3.0
     """Extra autoencoder-loss weight on pixels that differ from the batch's mean frame of their camera (arm, cubes):
     plain MSE spends the latent on the static background."""
@@ -56,24 +59,30 @@ class TrainWMConfig:
     resume: bool = False
 
 
-def load_split(data: Path, holdout: float, seed: int = 0):
-    """The dataset as two replays: train episodes and held-out episodes (the last `holdout` share)."""
+def load_split(data: Path, holdout: float, seed: int = 0, extra: tuple[Path, ...] = ()):
+    """The dataset as two replays: train episodes and held-out episodes (the last `holdout` share of `data`).
+    Episodes of the `extra` datasets (e.g. rollouts of an evolved policy) all go to training."""
     from wmrl.datasets import LeRobotV3Dataset
     from wmrl.replay import EpisodeReplay
 
-    ds = LeRobotV3Dataset(data)
-    needed = [STATE, ACTION, SUCC, REW, TERM]
-    missing = [k for k in needed if k not in ds.features] + [c for c in ("observation.images.front", "observation.images.wrist") if c not in ds.features]
-    if missing:
-        raise ValueError(f"{data}: dataset lacks {missing}; it has {sorted(ds.features)}")
+    dss = [LeRobotV3Dataset(p) for p in (data, *extra)]
+    needed = [STATE, ACTION, SUCC, REW, TERM, "observation.images.front", "observation.images.wrist"]
+    for d in dss:
+        missing = [k for k in needed if k not in d.features]
+        if missing:
+            raise ValueError(f"{d.root}: dataset lacks {missing}; it has {sorted(d.features)}")
+    ds = dss[0]
     n_hold = max(1, int(round(ds.num_episodes * holdout))) if holdout > 0 else 0
     if ds.num_episodes - n_hold < 2:
         raise ValueError(f"{data}: {ds.num_episodes} episodes are too few to train a world model")
     skip = {"timestamp", "frame_index", "episode_index", "index", "task_index", "qpos", "qvel"}
-    train = EpisodeReplay(ds.num_frames, seed=seed)
+    total = sum(d.num_frames for d in dss)
+    train = EpisodeReplay(total, seed=seed)
     held = EpisodeReplay(ds.num_frames, seed=seed + 1)
-    for i, ep in enumerate(ds.iter_episodes()):
-        (held if i >= ds.num_episodes - n_hold else train).add_episode({k: v for k, v in ep.items() if k not in skip})
+    for j, d in enumerate(dss):
+        for i, ep in enumerate(d.iter_episodes()):
+            dest = held if j == 0 and i >= ds.num_episodes - n_hold else train
+            dest.add_episode({k: v for k, v in ep.items() if k not in skip})
     return ds, train, held
 
 
@@ -140,7 +149,7 @@ def _save_checkpoint(run: Path, step: int, model, clf, opts: dict, replay, extra
 def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
     from safetensors.torch import load_file
 
-    from wmrl.core.checkpoint import load_train_state
+    from wmrl.core.checkpoint import load_train_state, resolve_checkpoint
     from wmrl.run import Tracker, prepare_run_dir, save_config
 
     if cfg.threads:
@@ -148,7 +157,7 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
     run = prepare_run_dir(cfg.out, cfg.overwrite, cfg.resume)
     save_config(run, cfg)
     torch.manual_seed(cfg.seed)
-    ds, train, held = load_split(cfg.data, cfg.holdout, cfg.seed)
+    ds, train, held = load_split(cfg.data, cfg.holdout, cfg.seed, cfg.extra_data)
     mcfg = model_config(cfg, ds)
     ck = run / "checkpoints" / "last"
     resuming = cfg.resume and (ck / "train_state.json").exists()
@@ -166,7 +175,11 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
         step = state["step"]
         extra = {k: v for k, v in state.items() if k not in ("step", "replay_rng")}
     elif cfg.init_from is not None:
-        src = VideoWorldModel.load(Path(cfg.init_from) / "checkpoints" / "last", device=cfg.device)
+        src_ck = resolve_checkpoint(cfg.init_from)
+        src = VideoWorldModel.load(src_ck, device=cfg.device)
+        if src.cfg == mcfg:  # the same model: fine-tune every weight (the classifier too)
+            model.load_state_dict(src.state_dict())
+            clf.load_state_dict(load_file(str(src_ck / "classifier.safetensors"), device=cfg.device))
         model.ae.load_state_dict(src.ae.state_dict())
         model.lat_mean.copy_(src.lat_mean)
         model.lat_std.copy_(src.lat_std)

@@ -1,0 +1,66 @@
+import numpy as np
+import pytest
+import torch
+
+import sim
+from policies.vla import VLAPolicy
+from sim.tabletop.experts import ScriptedExpert
+from wmrl.core.checkpoint import resolve_checkpoint
+from wmrl.eval import evaluate
+from wmrl.rl.coevolve import (evolve_world_model, hallucination_rate, imagine_from, imagined_success_sft,
+                              replay_in_true_sim, _true_starts)
+from world_models.video.model import VideoWorldModel
+
+
+def test_replay_in_the_true_simulator_reproduces_a_seeded_episode():
+    env = sim.make_env("push-red").unwrapped
+    r = evaluate(ScriptedExpert(seed=0), env, 1, seed=123, record=True, progress=False)
+    actions = r.episodes[0]["action"][:-1]  # the last row pads the final observation
+    assert r.per_episode[0]["success"]
+    assert replay_in_true_sim("push-red", 123, actions)
+    assert not replay_in_true_sim("push-red", 123, np.zeros_like(actions))
+
+
+def test_imagined_rollouts_stop_at_success_and_record_every_step(trained, tiny_policy):
+    model = VideoWorldModel.load(resolve_checkpoint(trained))
+    policy = VLAPolicy.load(resolve_checkpoint(tiny_policy)).eval()
+    starts, _ = _true_starts("push-red", [1, 2, 3])
+    r = imagine_from(policy, model, starts, max_steps=10, record=True)
+    assert all(len(a) == 10 for a, s in zip(r["actions"], r["success"]) if not s)
+    assert all(len(f) == len(a) + 1 for f, a in zip(r["frames"], r["actions"]))
+    assert r["frames"][0][3]["observation.images.front"].shape == (64, 64, 3)
+    r0 = imagine_from(policy, model, starts, max_steps=10, success_threshold=0.0)
+    assert r0["success"].all() and all(len(a) == 1 for a in r0["actions"])  # success on the first imagined frame
+
+
+def test_hallucination_rate_counts_imagined_successes_that_fail_in_the_true_sim(trained, tiny_policy):
+    model = VideoWorldModel.load(resolve_checkpoint(trained))
+    policy = VLAPolicy.load(resolve_checkpoint(tiny_policy)).eval()
+    h = hallucination_rate(policy, model, "push-red", n=3, success_threshold=0.0)
+    # every rollout "succeeds" after one imagined step; one action never solves a push in the true simulator
+    assert h["imagined_success"] == 1.0 and h["replayed_true_success"] == 0.0 and h["hallucinated_success"] == 1.0
+
+
+def test_imagined_success_sft_clones_the_kept_trajectories(trained, tiny_policy, tmp_path):
+    model = VideoWorldModel.load(resolve_checkpoint(trained))
+    policy = VLAPolicy.load(resolve_checkpoint(tiny_policy))
+    before = [p.detach().clone() for p in policy.parameters()]
+    r = imagined_success_sft(policy, model, "push-red", n=3, steps=3, batch_size=4, success_threshold=0.0,
+                             progress=False)
+    assert r["imagined_successes"] == 3 and r["steps"] == 3 and np.isfinite(r["loss_last"])
+    assert any(not torch.equal(a, b) for a, b in zip(before, policy.parameters()))
+    r = imagined_success_sft(policy, model, "push-red", n=2, steps=3, success_threshold=1.01, progress=False)
+    assert r["imagined_successes"] == 0 and r["steps"] == 0
+
+
+def test_evolve_world_model_fine_tunes_on_true_rollouts_of_the_policy(trained, tiny_policy, tmp_path):
+    out = evolve_world_model(trained, tiny_policy, "push-red", budget=2, out=tmp_path / "evo", steps=5, progress=False)
+    from wmrl.datasets import LeRobotV3Dataset
+
+    ds = LeRobotV3Dataset(tmp_path / "evo/rollouts")
+    assert ds.num_episodes == 2
+    new = VideoWorldModel.load(resolve_checkpoint(out))
+    old = VideoWorldModel.load(resolve_checkpoint(trained))
+    assert new.cfg == old.cfg
+    assert torch.equal(new.ae.enc[0].weight, old.ae.enc[0].weight)  # autoencoder kept (no AE steps)
+    assert not torch.equal(new.unet.out.weight, old.unet.out.weight)  # dynamics fine-tuned from the old weights

@@ -1,0 +1,145 @@
+"""World model and policy co-evolution, and fine-tuning on imagined successes.
+
+- `hallucination_rate`: roll the policy out in the world model from true-simulator starts, then replay each imagined
+  success's actions in the true simulator from the same start. A hallucinated success is an imagined success whose
+  replay fails (WoVR's PACE motivation: an evolving policy finds the world model's blind spots).
+- `evolve_world_model` (WoVR's PACE, World-VLA-Loop): a small, configurable budget of true-simulator rollouts of
+  the evolved policy, failures included, then a short fine-tune of the world model on them plus its original data.
+- `imagined_success_sft` (Ctrl-World): roll out in the world model, keep the trajectories it judges successful and
+  fine-tune the policy on them by behaviour cloning.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import sim
+from wmrl.core.features import ACTION, OBS_STATE, TASK, image_key
+
+
+def _true_starts(task: str, seeds: list[int], **env_kwargs) -> tuple[dict, list]:
+    """True-simulator reset observations (batched) for the given seeds."""
+    env = sim.make_env(task, **env_kwargs).unwrapped
+    obs = [env.reset(seed=s)[0] for s in seeds]
+    env.close()
+    batch = {k: np.stack([o[k] for o in obs]) for k in obs[0] if k != TASK}
+    batch[TASK] = [o[TASK] for o in obs]
+    return batch, obs
+
+
+@torch.no_grad()
+def imagine_from(policy, model, starts: dict, max_steps: int, success_threshold: float = 0.9, record: bool = False,
+                 seed: int = 0) -> dict:
+    """Run `policy` chunk by chunk in the world model from given start observations (B of them). Returns per rollout
+    the executed actions and the imagined success; with `record`, the imagined observation after every control step
+    (all frames of each chunk decoded), so that rollouts become episodes."""
+    n = len(starts[TASK])
+    obs = {**{image_key(c): starts[image_key(c)] for c in model.cfg.cameras}, OBS_STATE: starts[OBS_STATE],
+           TASK: list(starts[TASK])}
+    state = model.encode(obs)
+    g = torch.Generator(device=model.device).manual_seed(seed)
+    alive = np.ones(n, bool)
+    success = np.zeros(n, bool)
+    acts: list[list[np.ndarray]] = [[] for _ in range(n)]
+    frames: list[list[dict]] = [[{k: v[i] for k, v in obs.items()}] for i in range(n)]
+    t = 0
+    while t < max_steps and alive.any():
+        h = min(model.cfg.chunk, policy.cfg.chunk_size, max_steps - t)
+        chunk = np.clip(np.asarray(policy.predict_action_chunk(obs), np.float32)[:, :h], -1, 1)
+        state, preds = model.step(state, torch.from_numpy(chunk), steps=1, generator=g)
+        p = preds["success"].cpu().numpy()  # (B, h)
+        imgs = model.decode(preds["latents"] if record else preds["latents"][:, -1:])
+        st = preds[OBS_STATE].cpu().numpy()
+        for i in np.flatnonzero(alive):
+            hit = np.flatnonzero(p[i] >= success_threshold)
+            k = int(hit[0]) + 1 if len(hit) else h  # steps of this chunk taken until success
+            acts[i].extend(chunk[i, :k])
+            if record:
+                frames[i].extend({**{c: imgs[c][i, j] for c in imgs}, OBS_STATE: st[i, j], TASK: obs[TASK][i]}
+                                 for j in range(k))
+            if len(hit):
+                success[i], alive[i] = True, False
+        obs = {**{c: v[:, -1] for c, v in imgs.items()}, OBS_STATE: st[:, -1], TASK: obs[TASK]}
+        t += h
+    return {"actions": [np.stack(a) for a in acts], "success": success, "frames": frames}
+
+
+def replay_in_true_sim(task: str, seed: int, actions: np.ndarray) -> bool:
+    """Open-loop replay of an action sequence from the seeded start; True if the task succeeds on the way."""
+    env = sim.make_env(task).unwrapped
+    env.reset(seed=seed)
+    ok = False
+    for a in actions:
+        _, _, term, trunc, info = env.step(a)
+        ok |= bool(info["success"])
+        if term or trunc:
+            break
+    env.close()
+    return ok
+
+
+def hallucination_rate(policy, model, task: str, n: int, seed: int = 30_000, success_threshold: float = 0.9) -> dict:
+    """Imagined successes whose action replay fails in the true simulator, as a share of imagined successes."""
+    seeds = [seed + i for i in range(n)]
+    starts, _ = _true_starts(task, seeds)
+    max_steps = sim.make_env(task).unwrapped.max_episode_steps
+    r = imagine_from(policy, model, starts, max_steps, success_threshold, seed=seed)
+    true = np.array([replay_in_true_sim(task, s, a) for s, a in zip(seeds, r["actions"])])
+    imagined = r["success"]
+    n_imag = int(imagined.sum())
+    return {"hallucinated_success": float((imagined & ~true).sum() / n_imag) if n_imag else 0.0,
+            "imagined_success": float(imagined.mean()), "replayed_true_success": float(true.mean()),
+            "missed_success": float((~imagined & true).mean()), "n": n, "n_imagined_success": n_imag}
+
+
+def evolve_world_model(wm_run: Path, policy_path: Path, task: str, budget: int, out: Path, steps: int = 600,
+                       seed: int = 40_000, progress: bool = True) -> Path:
+    """Collect `budget` true rollouts of the evolved policy and fine-tune the world model on them plus its data."""
+    import yaml
+
+    from wmrl.commands.collect import CollectConfig, collect
+    from world_models.video.train import TrainWMConfig, train_world_model
+
+    data = collect(CollectConfig(task=task, episodes=budget, out=out / "rollouts", policy_path=policy_path, seed=seed,
+                                 overwrite=True, num_envs=1, post_success_steps=3), progress=progress)
+    base = yaml.safe_load((Path(wm_run) / "config.yaml").read_text())
+    cfg = TrainWMConfig(data=Path(base["data"]), extra_data=(out / "rollouts",), out=out / "world_model",
+                        size=base["size"], init_from=Path(wm_run), ae_steps=0, dyn_steps=steps, cls_steps=steps // 5,
+                        batch_size=base["batch_size"], lr=base["lr"] / 3, context=base["context"], chunk=base["chunk"],
+                        holdout=base["holdout"], videos=2, overwrite=True, seed=seed)
+    train_world_model(cfg, progress=progress)
+    return out / "world_model"
+
+
+def imagined_success_sft(policy, model, task: str, n: int, steps: int, out: Path | None = None, seed: int = 50_000,
+                         batch_size: int = 32, lr: float = 1e-4, success_threshold: float = 0.9,
+                         progress: bool = True) -> dict:
+    """Ctrl-World's recipe: keep the imagined trajectories the world model judges successful and behaviour-clone
+    them (from true-simulator start frames, with the policy sampling so that trajectories differ)."""
+    from wmrl.commands.train_policy import bc_train
+    from wmrl.core.episode import build_episode
+    from wmrl.replay import EpisodeReplay
+
+    starts, _ = _true_starts(task, [seed + i for i in range(n)])
+    max_steps = sim.make_env(task).unwrapped.max_episode_steps
+    stochastic, policy.stochastic = policy.stochastic, True
+    r = imagine_from(policy, model, starts, max_steps, success_threshold, record=True, seed=seed)
+    policy.stochastic = stochastic
+    keep = np.flatnonzero(r["success"])
+    info = {"imagined_rollouts": n, "imagined_successes": int(len(keep))}
+    if len(keep) == 0:
+        return {**info, "steps": 0}
+    replay = EpisodeReplay(sum(len(r["frames"][i]) for i in keep) + len(keep), seed=seed)
+    keys = [image_key(c) for c in policy.cfg.cameras] + [OBS_STATE, TASK]
+    for i in keep:
+        fr = r["frames"][i]
+        T = len(fr) - 1  # one frame per executed action, plus the start
+        ep = build_episode([{k: f[k] for k in keys} for f in fr], list(r["actions"][i][:T]), [0.0] * T,
+                           [t == T - 1 for t in range(T)], [False] * T, [t == T - 1 for t in range(T)],
+                           source="world_model", policy_id="imagined")
+        replay.add_episode({k: v for k, v in ep.items() if k in keys + [ACTION, "is_last"]})
+    res = bc_train(policy, replay, steps, batch_size, lr, run=out, progress=progress, desc="imagined-sft")
+    return {**info, **res}
