@@ -52,12 +52,20 @@ def test_tasks_lists_gymnasium_ids(capsys):
     assert "wmrl/tabletop-push-red-v0" in ids and "wmrl/tabletop-real-push-red-v0" in ids
 
 
-def test_demo_writes_report_with_videos_and_world_model(tmp_path):
+def test_demo_quick_runs_the_whole_loop_and_writes_every_report_section(tmp_path):
     out = tmp_path / "demo"
-    assert main(["demo", "--out", str(out), "--episodes", "6", "--eval-episodes", "2", "--wm-steps", "8"]) == 0
+    assert main(["demo", "--out", str(out), "--quick"]) == 0
     html = (out / "report.html").read_text()
-    assert "eval_scripted/videos/grid.gif" in html and "real_vs_imagined.gif" in html
-    assert (out / "world_model/videos/real_vs_imagined.gif").exists()
-    stages = [json.loads(l)["stage"] for l in (out / "metrics.jsonl").read_text().splitlines()]
-    assert stages == ["collect", "replay", "eval_scripted", "eval_random", "world_model", "done"]
+    for section in ("before and after RL in imagination", "Learning curves", "real | imagined", "Co-evolution",
+                    "Policy ranking"):
+        assert section in html
+    for media in ("bc_curve.png", "policy_rl/learning_curves.png", "world_model/videos/real_vs_imagined.gif",
+                  "eval_policy_rl/push-red/videos/grid.gif", "ranking/ranking.png"):
+        assert media in html and (out / media).exists(), media
+    s = json.loads((out / "summary.json").read_text())
+    assert s["true_env_steps_during_rl"] == 0 and s["n_policies"] >= 8
+    assert 0 <= s["success_bc"] <= 1 and 0 <= s["hallucinated_success_after"] <= 1
+    stages = [json.loads(l)["stage"] for l in (out / "metrics.jsonl").read_text().splitlines() if "stage" in json.loads(l)]
+    assert stages == ["collect", "world_model", "bc", "rl", "coevolution", "evaluation", "ranking", "done"]
+    assert main(["demo", "--out", str(out), "--quick", "--resume"]) == 0  # every stage cached: nothing re-runs
     assert main(["demo", "--out", str(out)]) == 2  # an existing run folder is refused

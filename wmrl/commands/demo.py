@@ -1,14 +1,18 @@
-"""`wmrl demo`: the main job on the embedded default task, end to end on a laptop CPU in a few minutes.
+"""`wmrl demo`: the whole loop on the embedded default task, on a laptop CPU.
 
-Now: collect scripted-expert data (with near-success failures) into a LeRobot v3 dataset, load it into the common
-replay, evaluate the scripted expert and a random policy through the one evaluation loop, and write a run folder
-with videos, plots and an HTML report. Later stages (world model, imagination RL) extend this job.
+collect (scripted expert with near-success failures) -> train the video world model -> behaviour-clone the VLA
+policy on the successful episodes -> RL in imagination (GRPO, zero true-simulator steps) -> one co-evolution round
+(true rollouts of the evolved policy, world-model fine-tune, hallucinated-success rate before and after) ->
+evaluation in the true simulator -> ranking of a policy population in the world model against the true simulator.
+Everything lands in one run folder with an HTML report. `--quick` runs the same loop at toy sizes (a smoke test).
+Each finished stage is cached (stages/NAME.json), so `--resume` continues an interrupted demo.
 """
 
 from __future__ import annotations
 
+import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 
@@ -16,91 +20,190 @@ from pathlib import Path
 class DemoConfig:
     task: str = "push-red"
     out: Path = Path("runs/demo")
-    episodes: int = 16
+    quick: bool = False
+    """Toy sizes everywhere: finishes in a few minutes (tests)."""
+    episodes: int = 150
     """Episodes of expert data to collect."""
-    failures: float = 0.25
-    noise: float = 0.05
-    eval_episodes: int = 12
-    wm_steps: int = 400
-    """Training steps for each world-model phase (autoencoder, dynamics); 0 skips the world model."""
-    wm_size: str = "tiny"
+    failures: float = 0.3
+    noise: float = 0.1
+    wm_size: str = "small"
+    wm_ae_steps: int = 1000
+    wm_dyn_steps: int = 2500
+    bc_steps: int = 1500
+    rl_iterations: int = 15
+    rl_groups: int = 4
+    rl_group_size: int = 8
+    coevo_budget: int = 20
+    """True-simulator rollouts of the evolved policy for the world-model fine-tune."""
+    coevo_steps: int = 400
+    hallucination_episodes: int = 30
+    eval_episodes: int = 50
+    rank_episodes: int = 20
     num_envs: int = 2
     seed: int = 0
     overwrite: bool = False
     resume: bool = False
 
 
+QUICK = dict(episodes=10, wm_size="tiny", wm_ae_steps=40, wm_dyn_steps=40, bc_steps=40, rl_iterations=2, rl_groups=2,
+             rl_group_size=2, coevo_budget=2, coevo_steps=6, hallucination_episodes=3, eval_episodes=4, rank_episodes=2)
+
+
+class Stages:
+    """Runs each stage once; its JSON result is cached under stages/ so that --resume skips finished stages."""
+
+    def __init__(self, run: Path, tracker, say):
+        self.run, self.tracker, self.say = run, tracker, say
+        self.minutes: dict[str, float] = {}
+
+    def __call__(self, name: str, fn, *args, **kw) -> dict:
+        path = self.run / "stages" / f"{name}.json"
+        if path.exists():
+            rec = json.loads(path.read_text())
+            self.say(f"[{name}] done before (cached)")
+        else:
+            self.say(f"[{name}] ...")
+            t = time.time()
+            rec = {"result": fn(*args, **kw), "minutes": (time.time() - t) / 60}
+            from wmrl.core.io import write_json
+
+            write_json(path, rec)
+            self.tracker.log({"stage": name, "minutes": rec["minutes"]})
+        self.minutes[name] = rec["minutes"]
+        return rec["result"]
+
+
 def run_demo(cfg: DemoConfig, progress: bool = True) -> dict:
+    from policies.vla import VLAPolicy
     from wmrl.commands.collect import CollectConfig, collect
-    from wmrl.commands.evaluate import EvalConfig, PolicyConfig, run_eval
-    from wmrl.replay import EpisodeReplay
-    from wmrl.report import metrics_table, write_report
+    from wmrl.commands.train_policy import TrainPolicyConfig, evaluate_on_tasks, train_policy
+    from wmrl.core.checkpoint import resolve_checkpoint
+    from wmrl.eval.rank import RankConfig, run_rank
+    from wmrl.rl.coevolve import evolve_world_model, hallucination_rate
+    from wmrl.rl.imagine import ImagineConfig, imagine
     from wmrl.run import Tracker, prepare_run_dir, save_config
+    from world_models.video.model import VideoWorldModel
+    from world_models.video.train import TrainWMConfig, train_world_model
 
+    if cfg.quick:
+        cfg = replace(cfg, **QUICK)
     t0 = time.time()
-    run_dir = prepare_run_dir(cfg.out, cfg.overwrite, cfg.resume)
-    save_config(run_dir, cfg)
-    tracker = Tracker(run_dir)
+    run = prepare_run_dir(cfg.out, cfg.overwrite, cfg.resume)
+    save_config(run, cfg)
+    tracker = Tracker(run)
     say = print if progress else (lambda *a, **k: None)
+    stage = Stages(run, tracker, say)
+    tiny = {"vision_width": 8, "hidden": 64, "text_dim": 16} if cfg.quick else {}
 
-    say(f"[1/5] collecting {cfg.episodes} expert episodes on {cfg.task} ({cfg.failures:.0%} near-success failures)")
-    data = collect(CollectConfig(task=cfg.task, episodes=cfg.episodes, out=run_dir / "dataset", noise=cfg.noise,
-                                 failures=cfg.failures, seed=cfg.seed, num_envs=cfg.num_envs, overwrite=True),
-                   progress=progress)
-    tracker.log({"stage": "collect", **data})
+    data = stage("collect", lambda: collect(CollectConfig(
+        task=cfg.task, episodes=cfg.episodes, out=run / "dataset", noise=cfg.noise, failures=cfg.failures, seed=cfg.seed,
+        num_envs=cfg.num_envs, post_success_steps=3, overwrite=True), progress=progress))
+    wm = stage("world_model", lambda: {k: v for k, v in train_world_model(TrainWMConfig(
+        data=run / "dataset", out=run / "world_model", size=cfg.wm_size, ae_steps=cfg.wm_ae_steps,
+        dyn_steps=cfg.wm_dyn_steps, cls_steps=max(2, cfg.wm_dyn_steps // 8), batch_size=8 if cfg.quick else 32,
+        holdout=0.1, videos=2, overwrite=True, seed=cfg.seed), progress=progress).items() if k != "videos"})
+    keep = max(1, cfg.bc_steps // 3)
+    bc = stage("bc", lambda: train_policy(TrainPolicyConfig(
+        data=(run / "dataset",), out=run / "policy_bc", steps=cfg.bc_steps, keep_every=keep, eval_episodes=0,
+        batch_size=8 if cfg.quick else 64, successful_only=True, extra=tiny, overwrite=True, seed=cfg.seed),
+        progress=progress))
+    rl = stage("rl", lambda: imagine(ImagineConfig(
+        policy=run / "policy_bc", world_model=run / "world_model", out=run / "policy_rl", iterations=cfg.rl_iterations,
+        groups=cfg.rl_groups, group_size=cfg.rl_group_size, minibatch_rollouts=max(2, cfg.rl_groups * cfg.rl_group_size // 2),
+        overwrite=True, seed=cfg.seed), progress=progress))
 
-    say("[2/5] loading the dataset into the replay buffer")
-    replay = EpisodeReplay.from_lerobot(run_dir / "dataset")
-    windows = replay.sample_windows(32, 16)
-    batch = replay.sample(256)
-    replay_info = {"frames": len(replay), "episodes": replay.num_episodes,
-                   "window_valid_fraction": float(windows["mask"].mean()),
-                   "transition_terminal_fraction": float(batch["next.terminated"].mean())}
-    tracker.log({"stage": "replay", **replay_info})
+    def coevolution() -> dict:
+        policy = VLAPolicy.load(resolve_checkpoint(run / "policy_rl")).eval()
+        before = hallucination_rate(policy, VideoWorldModel.load(resolve_checkpoint(run / "world_model")), cfg.task,
+                                    cfg.hallucination_episodes)
+        evolved = evolve_world_model(run / "world_model", run / "policy_rl", cfg.task, cfg.coevo_budget, run / "coevolution",
+                                     steps=cfg.coevo_steps, progress=progress)
+        after = hallucination_rate(policy, VideoWorldModel.load(resolve_checkpoint(evolved)), cfg.task,
+                                   cfg.hallucination_episodes)
+        return {"before": before, "after": after, "true_rollouts": cfg.coevo_budget}
 
-    rows = []
-    for i, policy in enumerate(("scripted", "random")):
-        say(f"[{3 + i}/5] evaluating the {policy} policy on {cfg.eval_episodes} episodes")
-        m = run_eval(EvalConfig(policy=PolicyConfig(type=policy), task=cfg.task, episodes=cfg.eval_episodes, seed=1000 + cfg.seed,
-                                num_envs=cfg.num_envs, out=run_dir / f"eval_{policy}", videos=4, overwrite=True),
-                     progress=progress)
-        tracker.log({"stage": f"eval_{policy}", **{k: v for k, v in m.items() if k != "videos"}})
-        rows.append(m)
+    coevo = stage("coevolution", coevolution)
 
-    wm_section = []
-    if cfg.wm_steps > 0:
-        from world_models.video.train import TrainWMConfig, train_world_model
+    def true_eval() -> dict:
+        out = {}
+        for name in ("policy_bc", "policy_rl"):
+            policy = VLAPolicy.load(resolve_checkpoint(run / name)).eval()
+            out[name] = evaluate_on_tasks(policy, [data_task(run)], cfg.eval_episodes, run / f"eval_{name}",
+                                          seed=90_000 + cfg.seed, num_envs=cfg.num_envs, progress=progress)[cfg.task]
+        return out
 
-        say(f"[5/5] training a {cfg.wm_size} video world model ({cfg.wm_steps} steps per phase) on the dataset")
-        wm = train_world_model(TrainWMConfig(data=run_dir / "dataset", out=run_dir / "world_model", size=cfg.wm_size,
-                                             ae_steps=cfg.wm_steps, dyn_steps=cfg.wm_steps, cls_steps=cfg.wm_steps // 4,
-                                             batch_size=16, holdout=0.2, videos=2, overwrite=True), progress=progress)
-        tracker.log({"stage": "world_model", **{k: v for k, v in wm.items() if k != "videos"}})
-        wm_section = [("World model: real | imagined, held-out episodes, same actions (front above, wrist below)",
-                       "<img src='world_model/videos/real_vs_imagined.gif' width='900'>"
-                       f"<p>{cfg.wm_size} model, {cfg.wm_steps} steps per phase, {wm['train_minutes']:.1f} min on this "
-                       "machine: a smoke-sized model; see the README's world-model table for the default size.</p>")]
+    evals = stage("evaluation", true_eval)
+    stages_bc = sorted((run / "policy_bc" / "checkpoints").glob("step_*"))
+    population = [str(p) for p in stages_bc] + [f"{resolve_checkpoint(run / 'policy_bc')}:stochastic",
+                                                 str(resolve_checkpoint(run / "policy_rl")), "scripted:noise=0.3",
+                                                 "scripted:failure_prob=0.5", "scripted:noise=1.0", "random"]
+    rank = stage("ranking", lambda: run_rank(RankConfig(
+        policies=tuple(population), world_model=run / "coevolution" / "world_model", task=cfg.task,
+        episodes=cfg.rank_episodes, num_envs=min(10, cfg.rank_episodes), out=run / "ranking", overwrite=True,
+        seed=cfg.seed), progress=progress))
 
-    sections = [
-        ("Evaluation (true simulator)", metrics_table(
-            rows, ["policy", "task", "pc_success", "success_ci95_low", "success_ci95_high", "avg_sum_reward",
-                   "avg_max_reward", "avg_episode_length", "n_episodes"])),
-        ("Scripted expert rollouts (front | wrist; green border = success)",
-         "<img src='eval_scripted/videos/grid.gif' width='900'><br><img src='eval_scripted/episodes.png'>"),
-        ("Random policy rollouts", "<img src='eval_random/videos/grid.gif' width='900'>"),
-        ("Collected dataset (LeRobot v3)", metrics_table(
-            [data], ["dataset", "episodes", "frames", "pc_success"]) +
-         "<p>Near-success failures are recorded on purpose: world models need them to learn what failure looks like.</p>"),
-        ("Replay buffer", metrics_table([replay_info], list(replay_info))),
-        *wm_section,
-    ]
-    report = write_report(run_dir / "report.html", f"wmrl demo: {cfg.task}", sections)
-    summary = {"run_dir": str(run_dir), "report": str(report), "minutes": (time.time() - t0) / 60,
-               "expert_pc_success": rows[0]["pc_success"], "random_pc_success": rows[1]["pc_success"],
-               "dataset_frames": data["frames"], **{f"replay_{k}": v for k, v in replay_info.items()}}
-    tracker.log({"stage": "done", **summary})
+    summary = {
+        "run_dir": str(run), "minutes": (time.time() - t0) / 60, "stage_minutes": stage.minutes,
+        "success_bc": evals["policy_bc"]["pc_success"] / 100, "success_rl": evals["policy_rl"]["pc_success"] / 100,
+        "success_bc_ci95": [evals["policy_bc"]["success_ci95_low"] / 100, evals["policy_bc"]["success_ci95_high"] / 100],
+        "success_rl_ci95": [evals["policy_rl"]["success_ci95_low"] / 100, evals["policy_rl"]["success_ci95_high"] / 100],
+        "true_env_steps_during_rl": rl["true_env_steps_during_rl"],
+        "hallucinated_success_before": coevo["before"]["hallucinated_success"],
+        "hallucinated_success_after": coevo["after"]["hallucinated_success"],
+        "rank_spearman": rank["rank_spearman"], "rank_kendall": rank["rank_kendall"],
+        "success_abs_error": rank["success_abs_error"], "n_policies": rank["n_policies"],
+        "dataset_frames": data["frames"], "wm_train_minutes": wm["train_minutes"], "bc_loss_last": bc["loss_last"],
+    }
+    report = write_demo_report(run, cfg, summary, evals, coevo, rank)
+    summary["report"] = str(report)
+    from wmrl.core.io import write_json
+
+    write_json(run / "summary.json", summary)
+    tracker.log({"stage": "done", **{k: v for k, v in summary.items() if not isinstance(v, (dict, list))}})
     tracker.close()
-    say(f"done in {summary['minutes']:.1f} min: expert {rows[0]['pc_success']:.0f}% vs random "
-        f"{rows[1]['pc_success']:.0f}% success; report at {report}")
+    say(f"done in {summary['minutes']:.1f} min: true success BC {summary['success_bc']:.0%} -> after RL in imagination "
+        f"{summary['success_rl']:.0%} ({summary['true_env_steps_during_rl']} true steps during RL); ranking Spearman "
+        f"{summary['rank_spearman']:.2f}; report at {report}")
     return summary
 
+
+def data_task(run: Path) -> str:
+    """An instruction of the demo's dataset (evaluation resolves the task from it)."""
+    from wmrl.datasets import LeRobotV3Dataset
+
+    return LeRobotV3Dataset(run / "dataset").tasks[0]
+
+
+def write_demo_report(run: Path, cfg: DemoConfig, s: dict, evals: dict, coevo: dict, rank: dict) -> Path:
+    from wmrl.report import metrics_table, plot_curves, write_report
+
+    plot_curves(run / "policy_bc" / "metrics.jsonl", run / "bc_curve.png", ["bc_loss"], title="behaviour cloning")
+    rows = [{"policy": "BC", **evals["policy_bc"]}, {"policy": "BC + GRPO in imagination", **evals["policy_rl"]}]
+    h = [{"world model": k, **{m: coevo[k][m] for m in ("hallucinated_success", "imagined_success", "replayed_true_success",
+                                                          "n_imagined_success")}} for k in ("before", "after")]
+    pol = [{"policy": Path(p["policy"]).name if "/" in p["policy"] else p["policy"], "imagined": p["imagined_success"],
+            "true": p["true_success"]} for p in rank["policies"]]
+    t = cfg.task
+    sections = [
+        ("Success in the true simulator, before and after RL in imagination", metrics_table(
+            rows, ["policy", "pc_success", "success_ci95_low", "success_ci95_high", "avg_episode_length", "n_episodes"])
+         + f"<p>True-simulator steps during RL: <b>{s['true_env_steps_during_rl']}</b>. Whole demo: "
+           f"{s['minutes']:.1f} min; stages (min): " + ", ".join(f"{k} {v:.1f}" for k, v in s["stage_minutes"].items())
+         + "</p>"),
+        ("Learning curves", "<img src='bc_curve.png'><br><img src='policy_rl/learning_curves.png'>"),
+        ("World model: real | imagined, held-out episodes, same actions (front above, wrist below)",
+         "<img src='world_model/videos/real_vs_imagined.gif' width='900'>"),
+        ("Policies in the true simulator (green border = success)",
+         f"BC<br><img src='eval_policy_bc/{t}/videos/grid.gif' width='900'><br>after RL in imagination<br>"
+         f"<img src='eval_policy_rl/{t}/videos/grid.gif' width='900'>"),
+        ("Co-evolution: hallucinated successes before and after the world-model fine-tune", metrics_table(
+            h, list(h[0])) + f"<p>{coevo['true_rollouts']} true rollouts of the evolved policy; the world model after "
+                             "the fine-tune: <img src='coevolution/world_model/videos/real_vs_imagined.gif' width='600'></p>"),
+        ("Policy ranking: world model vs true simulator",
+         f"<p>Spearman {s['rank_spearman']:.2f}, Kendall {s['rank_kendall']:.2f}, mean absolute success error "
+         f"{s['success_abs_error']:.2f} over {s['n_policies']} policies.</p><img src='ranking/ranking.png'>"
+         + metrics_table(pol, ["policy", "imagined", "true"])),
+    ]
+    if cfg.quick:
+        sections.insert(0, ("Quick mode", "<p>Toy sizes: a smoke test of the loop, not a result.</p>"))
+    return write_report(run / "report.html", f"wmrl demo: {cfg.task}", sections)

@@ -33,6 +33,8 @@ class TrainPolicyConfig:
     steps: int = 3000
     batch_size: int = 64
     lr: float = 3e-4
+    successful_only: bool = False
+    """Clone only the episodes that succeeded (datasets recorded with near-success failures)."""
     ckpt_every: int = 500
     keep_every: int = 0
     """Also keep a copy of the policy every this many steps (checkpoints/step_N; for policy populations)."""
@@ -48,8 +50,8 @@ class TrainPolicyConfig:
     """Further VLAConfig fields (e.g. {"hidden": 512})."""
 
 
-def load_replay(paths, seed: int = 0):
-    """The episodes of one or more datasets in one replay (cameras, state, action, task only)."""
+def load_replay(paths, seed: int = 0, successful_only: bool = False):
+    """The episodes of one or more datasets in one replay (cameras, state, action, task and outcomes)."""
     from wmrl.datasets import LeRobotV3Dataset
     from wmrl.replay import EpisodeReplay
 
@@ -61,7 +63,11 @@ def load_replay(paths, seed: int = 0):
         if missing:
             raise ValueError(f"{d.root}: dataset lacks {missing}; it has {sorted(d.features)}")
         for ep in d.iter_episodes():
+            if successful_only and not ep["next.success"].any():
+                continue
             replay.add_episode({k: v for k, v in ep.items() if k in keep})
+    if replay.num_episodes == 0:
+        raise ValueError(f"{list(map(str, paths))}: no episodes to clone" + (" (none succeeded)" if successful_only else ""))
     return dss, replay
 
 
@@ -124,7 +130,7 @@ def train_policy(cfg: TrainPolicyConfig, progress: bool = True) -> dict:
     run = prepare_run_dir(cfg.out, cfg.overwrite, cfg.resume)
     save_config(run, cfg)
     torch.manual_seed(cfg.seed)
-    dss, replay = load_replay(cfg.data, cfg.seed)
+    dss, replay = load_replay(cfg.data, cfg.seed, cfg.successful_only)
     pcfg = VLAConfig.from_dataset(dss, head=cfg.head, chunk_size=cfg.chunk_size, n_action_steps=cfg.n_action_steps, **cfg.extra)
     ck = run / "checkpoints" / "last"
     resuming = cfg.resume and (ck / "train_state.json").exists()

@@ -4,7 +4,7 @@ success rates agree with the true ones (Spearman rho, Kendall tau, mean absolute
 
     wmrl rank --policies RUN_A RUN_B scripted scripted:noise=0.6 random --world-model WM_RUN [--workers ray]
 
-A policy spec is a VLA run or checkpoint folder, `scripted[:noise=X,failure_prob=Y]` or `random`. Scripted experts
+A policy spec is a VLA run or checkpoint folder (`FOLDER:stochastic` samples its actions: BC with action noise), `scripted[:noise=X,failure_prob=Y]` or `random`. Scripted experts
 act on privileged simulator state; in imagination they act on the world model's environment-state head.
 Evaluations of many policies run in parallel on Ray workers with `--workers ray` (the `dist` extra).
 """
@@ -42,7 +42,7 @@ class RankConfig:
 
 
 def parse_policy_spec(spec: str):
-    """'scripted:noise=0.3,failure_prob=0.5' | 'random' | a folder -> PolicyConfig."""
+    """'scripted:noise=0.3,failure_prob=0.5' | 'random' | FOLDER | FOLDER:stochastic -> PolicyConfig."""
     from wmrl.commands.evaluate import PolicyConfig
 
     name, _, args = spec.partition(":")
@@ -54,9 +54,10 @@ def parse_policy_spec(spec: str):
                 raise ValueError(f"policy spec {spec!r}: unknown option {k!r}; valid: noise, failure_prob")
             kw[k] = float(v)
         return PolicyConfig(type=name, **kw)
-    if not Path(spec).exists():
-        raise ValueError(f"policy spec {spec!r}: not scripted[:...], random, or an existing policy folder")
-    return PolicyConfig(type="vla", path=Path(spec))
+    path, stochastic = (name, True) if args == "stochastic" else (spec, False)  # FOLDER:stochastic samples actions
+    if not Path(path).exists():
+        raise ValueError(f"policy spec {spec!r}: not scripted[:...], random, or an existing policy folder[:stochastic]")
+    return PolicyConfig(type="vla", path=Path(path), stochastic=stochastic)
 
 
 def rank_statistics(imagined: list[float], true: list[float]) -> dict:
