@@ -35,3 +35,13 @@ def test_world_model_benchmark_reports_every_result_key():
               "delta_t_psnr_h8", "state_error_h16", "success_auroc_generated", "imagined_steps_per_s_decode"):
         assert k in r and r[k] == r[k], k  # present and not NaN
     assert r["imagined_steps_per_s_nodecode"] > 0 and r["true_sim_steps_per_s_render"] > 0 and r["train_minutes"] > 0
+
+
+def test_imagination_benchmark_reports_every_result_key():
+    r = _run("imagination")
+    for k in ("success_bc", "success_rl", "success_after_imagined_sft", "rank_spearman", "success_abs_error",
+              "hallucinated_success_before", "hallucinated_success_after"):
+        assert 0 <= r[k] <= 1 or (k == "rank_spearman" and (r[k] != r[k] or -1 <= r[k] <= 1)), k
+    lo, hi = r["success_rl_ci95"]
+    assert lo <= r["success_rl"] <= hi
+    assert r["true_env_steps_during_rl"] == 0 and r["n_policies"] >= 8 and r["demo_minutes"] > 0
