@@ -98,12 +98,15 @@ class VLAConfig:
 
 
 class VisionEncoder(nn.Module):
-    """64x64x3 uint8 -> a feature vector (4 strided convolutions with GroupNorm)."""
+    """An image in [-1, 1] (B, 3, S, S) -> a feature vector: 4 strided convolutions with GroupNorm over the image
+    plus x/y coordinate channels (CoordConv: where the cube is matters more than what it looks like)."""
 
     def __init__(self, width: int, out: int, image_size: int = 64):
         super().__init__()
         w = width
-        layers, cin = [], 3
+        ys, xs = torch.meshgrid(torch.linspace(-1, 1, image_size), torch.linspace(-1, 1, image_size), indexing="ij")
+        self.register_buffer("coords", torch.stack([xs, ys])[None], persistent=False)
+        layers, cin = [], 5
         for c in (w, 2 * w, 2 * w, 4 * w):
             layers += [nn.Conv2d(cin, c, 4, stride=2, padding=1), nn.GroupNorm(8, c), nn.SiLU()]
             cin = c
@@ -111,7 +114,7 @@ class VisionEncoder(nn.Module):
         self.fc = nn.Linear(4 * w * (image_size // 16) ** 2, out)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(self.conv(x))
+        return self.fc(self.conv(torch.cat([x, self.coords.expand(len(x), -1, -1, -1)], dim=1)))
 
 
 def random_shift(x: torch.Tensor, pad: int) -> torch.Tensor:
