@@ -66,6 +66,7 @@ def test_demo_quick_runs_the_whole_loop_and_writes_every_report_section(tmp_path
     assert s["true_env_steps_during_rl"] == 0 and s["n_policies"] >= 8
     assert 0 <= s["success_bc"] <= 1 and 0 <= s["hallucinated_success_after"] <= 1
     stages = [json.loads(l)["stage"] for l in (out / "metrics.jsonl").read_text().splitlines() if "stage" in json.loads(l)]
-    assert stages == ["collect", "world_model", "bc", "rl", "coevolution", "evaluation", "ranking", "done"]
+    assert stages == ["collect", "world_model", "bc", "rl", "coevolution", "rl_after_coevolution", "evaluation",
+                      "ranking", "done"]
     assert main(["demo", "--out", str(out), "--quick", "--resume"]) == 0  # every stage cached: nothing re-runs
     assert main(["demo", "--out", str(out)]) == 2  # an existing run folder is refused

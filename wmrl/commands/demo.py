@@ -2,7 +2,8 @@
 
 collect (scripted expert with near-success failures) -> train the video world model -> behaviour-clone the VLA
 policy on the successful episodes -> RL in imagination (GRPO, zero true-simulator steps) -> one co-evolution round
-(true rollouts of the evolved policy, world-model fine-tune, hallucinated-success rate before and after) ->
+(true rollouts of the evolved policy, world-model fine-tune, hallucinated-success rate before and after, more GRPO in
+the fine-tuned model) ->
 evaluation in the true simulator -> ranking of a policy population in the world model against the true simulator.
 Everything lands in one run folder with an HTML report. `--quick` runs the same loop at toy sizes (a smoke test).
 Each finished stage is cached (stages/NAME.json), so `--resume` continues an interrupted demo.
@@ -36,6 +37,8 @@ class DemoConfig:
     coevo_budget: int = 20
     """True-simulator rollouts of the evolved policy for the world-model fine-tune."""
     coevo_steps: int = 400
+    coevo_rl_iterations: int = 8
+    """RL iterations in the fine-tuned world model after the co-evolution round."""
     hallucination_episodes: int = 30
     eval_episodes: int = 50
     rank_episodes: int = 20
@@ -46,7 +49,7 @@ class DemoConfig:
 
 
 QUICK = dict(episodes=10, wm_size="tiny", wm_ae_steps=40, wm_dyn_steps=40, bc_steps=40, rl_iterations=2, rl_groups=2,
-             rl_group_size=2, coevo_budget=2, coevo_steps=6, hallucination_episodes=3, eval_episodes=4, rank_episodes=2)
+             rl_group_size=2, coevo_budget=2, coevo_steps=6, coevo_rl_iterations=1, hallucination_episodes=3, eval_episodes=4, rank_episodes=2)
 
 
 class Stages:
@@ -123,10 +126,15 @@ def run_demo(cfg: DemoConfig, progress: bool = True) -> dict:
         return {"before": before, "after": after, "true_rollouts": cfg.coevo_budget}
 
     coevo = stage("coevolution", coevolution)
+    rl2 = stage("rl_after_coevolution", lambda: imagine(ImagineConfig(
+        policy=run / "policy_rl", world_model=run / "coevolution" / "world_model", data=run / "dataset",
+        out=run / "policy_coevo", iterations=cfg.coevo_rl_iterations, groups=cfg.rl_groups, group_size=cfg.rl_group_size,
+        minibatch_rollouts=max(2, cfg.rl_groups * cfg.rl_group_size // 2), overwrite=True, seed=cfg.seed + 1),
+        progress=progress))
 
     def true_eval() -> dict:
         out = {}
-        for name in ("policy_bc", "policy_rl"):
+        for name in ("policy_bc", "policy_rl", "policy_coevo"):
             policy = VLAPolicy.load(resolve_checkpoint(run / name)).eval()
             out[name] = evaluate_on_tasks(policy, [data_task(run)], cfg.eval_episodes, run / f"eval_{name}",
                                           seed=90_000 + cfg.seed, num_envs=cfg.num_envs, progress=progress)[cfg.task]
@@ -135,7 +143,8 @@ def run_demo(cfg: DemoConfig, progress: bool = True) -> dict:
     evals = stage("evaluation", true_eval)
     stages_bc = sorted((run / "policy_bc" / "checkpoints").glob("step_*"))
     population = [str(p) for p in stages_bc] + [f"{resolve_checkpoint(run / 'policy_bc')}:stochastic",
-                                                 str(resolve_checkpoint(run / "policy_rl")), "scripted:noise=0.3",
+                                                 str(resolve_checkpoint(run / "policy_rl")),
+                                                 str(resolve_checkpoint(run / "policy_coevo")), "scripted:noise=0.3",
                                                  "scripted:failure_prob=0.5", "scripted:noise=1.0", "random"]
     rank = stage("ranking", lambda: run_rank(RankConfig(
         policies=tuple(population), world_model=run / "coevolution" / "world_model", task=cfg.task,
@@ -147,7 +156,8 @@ def run_demo(cfg: DemoConfig, progress: bool = True) -> dict:
         "success_bc": evals["policy_bc"]["pc_success"] / 100, "success_rl": evals["policy_rl"]["pc_success"] / 100,
         "success_bc_ci95": [evals["policy_bc"]["success_ci95_low"] / 100, evals["policy_bc"]["success_ci95_high"] / 100],
         "success_rl_ci95": [evals["policy_rl"]["success_ci95_low"] / 100, evals["policy_rl"]["success_ci95_high"] / 100],
-        "true_env_steps_during_rl": rl["true_env_steps_during_rl"],
+        "success_after_coevolution": evals["policy_coevo"]["pc_success"] / 100,
+        "true_env_steps_during_rl": rl["true_env_steps_during_rl"] + rl2["true_env_steps_during_rl"],
         "hallucinated_success_before": coevo["before"]["hallucinated_success"],
         "hallucinated_success_after": coevo["after"]["hallucinated_success"],
         "rank_spearman": rank["rank_spearman"], "rank_kendall": rank["rank_kendall"],
@@ -178,7 +188,8 @@ def write_demo_report(run: Path, cfg: DemoConfig, s: dict, evals: dict, coevo: d
     from wmrl.report import metrics_table, plot_curves, write_report
 
     plot_curves(run / "policy_bc" / "metrics.jsonl", run / "bc_curve.png", ["bc_loss"], title="behaviour cloning")
-    rows = [{"policy": "BC", **evals["policy_bc"]}, {"policy": "BC + GRPO in imagination", **evals["policy_rl"]}]
+    rows = [{"policy": "BC", **evals["policy_bc"]}, {"policy": "BC + GRPO in imagination", **evals["policy_rl"]},
+            {"policy": "+ co-evolution round and more GRPO", **evals["policy_coevo"]}]
     h = [{"world model": k, **{m: coevo[k][m] for m in ("hallucinated_success", "imagined_success", "replayed_true_success",
                                                           "n_imagined_success")}} for k in ("before", "after")]
     pol = [{"policy": Path(p["policy"]).name if "/" in p["policy"] else p["policy"], "imagined": p["imagined_success"],
