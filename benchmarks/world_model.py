@@ -65,7 +65,10 @@ def _imagine_episode(model, ep: dict, steps: int | None = None) -> tuple[np.ndar
     return torch.cat(probs).numpy(), model.decode(torch.cat(lats))
 
 
-def main(quick: bool = False) -> dict:
+def main(quick: bool = False, size: str = "small", device: str = "cpu", steps_scale: float = 1.0,
+         batch_size: int = 32) -> dict:
+    """The defaults are the committed CPU numbers. Anything else (e.g. `--size base --device cuda --steps-scale 5`)
+    trains in its own work folder and writes `world-model-SIZE-DEVICE.json`, never the CPU result."""
     from world_models.env import WorldModelEnv
     from world_models.video.classifier import SuccessClassifier
     from world_models.video.evaluate import psnr, rollout, ssim, windows
@@ -73,9 +76,14 @@ def main(quick: bool = False) -> dict:
     from world_models.video.train import TrainWMConfig, load_split, train_world_model
     from wmrl.commands.collect import CollectConfig, collect
 
-    work = Path(tempfile.mkdtemp(prefix="wmrl-bench-wm-")) if quick else WORK / "full"  # quick: always fresh
+    default = (size, device, steps_scale, batch_size) == ("small", "cpu", 1.0, 32)
+    tag = "full" if default else f"{size}-{device.split(':')[0]}"
+    work = Path(tempfile.mkdtemp(prefix="wmrl-bench-wm-")) if quick else WORK / tag  # quick: always fresh
     n_eps = 16 if quick else 200
-    steps = dict(ae_steps=20, dyn_steps=20, cls_steps=10, size="tiny", batch_size=8) if quick else {}
+    base = TrainWMConfig(data=Path("."), out=Path("."))
+    steps = dict(ae_steps=20, dyn_steps=20, cls_steps=10, size="tiny", batch_size=8) if quick else dict(
+        size=size, device=device, batch_size=batch_size, ae_steps=int(base.ae_steps * steps_scale),
+        dyn_steps=int(base.dyn_steps * steps_scale), cls_steps=int(base.cls_steps * steps_scale))
     data = work / "data"
     if not (data / "meta/info.json").exists():
         collect(CollectConfig(task="push-red", episodes=n_eps, out=data, failures=0.3, noise=0.05, overwrite=True,
@@ -206,4 +214,8 @@ def main(quick: bool = False) -> dict:
                      "params_m": sum(p.numel() for p in model.parameters()) / 1e6,
                      "ae_steps": tcfg.ae_steps, "dyn_steps": tcfg.dyn_steps, "batch_size": tcfg.batch_size}
     out["videos"] = str((diff_run / "videos").relative_to(WORK.parent.parent)) if not quick else ""
-    return finish("world-model", out, quick)
+    out["config"]["device"] = device
+    if default:
+        return finish("world-model", out, quick)
+    opts = f"size={size} device={device} steps_scale={steps_scale} batch_size={batch_size}"
+    return finish(f"world-model-{tag}", out, quick, command=f"wmrl bench world-model --json --options {opts}")

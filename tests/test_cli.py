@@ -23,6 +23,10 @@ def test_unknown_names_list_valid_ones(tmp_path, capsys):
     assert main(["eval", "--policy", "genius", "--task", "reach-red", "--episodes", "1", "--out", str(tmp_path / "q")]) == 2
     assert "valid: random, scripted" in capsys.readouterr().err
     assert main(["bench", "nope"]) == 2
+    assert main(["bench", "replay", "--options", "size=base"]) == 2  # replay takes no options
+    assert "valid: none" in capsys.readouterr().err
+    assert main(["bench", "world-model", "--options", "size"]) == 2
+    assert "KEY=VALUE" in capsys.readouterr().err
     assert main(["frobnicate"]) == 2
 
 

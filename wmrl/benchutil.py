@@ -40,9 +40,9 @@ def median_time(fn: Callable[[], object], repeats: int, warmup: int = 2) -> floa
     return statistics.median(times)
 
 
-def finish(name: str, result: dict, quick: bool) -> dict:
+def finish(name: str, result: dict, quick: bool, command: str | None = None) -> dict:
     result = {"benchmark": name, **result, "machine": machine(),
-              "command": f"wmrl bench {name} --json" + (" --quick" if quick else ""),
+              "command": command or f"wmrl bench {name} --json" + (" --quick" if quick else ""),
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
     if not quick:  # quick runs are smoke tests; they never overwrite the committed numbers
         RESULTS.mkdir(exist_ok=True)

@@ -32,6 +32,8 @@ class BenchConfig:
     """Print one JSON object (always written to benchmarks/results/NAME.json too)."""
     quick: bool = False
     """Tiny sizes, for smoke tests."""
+    options: tuple[str, ...] = ()
+    """KEY=VALUE arguments of the benchmark's main(), e.g. `--options size=base device=cuda steps_scale=5`."""
 
 
 def _tasks(cfg: TasksConfig) -> dict:
@@ -51,7 +53,20 @@ def _bench(cfg: BenchConfig) -> dict:
     if cfg.name not in available:
         raise ValueError(f"unknown benchmark {cfg.name!r}; valid: {', '.join(available)}")
     mod = runpy.run_path(str(BENCHMARKS / f"{cfg.name.replace('-', '_')}.py"), run_name="wmrl_bench")
-    result = mod["main"](quick=cfg.quick)
+    import inspect
+
+    import yaml
+
+    kwargs = {}
+    for opt in cfg.options:
+        key, sep, value = opt.partition("=")
+        if not sep:
+            raise ValueError(f"--options: expected KEY=VALUE, got {opt!r}")
+        kwargs[key] = yaml.safe_load(value)  # numbers become numbers, words stay strings
+    params = set(inspect.signature(mod["main"]).parameters) - {"quick"}
+    if unknown := set(kwargs) - params:
+        raise ValueError(f"--options: {cfg.name} has no option(s) {sorted(unknown)}; valid: {sorted(params) or 'none'}")
+    result = mod["main"](quick=cfg.quick, **kwargs)
     print(json.dumps(result, indent=None if cfg.json else 2))
     return result
 
