@@ -1,7 +1,7 @@
 """`wmrl`: one entry point. Each subcommand is a dataclass config parsed by tyro; `--config FILE.yaml` supplies
 defaults that flags then override.
 
-    wmrl demo | collect | eval | train-wm | train-policy | imagine | rank | tasks | bench NAME [--json]
+    wmrl demo | collect | eval | train-wm | train-policy | imagine | rank | datasets make | offline | tasks | bench NAME [--json]
 """
 
 from __future__ import annotations
@@ -71,6 +71,13 @@ def _bench(cfg: BenchConfig) -> dict:
     return result
 
 
+def _offline(cfg):
+    from wmrl.rl.ravl import train_offline
+
+    result = train_offline(cfg)
+    return {k: v for k, v in result.items() if k != "curve"}
+
+
 def _commands() -> dict[str, tuple[type, Callable[[Any], Any], str]]:
     from wmrl.commands.collect import CollectConfig, collect
     from wmrl.commands.demo import DemoConfig, run_demo
@@ -79,6 +86,8 @@ def _commands() -> dict[str, tuple[type, Callable[[Any], Any], str]]:
     from wmrl.eval.rank import RankConfig, run_rank
     from wmrl.rl.imagine import ImagineConfig, imagine
     from world_models.video.train import TrainWMConfig, train_world_model
+    from wmrl.datasets.offline import MakeDatasetConfig, make_dataset
+    from wmrl.rl.ravl import OfflineConfig, train_offline
 
     return {
         "demo": (DemoConfig, run_demo, "collect data, evaluate policies, write a report (the main job)"),
@@ -88,6 +97,8 @@ def _commands() -> dict[str, tuple[type, Callable[[Any], Any], str]]:
         "train-policy": (TrainPolicyConfig, train_policy, "behaviour-clone the VLA policy on LeRobot v3 datasets"),
         "imagine": (ImagineConfig, imagine, "RL (GRPO or PPO) of a VLA policy inside a video world model"),
         "rank": (RankConfig, run_rank, "rank policies in the world model and in the true simulator; agreement"),
+        "datasets-make": (MakeDatasetConfig, make_dataset, "make a D4RL-style state dataset (SAC locally, qpos/qvel)"),
+        "offline": (OfflineConfig, _offline, "offline RL: ravl | mopo | mbpo | sac-n, learned or true dynamics"),
         "tasks": (TasksConfig, _tasks, "list the registered tasks"),
         "bench": (BenchConfig, _bench, "run a benchmark from benchmarks/ and print its JSON"),
     }
@@ -121,9 +132,11 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print("usage: wmrl COMMAND [--help] [--config FILE.yaml] [flags]\n\ncommands:")
         for name, (_, _, doc) in cmds.items():
-            print(f"  {name:<10}{doc}")
+            print(f"  {name.replace('datasets-make', 'datasets make'):<14}{doc}")
         return 0
     name, rest = argv[0], argv[1:]
+    if name == "datasets" and rest[:1] == ["make"]:  # `wmrl datasets make ...`
+        name, rest = "datasets-make", rest[1:]
     if name not in cmds:
         print(f"error: unknown command {name!r}; valid: {', '.join(cmds)}", file=sys.stderr)
         return 2
@@ -146,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = tyro.cli(cls, args=rest, default=default, prog=f"wmrl {name}", description=doc)
     try:
         result = fn(cfg)
-    except (ValueError, FileExistsError, FileNotFoundError, KeyError, RuntimeError) as e:
+    except (ValueError, FileExistsError, FileNotFoundError, KeyError, RuntimeError, FloatingPointError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if name not in ("tasks", "bench") and isinstance(result, dict):

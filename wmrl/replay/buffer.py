@@ -212,6 +212,18 @@ class EpisodeReplay:
         out["index"] = idx
         return out
 
+    def transitions(self, keys: list[str] | None = None) -> dict[str, np.ndarray]:
+        """Every stored transition at once, in slot order, laid out like `sample` (a D4RL-style dict in LeRobot's
+        names): what dynamics models train on. Fresh arrays, never recycled."""
+        self._refresh()
+        idx = self._trans_starts
+        out = {k: self.data[k][idx] for k in (keys or self.data)}
+        for k in (keys or self.data):
+            if k.startswith("observation."):
+                out[f"next.{k}"] = self.data[k][idx + 1]
+        out["index"] = idx.copy()
+        return out
+
     def sample_windows(self, batch_size: int, length: int, keys: list[str] | None = None) -> dict[str, np.ndarray]:
         """Windows of `length` frames (B, L, ...) inside one episode each; `mask` marks real frames, `action_mask`
         real frames that also carry a real action (not the final observation's padding)."""

@@ -1,0 +1,255 @@
+"""Offline model-based RL on the MBPO pipeline: RAVL, MOPO, MBPO and (model-free) SAC-N, one loop.
+
+Sims, Lu, Foerster, Teh 2024, "The Edge-of-Reach Problem in Offline Model-Based RL" (RAVL); Yu et al. 2020 (MOPO);
+Janner et al. 2019 (MBPO); An et al. 2021 (SAC-N/EDAC).
+
+Every epoch: k-step rollouts of the current policy from `rollout_batch` dataset states, in the learned ensemble or
+in the true dynamics, go into a FIFO model buffer (the common replay, tagged `source=world_model`); then
+`updates_per_epoch` SAC updates on batches with a share `real_ratio` of dataset transitions.
+
+| algo  | critics        | reward                       | what keeps it from exploiting edge-of-reach states |
+|-------|----------------|------------------------------|----------------------------------------------------|
+| mbpo  | 2              | r                            | nothing                                             |
+| mopo  | 2              | r - lambda max_i |sigma_i|   | the uncertainty penalty (zero under true dynamics) |
+| ravl  | N=10, eta=1    | r                            | min over a diversified Q-ensemble                  |
+| sac-n | N=10, eta=0    | (no model data)              | min over N critics, dataset only                   |
+
+`wmrl offline --algo ravl --data DIR --out RUN [--dynamics learned|true]`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from wmrl.core.features import ACTION, IS_LAST, OBS_STATE, REWARD, SOURCE, TERMINATED, TRUNCATED
+from wmrl.rl.sac import SAC, SACConfig, batch_tensors, load_agent, save_agent
+
+PRESETS = {  # num_critics, eta, penalty, model data
+    "mbpo": (2, 0.0, 0.0, True),
+    "mopo": (2, 0.0, 0.5, True),
+    "ravl": (10, 1.0, 0.0, True),
+    "sac-n": (10, 0.0, 0.0, False),
+}
+
+
+@dataclass
+class OfflineConfig:
+    data: Path = Path("data/halfcheetah-medium")
+    out: Path = Path("runs/offline")
+    algo: str = "ravl"
+    """mbpo | mopo | ravl | sac-n (presets above; the fields below override them)"""
+    env: str = ""
+    """the environment to evaluate in; default: the dataset's `wmrl.env` entry"""
+    dynamics: str = "learned"
+    """learned (bootstrapped Gaussian ensemble) | true (restore qpos/qvel and step MuJoCo)"""
+    epochs: int = 100
+    updates_per_epoch: int = 1000
+    rollout_batch: int = 5000  # start states per epoch (paper: 50,000; CPU budget)
+    rollout_length: int = 5  # k
+    real_ratio: float = 0.05  # r
+    retain_epochs: int = 5  # model buffer holds this many epochs of rollouts (FIFO)
+    num_critics: int | None = None
+    eta: float | None = None
+    penalty: float | None = None  # MOPO's lambda
+    hidden: int = 256
+    layers: int = 3
+    batch_size: int = 256
+    ensemble_members: int = 7
+    ensemble_elites: int = 5
+    ensemble_hidden: int = 200
+    ensemble_max_epochs: int = 200
+    eval_every: int = 5  # epochs
+    eval_episodes: int = 5
+    seed: int = 0
+    resume: bool = False
+    overwrite: bool = False
+    progress: bool = True
+
+
+def resolve_algo(cfg: OfflineConfig) -> tuple[int, float, float, bool]:
+    if cfg.algo not in PRESETS:
+        raise ValueError(f"algo: expected one of {', '.join(PRESETS)}, got {cfg.algo!r}")
+    if cfg.dynamics not in ("learned", "true"):
+        raise ValueError(f"dynamics: expected learned or true, got {cfg.dynamics!r}")
+    if not 0.0 <= cfg.real_ratio <= 1.0:
+        raise ValueError(f"real_ratio must be in [0, 1], got {cfg.real_ratio}")
+    n, eta, pen, model = PRESETS[cfg.algo]
+    return (cfg.num_critics if cfg.num_critics is not None else n, cfg.eta if cfg.eta is not None else eta,
+            cfg.penalty if cfg.penalty is not None else pen, model)
+
+
+def dataset_env(data: Path) -> str:
+    meta = Path(data) / "meta" / "wmrl.json"
+    return json.loads(meta.read_text()).get("env", "") if meta.exists() else ""
+
+
+def load_offline_data(data: Path, seed: int = 0):
+    """The dataset as the common replay, plus its D4RL-style transition arrays."""
+    from wmrl.replay import EpisodeReplay
+
+    replay = EpisodeReplay.from_lerobot(data, seed=seed)
+    if OBS_STATE not in replay.data or ACTION not in replay.data:
+        raise ValueError(f"{data}: needs {OBS_STATE} and {ACTION}; has {sorted(replay.data)}")
+    return replay
+
+
+def make_dynamics(cfg: OfflineConfig, env_id: str, real, run: Path):
+    """The learned ensemble (trained once per run folder, then reused) or the true-dynamics oracle."""
+    from world_models.dynamics import EnsembleConfig, GaussianEnsemble, TrueDynamics, fit_ensemble
+
+    if cfg.dynamics == "true":
+        if "qpos" not in real.data or "qvel" not in real.data:
+            raise ValueError(f"{cfg.data}: --dynamics true needs the simulator state (qpos, qvel) at every step, and this "
+                             f"dataset has none (its features: {sorted(real.data)}); make it with `wmrl datasets make`")
+        return TrueDynamics(env_id), {}
+    tr = real.transitions([OBS_STATE, ACTION, REWARD])
+    ecfg = EnsembleConfig(obs_dim=tr[OBS_STATE].shape[1], act_dim=tr[ACTION].shape[1], members=cfg.ensemble_members,
+                          elites=cfg.ensemble_elites, hidden=cfg.ensemble_hidden, max_epochs=cfg.ensemble_max_epochs)
+    model = GaussianEnsemble(ecfg)
+    ck = run / "dynamics"
+    if (ck / "fit.json").exists():
+        from wmrl.core.checkpoint import load_state, read_config
+
+        read_config(ck, EnsembleConfig, expect=ecfg, what="dynamics ensemble")
+        return load_state(model, ck), json.loads((ck / "fit.json").read_text())
+    info = fit_ensemble(model, tr[OBS_STATE], tr[ACTION], tr[f"next.{OBS_STATE}"], tr[REWARD].reshape(-1),
+                        seed=cfg.seed, progress=cfg.progress)
+    from wmrl.core.checkpoint import save_pretrained
+    from wmrl.core.io import write_json
+
+    save_pretrained(model, ecfg, ck)
+    write_json(ck / "fit.json", info)
+    return model, info
+
+
+@torch.no_grad()
+def rollout(agent: SAC, dynamics, real, n: int, k: int, penalty: float, termination, rng: np.random.Generator) -> dict:
+    """k-step branched rollouts from n dataset states; returns (n, k+1, ...) arrays and per-rollout lengths."""
+    keys = [OBS_STATE] + [k_ for k_ in ("qpos", "qvel") if k_ in real.data]
+    start = real.sample(n, keys=keys)
+    s = np.array(start[OBS_STATE], np.float32)
+    state = {"qpos": np.array(start["qpos"], np.float64), "qvel": np.array(start["qvel"], np.float64)} if "qpos" in start else None
+    obs = np.zeros((n, k + 1, s.shape[1]), np.float32)
+    act = np.zeros((n, k + 1, agent.cfg.act_dim), np.float32)
+    rew = np.zeros((n, k + 1), np.float32)
+    term = np.zeros((n, k + 1), bool)
+    length = np.full(n, k)
+    alive = np.ones(n, bool)
+    obs[:, 0] = s
+    unc_sum = 0.0
+    for t in range(k):
+        a = agent.actor.sample(torch.as_tensor(s))[0].numpy()
+        s2, r, te, state, info = dynamics.step(s, a, state, rng=rng, termination=termination)
+        unc_sum += float(info["uncertainty"][alive].mean()) if alive.any() else 0.0
+        r = r - penalty * info["uncertainty"]
+        act[:, t], rew[:, t], term[:, t], obs[:, t + 1] = a, r, te, s2
+        newly_done = alive & te
+        length[newly_done] = t + 1
+        alive &= ~te
+        s = s2.astype(np.float32)
+        if not np.isfinite(s).all():  # a diverging model: stop those rollouts here
+            bad = ~np.isfinite(s).all(-1)
+            length[alive & bad] = t
+            alive &= ~bad
+            s = np.nan_to_num(s)
+    return {"obs": obs, "act": act, "rew": rew, "term": term, "length": length, "uncertainty": unc_sum / k}
+
+
+def add_rollouts(buffer, ro: dict) -> int:
+    """Each rollout becomes an episode of `length` steps in the model buffer; its last frame is only a target."""
+    added = 0
+    for i in range(len(ro["length"])):
+        T = int(ro["length"][i])
+        if T == 0:
+            continue
+        a = ro["act"][i, : T + 1].copy()
+        a[T] = a[T - 1]  # the final frame repeats the last action (wmrl.core.episode)
+        ep = {OBS_STATE: ro["obs"][i, : T + 1], ACTION: a, REWARD: np.append(ro["rew"][i, :T], 0.0).astype(np.float32),
+              TERMINATED: np.append(ro["term"][i, :T], ro["term"][i, T - 1]), TRUNCATED: np.append(np.zeros(T, bool), not ro["term"][i, T - 1]),
+              IS_LAST: np.arange(T + 1) == T, SOURCE: ["world_model"] * (T + 1)}
+        buffer.add_episode(ep)
+        added += T
+    return added
+
+
+def train_offline(cfg: OfflineConfig) -> dict:
+    from sim.locomotion import termination_fn
+    from wmrl.core.checkpoint import load_train_state, save_train_state
+    from wmrl.replay import EpisodeReplay, MixedReplay
+    from wmrl.rl.sac import evaluate_return
+    from wmrl.run import Tracker, prepare_run_dir, save_config
+
+    n_critics, eta, penalty, use_model = resolve_algo(cfg)
+    env_id = cfg.env or dataset_env(cfg.data)
+    if not env_id:
+        raise ValueError(f"{cfg.data}: the dataset does not name its environment; pass --env")
+    run = prepare_run_dir(cfg.out, overwrite=cfg.overwrite, resume=cfg.resume)
+    save_config(run, cfg)
+    rng = np.random.default_rng(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    real = load_offline_data(cfg.data, cfg.seed)
+    from wmrl.rl.sac import spaces_of
+
+    spaces = spaces_of(env_id)
+    if real.data[OBS_STATE].shape[1] != spaces["obs_dim"] or real.data[ACTION].shape[1] != spaces["act_dim"]:
+        raise ValueError(f"{cfg.data}: observation/action dims {real.data[OBS_STATE].shape[1]}/{real.data[ACTION].shape[1]} "
+                         f"do not match {env_id}'s {spaces['obs_dim']}/{spaces['act_dim']}")
+    scfg = SACConfig(**spaces, num_critics=n_critics, eta=eta, hidden=cfg.hidden, layers=cfg.layers, batch_size=cfg.batch_size)
+    ck = run / "checkpoints" / "last"
+    epoch0 = 0
+    if cfg.resume and (ck / "train_state.json").exists():
+        agent = load_agent(ck)
+        if dataclasses.asdict(agent.cfg) != dataclasses.asdict(scfg):
+            raise ValueError(f"{ck}: the checkpointed agent's config differs from this run's; use a new --out")
+        epoch0 = load_train_state(ck, agent.optimizers())["step"]
+    else:
+        agent = SAC(scfg)
+    dynamics, dyn_info = make_dynamics(cfg, env_id, real, run) if use_model else (None, {})
+    term_fn = termination_fn(env_id) if use_model else None
+    model_buf = EpisodeReplay(max(cfg.rollout_batch * (cfg.rollout_length + 1) * cfg.retain_epochs, 1), seed=cfg.seed)
+    mix = MixedReplay(real, model_buf, online_ratio=1.0 - cfg.real_ratio) if use_model else None
+    keys = [OBS_STATE, ACTION, REWARD, TERMINATED]
+    logger = Tracker(run)
+    curve, t0 = [], time.time()
+    bar = tqdm(range(epoch0, cfg.epochs), desc=f"{cfg.algo} ({cfg.dynamics})", disable=not cfg.progress)
+    for epoch in bar:
+        row: dict = {"epoch": epoch + 1}
+        if use_model:
+            ro = rollout(agent, dynamics, real, cfg.rollout_batch, cfg.rollout_length, penalty, term_fn, rng)
+            row["model_transitions"] = add_rollouts(model_buf, ro)
+            row["rollout_uncertainty"] = ro["uncertainty"]
+        for _ in range(cfg.updates_per_epoch):
+            b = mix.sample(cfg.batch_size, keys=keys) if use_model else real.sample(cfg.batch_size, keys=keys)
+            try:
+                info = agent.update(batch_tensors(b))
+            except FloatingPointError as e:
+                raise FloatingPointError(f"{cfg.algo} diverged at epoch {epoch + 1}: {e}; "
+                                         f"the last good checkpoint is in {ck}") from None
+        with torch.no_grad():  # Q on dataset transitions: the quantity that diverges at edge-of-reach states
+            rb = batch_tensors(real.sample(1024, keys=keys))
+            row["q_dataset"] = agent.critic(rb["obs"], rb["act"]).mean().item()
+        row.update({k: info[k] for k in ("q_mean", "critic_loss", "alpha", "entropy") if k in info})
+        if (epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs:
+            row["return"] = evaluate_return(agent.actor, env_id, cfg.eval_episodes)
+            row["minutes"] = (time.time() - t0) / 60
+            save_agent(agent, ck)
+            save_train_state(ck, epoch + 1, agent.optimizers())
+            bar.set_postfix(ret=f"{row['return']:.0f}", q=f"{row['q_dataset']:.1f}")
+        logger.log(row, step=epoch + 1)
+        curve.append(row)
+    logger.close()
+    evals = [r["return"] for r in curve if "return" in r]
+    return {"run_dir": str(run), "algo": cfg.algo, "dynamics": cfg.dynamics, "env": env_id,
+            "final_return": evals[-1] if evals else float("nan"), "curve": curve, "dynamics_fit": dyn_info,
+            "minutes": (time.time() - t0) / 60}
+
+
+__all__ = ["OfflineConfig", "PRESETS", "train_offline", "rollout", "add_rollouts", "resolve_algo"]
