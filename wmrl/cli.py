@@ -1,7 +1,7 @@
 """`wmrl`: one entry point. Each subcommand is a dataclass config parsed by tyro; `--config FILE.yaml` supplies
 defaults that flags then override.
 
-    wmrl demo | collect | eval | train-wm | train-policy | imagine | rank | datasets make | offline | tasks | bench NAME [--json]
+    wmrl demo | collect | eval | train-wm | train-policy | imagine | rank | datasets make | offline | finetune | tasks | bench NAME [--json]
 """
 
 from __future__ import annotations
@@ -78,6 +78,12 @@ def _offline(cfg):
     return {k: v for k, v in result.items() if k != "curve"}
 
 
+def _finetune(cfg):
+    from wmrl.rl.wsrl import finetune
+
+    return {k: v for k, v in finetune(cfg).items() if k != "curve"}
+
+
 def _commands() -> dict[str, tuple[type, Callable[[Any], Any], str]]:
     from wmrl.commands.collect import CollectConfig, collect
     from wmrl.commands.demo import DemoConfig, run_demo
@@ -87,7 +93,8 @@ def _commands() -> dict[str, tuple[type, Callable[[Any], Any], str]]:
     from wmrl.rl.imagine import ImagineConfig, imagine
     from world_models.video.train import TrainWMConfig, train_world_model
     from wmrl.datasets.offline import MakeDatasetConfig, make_dataset
-    from wmrl.rl.ravl import OfflineConfig, train_offline
+    from wmrl.rl.ravl import OfflineConfig
+    from wmrl.rl.wsrl import FinetuneConfig
 
     return {
         "demo": (DemoConfig, run_demo, "collect data, evaluate policies, write a report (the main job)"),
@@ -98,7 +105,8 @@ def _commands() -> dict[str, tuple[type, Callable[[Any], Any], str]]:
         "imagine": (ImagineConfig, imagine, "RL (GRPO or PPO) of a VLA policy inside a video world model"),
         "rank": (RankConfig, run_rank, "rank policies in the world model and in the true simulator; agreement"),
         "datasets-make": (MakeDatasetConfig, make_dataset, "make a D4RL-style state dataset (SAC locally, qpos/qvel)"),
-        "offline": (OfflineConfig, _offline, "offline RL: ravl | mopo | mbpo | sac-n, learned or true dynamics"),
+        "offline": (OfflineConfig, _offline, "offline RL: ravl | mopo | mbpo | sac-n | td3bc | iql"),
+        "finetune": (FinetuneConfig, _finetune, "offline-to-online fine-tuning: wsrl | naive | naive-retain"),
         "tasks": (TasksConfig, _tasks, "list the registered tasks"),
         "bench": (BenchConfig, _bench, "run a benchmark from benchmarks/ and print its JSON"),
     }

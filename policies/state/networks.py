@@ -127,3 +127,52 @@ class TanhGaussianActor(nn.Module):
         a = torch.as_tensor(batch["action"], dtype=torch.float32)
         loss = -self.log_prob(s, a).mean()
         return loss, {"bc_nll": loss.item()}
+
+
+class DeterministicActor(nn.Module):
+    """a = tanh(f(s)) scaled to the box (TD3, TD3+BC). `log_prob` treats it as N(mu(s), 1) in the box's unit scale,
+    the convention PGD uses to guide with a deterministic target policy (Jackson et al. 2024)."""
+
+    chunk_size = 1
+
+    def __init__(self, obs_dim: int, act_dim: int, hidden: int = 256, layers: int = 2,
+                 action_low: np.ndarray | None = None, action_high: np.ndarray | None = None):
+        super().__init__()
+        dims = [obs_dim] + [hidden] * layers
+        mods: list[nn.Module] = []
+        for a, b in zip(dims[:-1], dims[1:]):
+            mods += [nn.Linear(a, b), nn.ReLU()]
+        self.net = nn.Sequential(*mods, nn.Linear(hidden, act_dim))
+        low = np.full(act_dim, -1.0) if action_low is None else np.asarray(action_low)
+        high = np.full(act_dim, 1.0) if action_high is None else np.asarray(action_high)
+        self.register_buffer("act_scale", torch.as_tensor((high - low) / 2, dtype=torch.float32))
+        self.register_buffer("act_bias", torch.as_tensor((high + low) / 2, dtype=torch.float32))
+        self.register_buffer("obs_mean", torch.zeros(obs_dim))
+        self.register_buffer("obs_std", torch.ones(obs_dim))
+        self.obs_dim, self.act_dim = obs_dim, act_dim
+
+    def mu(self, obs: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.net((obs - self.obs_mean) / self.obs_std)) * self.act_scale + self.act_bias
+
+    def log_prob(self, obs: torch.Tensor, act: torch.Tensor) -> torch.Tensor:
+        z = (act - self.mu(obs)) / self.act_scale
+        return (-0.5 * z**2 - 0.5 * math.log(2 * math.pi)).sum(-1)
+
+    def reset(self) -> None:
+        pass
+
+    @torch.no_grad()
+    def select_action(self, obs: dict) -> np.ndarray:
+        s = torch.as_tensor(np.asarray(obs[OBS_STATE]), dtype=torch.float32, device=self.act_scale.device)
+        if s.ndim != 2 or s.shape[1] != self.obs_dim:
+            raise ValueError(f"{OBS_STATE}: expected (B, {self.obs_dim}), got {tuple(s.shape)}")
+        return self.mu(s).cpu().numpy().astype(np.float32)
+
+    def predict_action_chunk(self, obs: dict) -> np.ndarray:
+        return self.select_action(obs)[:, None]
+
+    def forward(self, batch: dict):
+        s = torch.as_tensor(batch[OBS_STATE], dtype=torch.float32)
+        a = torch.as_tensor(batch["action"], dtype=torch.float32)
+        loss = ((self.mu(s) - a) ** 2).mean()
+        return loss, {"bc_mse": loss.item()}

@@ -50,7 +50,8 @@ def _sac_run(cfg: MakeDatasetConfig) -> Path:
     """Online SAC with actor snapshots at every evaluation; reused when the cache has it."""
     from wmrl.core.io import write_json
     from wmrl.replay import EpisodeReplay
-    from wmrl.rl.sac import SAC, OnlineConfig, SACConfig, save_agent, spaces_of, train_online
+    from wmrl.rl.agents import save_agent
+    from wmrl.rl.sac import SAC, OnlineConfig, SACConfig, spaces_of, train_online
 
     run = Path(cfg.cache) / f"sac-{cfg.env}-{cfg.sac_steps}-h{cfg.sac_hidden}-s{cfg.seed}"
     if (run / "curve.json").exists():
@@ -99,7 +100,8 @@ def make_dataset(cfg: MakeDatasetConfig) -> dict:
     from sim.locomotion import make_state_env
     from wmrl.core.io import write_json
     from wmrl.replay import EpisodeReplay
-    from wmrl.rl.sac import evaluate_return, load_agent
+    from wmrl.rl.agents import load_agent
+    from wmrl.rl.sac import evaluate_return
 
     if cfg.kind not in KINDS:
         raise ValueError(f"kind: expected one of {', '.join(KINDS)}, got {cfg.kind!r}")

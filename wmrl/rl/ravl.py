@@ -1,4 +1,4 @@
-"""Offline model-based RL on the MBPO pipeline: RAVL, MOPO, MBPO and (model-free) SAC-N, one loop.
+"""Offline RL, one loop: model-based RAVL, MOPO, MBPO on the MBPO pipeline; model-free SAC-N, TD3+BC and IQL.
 
 Sims, Lu, Foerster, Teh 2024, "The Edge-of-Reach Problem in Offline Model-Based RL" (RAVL); Yu et al. 2020 (MOPO);
 Janner et al. 2019 (MBPO); An et al. 2021 (SAC-N/EDAC).
@@ -13,8 +13,10 @@ in the true dynamics, go into a FIFO model buffer (the common replay, tagged `so
 | mopo  | 2              | r - lambda max_i |sigma_i|   | the uncertainty penalty (zero under true dynamics) |
 | ravl  | N=10, eta=1    | r                            | min over a diversified Q-ensemble                  |
 | sac-n | N=10, eta=0    | (no model data)              | min over N critics, dataset only                   |
+| td3bc, iql | their own | (no model data)              | behaviour regularisation / in-sample learning      |
 
-`wmrl offline --algo ravl --data DIR --out RUN [--dynamics learned|true]`.
+`wmrl offline --algo ravl --data DIR --out RUN [--dynamics learned|true]`. Runs write `metrics.jsonl` (return,
+mean Q on dataset transitions), checkpoints every evaluation and resume with `--resume`.
 """
 
 from __future__ import annotations
@@ -30,13 +32,16 @@ import torch
 from tqdm.auto import tqdm
 
 from wmrl.core.features import ACTION, IS_LAST, OBS_STATE, REWARD, SOURCE, TERMINATED, TRUNCATED
-from wmrl.rl.sac import SAC, SACConfig, batch_tensors, load_agent, save_agent
+from wmrl.rl.agents import load_agent, make_agent, save_agent
+from wmrl.rl.sac import batch_tensors
 
 PRESETS = {  # num_critics, eta, penalty, model data
     "mbpo": (2, 0.0, 0.0, True),
     "mopo": (2, 0.0, 0.5, True),
     "ravl": (10, 1.0, 0.0, True),
     "sac-n": (10, 0.0, 0.0, False),
+    "td3bc": (2, 0.0, 0.0, False),
+    "iql": (2, 0.0, 0.0, False),
 }
 
 
@@ -45,7 +50,7 @@ class OfflineConfig:
     data: Path = Path("data/halfcheetah-medium")
     out: Path = Path("runs/offline")
     algo: str = "ravl"
-    """mbpo | mopo | ravl | sac-n (presets above; the fields below override them)"""
+    """mbpo | mopo | ravl | sac-n | td3bc | iql (presets above; the fields below override them)"""
     env: str = ""
     """the environment to evaluate in; default: the dataset's `wmrl.env` entry"""
     dynamics: str = "learned"
@@ -66,6 +71,9 @@ class OfflineConfig:
     ensemble_elites: int = 5
     ensemble_hidden: int = 200
     ensemble_max_epochs: int = 200
+    weighting: str = "none"
+    """trajectory weighting of the dataset: none | return | advantage (Hong et al. 2023)"""
+    weighting_alpha: float = 0.1
     eval_every: int = 5  # epochs
     eval_episodes: int = 5
     seed: int = 0
@@ -131,7 +139,7 @@ def make_dynamics(cfg: OfflineConfig, env_id: str, real, run: Path):
 
 
 @torch.no_grad()
-def rollout(agent: SAC, dynamics, real, n: int, k: int, penalty: float, termination, rng: np.random.Generator) -> dict:
+def rollout(agent, dynamics, real, n: int, k: int, penalty: float, termination, rng: np.random.Generator) -> dict:
     """k-step branched rollouts from n dataset states; returns (n, k+1, ...) arrays and per-rollout lengths."""
     keys = [OBS_STATE] + [k_ for k_ in ("qpos", "qvel") if k_ in real.data]
     start = real.sample(n, keys=keys)
@@ -139,6 +147,7 @@ def rollout(agent: SAC, dynamics, real, n: int, k: int, penalty: float, terminat
     state = {"qpos": np.array(start["qpos"], np.float64), "qvel": np.array(start["qvel"], np.float64)} if "qpos" in start else None
     obs = np.zeros((n, k + 1, s.shape[1]), np.float32)
     act = np.zeros((n, k + 1, agent.cfg.act_dim), np.float32)
+    sample = agent.actor.sample if hasattr(agent.actor, "sample") else agent.actor.mu
     rew = np.zeros((n, k + 1), np.float32)
     term = np.zeros((n, k + 1), bool)
     length = np.full(n, k)
@@ -146,7 +155,8 @@ def rollout(agent: SAC, dynamics, real, n: int, k: int, penalty: float, terminat
     obs[:, 0] = s
     unc_sum = 0.0
     for t in range(k):
-        a = agent.actor.sample(torch.as_tensor(s))[0].numpy()
+        a = sample(torch.as_tensor(s))
+        a = (a[0] if isinstance(a, tuple) else a).numpy()
         s2, r, te, state, info = dynamics.step(s, a, state, rng=rng, termination=termination)
         unc_sum += float(info["uncertainty"][alive].mean()) if alive.any() else 0.0
         r = r - penalty * info["uncertainty"]
@@ -196,22 +206,30 @@ def train_offline(cfg: OfflineConfig) -> dict:
     rng = np.random.default_rng(cfg.seed)
     torch.manual_seed(cfg.seed)
     real = load_offline_data(cfg.data, cfg.seed)
+    from wmrl.replay.weighting import apply_weighting
+
+    apply_weighting(real, cfg.weighting, cfg.weighting_alpha)
     from wmrl.rl.sac import spaces_of
 
     spaces = spaces_of(env_id)
     if real.data[OBS_STATE].shape[1] != spaces["obs_dim"] or real.data[ACTION].shape[1] != spaces["act_dim"]:
         raise ValueError(f"{cfg.data}: observation/action dims {real.data[OBS_STATE].shape[1]}/{real.data[ACTION].shape[1]} "
                          f"do not match {env_id}'s {spaces['obs_dim']}/{spaces['act_dim']}")
-    scfg = SACConfig(**spaces, num_critics=n_critics, eta=eta, hidden=cfg.hidden, layers=cfg.layers, batch_size=cfg.batch_size)
+    if cfg.algo in ("td3bc", "iql"):
+        agent = make_agent(cfg.algo, spaces, hidden=cfg.hidden, batch_size=cfg.batch_size)
+        if cfg.algo == "td3bc":
+            agent.set_obs_stats(real.transitions([OBS_STATE])[OBS_STATE])
+    else:
+        agent = make_agent("sac", spaces, num_critics=n_critics, eta=eta, hidden=cfg.hidden, layers=cfg.layers,
+                           batch_size=cfg.batch_size)
     ck = run / "checkpoints" / "last"
     epoch0 = 0
     if cfg.resume and (ck / "train_state.json").exists():
-        agent = load_agent(ck)
-        if dataclasses.asdict(agent.cfg) != dataclasses.asdict(scfg):
+        saved = load_agent(ck)
+        if dataclasses.asdict(saved.cfg) != dataclasses.asdict(agent.cfg):
             raise ValueError(f"{ck}: the checkpointed agent's config differs from this run's; use a new --out")
+        agent = saved
         epoch0 = load_train_state(ck, agent.optimizers())["step"]
-    else:
-        agent = SAC(scfg)
     dynamics, dyn_info = make_dynamics(cfg, env_id, real, run) if use_model else (None, {})
     term_fn = termination_fn(env_id) if use_model else None
     model_buf = EpisodeReplay(max(cfg.rollout_batch * (cfg.rollout_length + 1) * cfg.retain_epochs, 1), seed=cfg.seed)
@@ -235,7 +253,7 @@ def train_offline(cfg: OfflineConfig) -> dict:
                                          f"the last good checkpoint is in {ck}") from None
         with torch.no_grad():  # Q on dataset transitions: the quantity that diverges at edge-of-reach states
             rb = batch_tensors(real.sample(1024, keys=keys))
-            row["q_dataset"] = agent.critic(rb["obs"], rb["act"]).mean().item()
+            row["q_dataset"] = agent.q_values(rb["obs"], rb["act"]).mean().item()
         row.update({k: info[k] for k in ("q_mean", "critic_loss", "alpha", "entropy") if k in info})
         if (epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs:
             row["return"] = evaluate_return(agent.actor, env_id, cfg.eval_episodes)

@@ -148,6 +148,10 @@ class SAC(torch.nn.Module):
                     tp.lerp_(p, self.cfg.tau)
         return {**info, "actor_loss": actor_loss.item(), "alpha": self.alpha.item(), "entropy": -logp.mean().item()}
 
+    @torch.no_grad()
+    def q_values(self, obs: torch.Tensor, act: torch.Tensor) -> torch.Tensor:
+        return self.critic(obs, act)
+
 
 # ---------------------------------------------------------------------- online SAC through the common replay
 @dataclass
@@ -176,7 +180,8 @@ def train_online(agent: SAC, cfg: OnlineConfig, replay=None, sample: Callable | 
                  on_episode: Callable[[dict], None] | None = None, log: Callable[[dict], None] | None = None,
                  progress: bool = True) -> dict:
     """Online SAC. Episodes enter `replay` (an EpisodeReplay) when they end; `sample(batch_size)` overrides where
-    batches come from (e.g. a MixedReplay that keeps offline data). Returns the evaluation curve."""
+    batches come from (e.g. a MixedReplay that keeps offline data; it must accept `keys=`). Returns the evaluation
+    curve, the number of gradient updates and the replay."""
     from sim.locomotion import make_state_env
     from wmrl.core.episode import build_episode
     from wmrl.replay import EpisodeReplay
@@ -188,7 +193,7 @@ def train_online(agent: SAC, cfg: OnlineConfig, replay=None, sample: Callable | 
     torch.manual_seed(cfg.seed)
     obs, info = env.reset(seed=cfg.seed)
     traj = {"obs": [obs], "act": [], "rew": [], "term": [], "trunc": [], "qpos": [info["qpos"]], "qvel": [info["qvel"]]}
-    curve, t0, upd = [], time.time(), {}
+    curve, t0, upd, updates = [], time.time(), {}, 0
     keys = [OBS_STATE, ACTION, REWARD, TERMINATED]
     for step in tqdm(range(1, cfg.steps + 1), desc=f"sac {cfg.env}", disable=not progress, leave=False):
         if step <= cfg.random_steps:
@@ -209,17 +214,19 @@ def train_online(agent: SAC, cfg: OnlineConfig, replay=None, sample: Callable | 
             traj = {"obs": [obs], "act": [], "rew": [], "term": [], "trunc": [], "qpos": [info["qpos"]], "qvel": [info["qvel"]]}
         ready = len(replay) > agent.cfg.batch_size and step > max(cfg.random_steps, cfg.warmup_no_update)
         if ready and step % cfg.update_every == 0:
-            upd = agent.update(batch_tensors(sample(agent.cfg.batch_size, keys=keys) if sample is replay.sample
-                                             else sample(agent.cfg.batch_size)))
+            n = agent.cfg.batch_size * agent.cfg.utd  # UTD: `utd` critic minibatches per actor batch (WSRL)
+            upd = agent.update(batch_tensors(sample(n, keys=keys)))
+            updates += 1
         if step % cfg.eval_every == 0 or step == cfg.steps:
             ret = evaluate_return(agent.actor, cfg.env, cfg.eval_episodes)
-            row = {"env_step": step, "return": ret, "minutes": (time.time() - t0) / 60,
+            row = {"env_step": step, "return": ret, "minutes": (time.time() - t0) / 60, "updates": updates,
                    **{k: v for k, v in upd.items() if k in ("q_mean", "critic_loss", "alpha")}}
             curve.append(row)
             if log:
                 log(row)
     env.close()
-    return {"curve": curve, "final_return": curve[-1]["return"] if curve else float("nan")}
+    return {"curve": curve, "final_return": curve[-1]["return"] if curve else float("nan"), "updates": updates,
+            "replay": replay}
 
 
 def spaces_of(env_id: str) -> dict:
@@ -234,25 +241,4 @@ def spaces_of(env_id: str) -> dict:
     return out
 
 
-def save_agent(agent: SAC, path: str | Path) -> Path:
-    """The whole agent (actor, critics, targets, temperature) as safetensors + config.json (WSRL loads all of it)."""
-    from wmrl.core.checkpoint import save_pretrained
-
-    return save_pretrained(agent, agent.cfg, path)
-
-
-def load_agent(path: str | Path, **overrides) -> SAC:
-    """Load a saved agent; `overrides` change training-only fields (learning rates, utd, backup_entropy, ...)."""
-    import dataclasses
-
-    from wmrl.core.checkpoint import load_state, read_config, resolve_checkpoint
-
-    path = resolve_checkpoint(path)
-    cfg = read_config(path, SACConfig, what="SAC agent checkpoint")
-    shape = {"obs_dim", "act_dim", "num_critics", "hidden", "layers", "layer_norm"}
-    if bad := shape & set(overrides):
-        raise ValueError(f"cannot override the network shape fields {sorted(bad)} when loading {path}")
-    return load_state(SAC(dataclasses.replace(cfg, **overrides)), path)
-
-
-__all__ = ["SACConfig", "SAC", "spaces_of", "save_agent", "load_agent", "OnlineConfig", "train_online", "edac_diversity", "batch_tensors", "evaluate_return"]
+__all__ = ["SACConfig", "SAC", "spaces_of", "OnlineConfig", "train_online", "edac_diversity", "batch_tensors", "evaluate_return"]
