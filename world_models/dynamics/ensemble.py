@@ -125,6 +125,11 @@ class GaussianEnsemble(nn.Module):
         return next_obs, reward, term, None, {"uncertainty": unc}
 
 
+def bootstrap_indices(train: np.ndarray, members: int, rng: np.random.Generator) -> np.ndarray:
+    """One resample with replacement of the training indices per member (members, len(train))."""
+    return rng.choice(train, size=(members, len(train)), replace=True)
+
+
 def fit_ensemble(model: GaussianEnsemble, obs: np.ndarray, act: np.ndarray, next_obs: np.ndarray, rew: np.ndarray,
                  seed: int = 0, progress: bool = True, log: Callable[[dict], None] | None = None) -> dict:
     """Train on transitions with bootstrap resamples per member, early stopping on a hold-out set, elite selection.
@@ -147,7 +152,7 @@ def fit_ensemble(model: GaussianEnsemble, obs: np.ndarray, act: np.ndarray, next
     X = torch.as_tensor(inputs)
     Y = torch.as_tensor(targets)
     ds = cfg.obs_dim
-    boot = torch.as_tensor(rng.choice(train, size=(cfg.members, len(train)), replace=True))  # one resample per member
+    boot = torch.as_tensor(bootstrap_indices(train, cfg.members, rng))
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     xh, yh = X[hold], Y[hold]
     best = model.holdout_mse(xh[:, :ds], xh[:, ds:], yh).numpy()

@@ -1,0 +1,216 @@
+"""Offline and offline-to-online RL: dynamics ensemble, oracle, EDAC, RAVL's target, WSRL's warm-up, trajectory
+weighting, and every agent beating the random policy on the 2-D point task."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+ENV = "PointEdge-v0"
+
+
+@pytest.fixture(scope="session")
+def point_data(tmp_path_factory):
+    """3,000 transitions of the point task, 70% random policy and 30% from a briefly trained SAC ("mixed"), with
+    qpos/qvel and reference returns."""
+    from wmrl.datasets.offline import MakeDatasetConfig, make_dataset
+
+    root = tmp_path_factory.mktemp("offline")
+    res = make_dataset(MakeDatasetConfig(env=ENV, kind="mixed", out=root / "data", transitions=3000, sac_steps=2500,
+                                         expert_fraction=0.3,
+                                         sac_hidden=32, cache=root / "cache", progress=False, reference_episodes=20))
+    return root / "data", res
+
+
+def test_dataset_has_simulator_state_and_references(point_data):
+    from wmrl.datasets import LeRobotV3Dataset
+
+    data, res = point_data
+    ds = LeRobotV3Dataset(data)
+    ep = ds.episode(0)
+    assert {"observation.state", "action", "next.reward", "next.terminated", "next.truncated", "qpos", "qvel"} <= set(ep)
+    np.testing.assert_allclose(ep["qpos"], ep["observation.state"], atol=1e-6)  # the point's state is its position
+    meta = json.loads((data / "meta" / "wmrl.json").read_text())
+    assert meta["env"] == ENV and meta["kind"] == "mixed"
+    assert meta["reference_returns"]["expert"] > meta["reference_returns"]["random"]
+    assert res["transitions"] >= 3000
+
+
+def test_ensemble_bootstrap_and_elite_selection():
+    from world_models.dynamics import EnsembleConfig, GaussianEnsemble, fit_ensemble
+    from world_models.dynamics.ensemble import bootstrap_indices
+
+    boot = bootstrap_indices(np.arange(100, 200), 5, np.random.default_rng(0))
+    assert boot.shape == (5, 100) and boot.min() >= 100 and boot.max() < 200
+    assert all(len(np.unique(row)) < 100 for row in boot)  # with replacement: duplicates
+    assert len({tuple(row) for row in boot}) == 5  # a different resample per member
+
+    rng = np.random.default_rng(0)
+    s = rng.normal(size=(2000, 3)).astype(np.float32)
+    a = rng.uniform(-1, 1, (2000, 2)).astype(np.float32)
+    s2 = s + 0.1 * np.concatenate([a, a[:, :1]], 1)
+    r = a.sum(1)
+    cfg = EnsembleConfig(obs_dim=3, act_dim=2, members=4, elites=2, hidden=32, layers=2,
+                         weight_decay=(0, 0, 0), max_epochs=40, patience=40)
+    model = GaussianEnsemble(cfg)
+    before = model.holdout_mse(torch.as_tensor(s[:200]), torch.as_tensor(a[:200]),
+                               torch.as_tensor(np.concatenate([s2 - s, r[:, None]], 1)[:200])).mean().item()
+    info = fit_ensemble(model, s, a, s2, r, progress=False)
+    mse = np.array(info["holdout_mse"])
+    assert mse.mean() < 0.05 * before
+    assert sorted(info["elites"]) == sorted(np.argsort(mse)[:2].tolist())  # the best members by hold-out MSE
+    # rollouts only ever use elites: ruin a non-elite member and predictions stay good
+    bad = next(i for i in range(4) if i not in info["elites"])
+    with torch.no_grad():
+        model.out.bias[bad] += 100.0
+    nxt, rew, term, state, extra = model.step(s[:500], a[:500], rng=np.random.default_rng(1))
+    assert np.abs(nxt - s2[:500]).mean() < 0.1 and np.abs(rew - r[:500]).mean() < 0.3
+    assert state is None and extra["uncertainty"].shape == (500,) and not term.any()
+
+
+def test_true_dynamics_reproduce_halfcheetah_exactly():
+    from sim.locomotion import make_state_env
+    from world_models.dynamics import TrueDynamics
+
+    env = make_state_env("HalfCheetah-v5")
+    obs, info = env.reset(seed=3)
+    rng = np.random.default_rng(0)
+    S, Q, V, A, N, R = [], [], [], [], [], []
+    for _ in range(40):
+        a = rng.uniform(-1, 1, 6).astype(np.float32)
+        S.append(obs["observation.state"]), Q.append(info["qpos"]), V.append(info["qvel"]), A.append(a)
+        obs, r, term, trunc, info = env.step(a)
+        N.append(obs["observation.state"]), R.append(r)
+    oracle = TrueDynamics("HalfCheetah-v5")
+    nxt, rew, term, state, extra = oracle.step(np.stack(S), np.stack(A), {"qpos": np.stack(Q), "qvel": np.stack(V)})
+    np.testing.assert_allclose(nxt, np.stack(N), atol=1e-9)
+    np.testing.assert_allclose(rew, np.array(R, np.float32), atol=1e-6)
+    assert not term.any() and (extra["uncertainty"] == 0).all()
+    with pytest.raises(ValueError, match="qpos, qvel"):
+        oracle.step(np.stack(S), np.stack(A), None)
+
+
+class _LinearCritics(torch.nn.Module):
+    """Q_i(s, a) = w_i . a: grad_a Q_i = w_i, so EDAC's term is known in closed form."""
+
+    def __init__(self, w):
+        super().__init__()
+        self.w = torch.as_tensor(w, dtype=torch.float32)
+        self.n = len(w)
+
+    def forward(self, obs, act):
+        return (act * self.w[:, None, :]).sum(-1)
+
+
+def test_edac_diversity_on_a_hand_example():
+    from wmrl.rl.sac import edac_diversity
+
+    obs, act = torch.zeros(5, 3), torch.randn(5, 2)
+    # two critics at 45 degrees: sum over i != j of cos = 2 cos(45) and 1/(N-1) = 1
+    assert edac_diversity(_LinearCritics([[1, 0], [1, 1]]), obs, act).item() == pytest.approx(2 ** 0.5, abs=1e-5)
+    # three critics: pairs (1,2) 0, (1,3) -1, (2,3) 0, each counted twice, divided by N-1 = 2
+    assert edac_diversity(_LinearCritics([[1, 0], [0, 1], [-1, 0]]), obs, act).item() == pytest.approx(-1.0, abs=1e-5)
+
+
+def test_ravl_target_is_min_over_the_ensemble_minus_entropy():
+    from wmrl.rl.agents import make_agent
+    from wmrl.rl.sac import spaces_of
+
+    agent = make_agent("sac", spaces_of(ENV), num_critics=3, eta=1.0, hidden=16, gamma=0.9, init_alpha=0.5)
+    qs = torch.tensor([[1.0, 5.0], [3.0, -2.0], [2.0, 0.0]])  # (N=3, B=2)
+    a2, logp2 = torch.zeros(2, 2), torch.tensor([-1.0, 2.0])
+
+    class Fixed(torch.nn.Module):
+        def forward(self, obs, act):
+            return qs
+
+    agent.target = Fixed()
+    agent.actor.sample = lambda obs: (a2, logp2)
+    rew, term = torch.tensor([0.5, 1.0]), torch.tensor([0.0, 1.0])
+    y = agent.target_q(rew, torch.zeros(2, 2), term)
+    # y = r + gamma (1 - d) [min_i Q_i - alpha log pi]; the second transition terminated
+    assert torch.allclose(y, torch.tensor([0.5 + 0.9 * (1.0 - 0.5 * -1.0), 1.0]))
+    agent.cfg.backup_entropy = False
+    assert torch.allclose(agent.target_q(rew, torch.zeros(2, 2), term), torch.tensor([0.5 + 0.9 * 1.0, 1.0]))
+
+
+def test_trajectory_weights_set_sampling_probabilities(episode_factory):
+    from wmrl.replay import EpisodeReplay
+    from wmrl.replay.weighting import apply_weighting, trajectory_weights
+
+    b = EpisodeReplay(200)
+    for T, scale in ((4, 0.0), (4, 1.0), (4, 2.0)):
+        ep = episode_factory(T, image=False)
+        ep["next.reward"] = np.full(T + 1, scale, np.float32)  # returns 0, 4, 8 (the final frame is not a step)
+        b.add_episode(ep)
+    w = trajectory_weights(b, "return", alpha=0.5)
+    np.testing.assert_allclose([w[0], w[1], w[2]], np.exp((np.array([0.0, 0.5, 1.0]) - 1) / 0.5))
+    apply_weighting(b, "return", alpha=0.5)
+    starts, p = b.sampling_probabilities()
+    per_ep = np.array([p[b.frame_episode[starts] == e].sum() for e in range(3)])
+    np.testing.assert_allclose(per_ep, np.array([w[0], w[1], w[2]]) / sum(w.values()))
+    # identical start states: the advantage is the return minus its mean, so AW equals RW here
+    wa = trajectory_weights(b, "advantage", alpha=0.5)
+    assert wa[0] < wa[1] < wa[2]
+    with pytest.raises(ValueError, match="weighting"):
+        trajectory_weights(b, "rank")
+
+
+def test_wsrl_warmup_makes_no_updates_and_keeps_no_offline_data(point_data, tmp_path):
+    from wmrl.rl.agents import make_agent, save_agent
+    from wmrl.rl.sac import spaces_of
+    from wmrl.rl.wsrl import FinetuneConfig, finetune
+
+    agent = make_agent("sac", spaces_of(ENV), num_critics=4, hidden=16)
+    save_agent(agent, tmp_path / "agent")
+    before = {k: v.clone() for k, v in agent.state_dict().items()}
+    res = finetune(FinetuneConfig(agent=tmp_path / "agent", env=ENV, out=tmp_path / "ft", steps=120, warmup=120,
+                                  eval_every=120, eval_episodes=1, progress=False))
+    assert res["updates"] == 0 and res["online_transitions"] == 120
+    from wmrl.rl.agents import load_agent
+
+    after = load_agent(tmp_path / "ft" / "checkpoints" / "last")
+    assert all(torch.equal(before[k], v) for k, v in after.state_dict().items() if k in before)
+    assert after.cfg.utd == 4 and after.cfg.target_subsample == 2 and not after.cfg.backup_entropy
+    res = finetune(FinetuneConfig(agent=tmp_path / "agent", env=ENV, out=tmp_path / "ft2", steps=400, warmup=300,
+                                  utd=2, eval_every=400, eval_episodes=1, progress=False))
+    assert res["updates"] == 400 - 300  # the warm-up filled a batch; then one (UTD-2) update per env step
+    with pytest.raises(ValueError, match="--data"):
+        finetune(FinetuneConfig(agent=tmp_path / "agent", env=ENV, algo="naive-retain", out=tmp_path / "x"))
+
+
+@pytest.mark.parametrize("algo", ["mbpo", "mopo", "ravl", "sac-n", "td3bc", "iql"])
+def test_every_agent_beats_the_random_policy_on_the_point_task(algo, point_data, tmp_path):
+    from wmrl.rl.ravl import OfflineConfig, train_offline
+
+    data, res = point_data
+    random_return = res["reference_returns"]["random"]
+    epochs = 14 if algo == "ravl" else 8  # ten pessimistic critics learn more slowly at first
+    out = train_offline(OfflineConfig(data=data, out=tmp_path / algo, algo=algo, epochs=epochs, updates_per_epoch=150,
+                                      rollout_batch=300, hidden=64, eval_every=epochs, eval_episodes=10,
+                                      dynamics="learned" if algo == "mopo" else "true", ensemble_members=3,
+                                      ensemble_elites=2, ensemble_hidden=32, ensemble_max_epochs=60, progress=False))
+    assert out["final_return"] > random_return + 3.0, (algo, out["final_return"], random_return)
+    rows = [json.loads(line) for line in (tmp_path / algo / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == epochs and all(np.isfinite(r["q_dataset"]) for r in rows)
+
+
+def test_offline_refuses_true_dynamics_without_simulator_state_and_mismatched_dims(point_data, tmp_path):
+    from wmrl.replay import EpisodeReplay
+    from wmrl.rl.ravl import OfflineConfig, train_offline
+
+    data, _ = point_data
+    stripped = EpisodeReplay.from_lerobot(data)
+    for k in ("qpos", "qvel"):
+        stripped.data.pop(k)
+    stripped.to_lerobot(tmp_path / "noqpos", fps=10)
+    (tmp_path / "noqpos" / "meta" / "wmrl.json").write_text(json.dumps({"env": ENV}))
+    with pytest.raises(ValueError, match="qpos, qvel"):
+        train_offline(OfflineConfig(data=tmp_path / "noqpos", out=tmp_path / "r", algo="ravl", dynamics="true",
+                                    epochs=1, progress=False))
+    with pytest.raises(ValueError, match="do not match"):
+        train_offline(OfflineConfig(data=data, env="HalfCheetah-v5", out=tmp_path / "r2", algo="iql", epochs=1,
+                                    progress=False))
+    with pytest.raises(ValueError, match="algo"):
+        train_offline(OfflineConfig(data=data, out=tmp_path / "r3", algo="cql", epochs=1, progress=False))
