@@ -45,3 +45,12 @@ def test_imagination_benchmark_reports_every_result_key():
     lo, hi = r["success_rl_ci95"]
     assert lo <= r["success_rl"] <= hi
     assert r["true_env_steps_during_rl"] == 0 and r["n_policies"] >= 8 and r["demo_minutes"] > 0
+
+
+def test_offline_benchmark_reports_point_results_and_budgets():
+    r = _run("offline")
+    for algo in ("mbpo_true", "ravl_true"):
+        s = r["point"][algo]
+        assert s["normalized_return_mean"] == s["normalized_return_mean"]  # a number, not NaN
+        assert s["q_rollout_end_final_mean"] == s["q_rollout_end_final_mean"]
+    assert r["budgets"]["point"]["k"] == 5 and r["seeds"] == 1

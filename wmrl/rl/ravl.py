@@ -244,6 +244,7 @@ def train_offline(cfg: OfflineConfig) -> dict:
             ro = rollout(agent, dynamics, real, cfg.rollout_batch, cfg.rollout_length, penalty, term_fn, rng)
             row["model_transitions"] = add_rollouts(model_buf, ro)
             row["rollout_uncertainty"] = ro["uncertainty"]
+            edge = ro["obs"][np.arange(len(ro["length"])), ro["length"]]  # last states: Bellman targets only
         for _ in range(cfg.updates_per_epoch):
             b = mix.sample(cfg.batch_size, keys=keys) if use_model else real.sample(cfg.batch_size, keys=keys)
             try:
@@ -254,6 +255,11 @@ def train_offline(cfg: OfflineConfig) -> dict:
         with torch.no_grad():  # Q on dataset transitions: the quantity that diverges at edge-of-reach states
             rb = batch_tensors(real.sample(1024, keys=keys))
             row["q_dataset"] = agent.q_values(rb["obs"], rb["act"]).mean().item()
+            if use_model:
+                row["q_dataset_pi"] = agent.q_values(rb["obs"], agent.actor.sample(rb["obs"])[0]).mean().item()
+            if use_model:  # Q at the states rollouts end in (edge-of-reach candidates), under the current policy
+                e = torch.as_tensor(edge[:1024], dtype=torch.float32)
+                row["q_rollout_end"] = agent.q_values(e, agent.actor.sample(e)[0]).mean().item()
         row.update({k: info[k] for k in ("q_mean", "critic_loss", "alpha", "entropy") if k in info})
         if (epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs:
             row["return"] = evaluate_return(agent.actor, env_id, cfg.eval_episodes)

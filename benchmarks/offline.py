@@ -1,0 +1,183 @@
+"""Offline model-based RL: the edge-of-reach claims (Sims et al. 2024) on data made here, at CPU budgets.
+
+Part 1, `point` (the didactic 2-D task, `sim/point.py`): random-policy data near the origin, goal outside it.
+MBPO-style SAC (no penalty) and RAVL, both with k-step rollouts in the *true* dynamics, `seeds` seeds. Records the
+return and the mean Q at dataset states and at the states rollouts end in (edge-of-reach candidates), per epoch,
+and plots Q over the plane for both methods.
+
+Part 2, `HalfCheetah-v5` medium (when `envs` includes it): MBPO, MOPO and RAVL with the learned ensemble and with
+the true-dynamics oracle, plus the online-SAC reference. Budgets are arguments and are recorded beside the numbers.
+
+Work folder runs/bench-offline/ (datasets and SAC runs are cached). Plots go to docs/offline_*.png.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from wmrl.benchutil import finish
+
+REPO = Path(__file__).resolve().parent.parent
+WORK = REPO / "runs" / "bench-offline"
+
+
+def _runs(data: Path, work: Path, algos, dynamics, seeds, **kw) -> dict:
+    from wmrl.rl.ravl import OfflineConfig, train_offline
+
+    out = {}
+    for algo in algos:
+        for dyn in dynamics:
+            rows = []
+            for seed in range(seeds):
+                run = work / f"{algo}-{dyn}-s{seed}"
+                done = run / "result.json"
+                if done.exists():
+                    rows.append(json.loads(done.read_text()))
+                    continue
+                res = train_offline(OfflineConfig(data=data, out=run, algo=algo, dynamics=dyn, seed=seed,
+                                                  overwrite=True, progress=False, **kw))
+                done.write_text(json.dumps(res, default=float))
+                rows.append(res)
+            out[f"{algo}_{dyn}"] = rows
+    return out
+
+
+def _summary(rows: list[dict], reference: dict) -> dict:
+    from wmrl.datasets.offline import normalized_score
+
+    final = [normalized_score(r["final_return"], reference) for r in rows]
+    q_end = [r["curve"][-1].get("q_dataset", float("nan")) for r in rows]
+    q_edge = [r["curve"][-1].get("q_rollout_end", float("nan")) for r in rows]
+    q_max = [max(abs(c.get("q_dataset", 0.0)) for c in r["curve"]) for r in rows]
+    return {"normalized_return_mean": float(np.mean(final)), "normalized_return_per_seed": final,
+            "q_dataset_final_mean": float(np.mean(q_end)), "q_rollout_end_final_mean": float(np.mean(q_edge)),
+            "q_abs_max_mean": float(np.mean(q_max)), "minutes_mean": float(np.mean([r["minutes"] for r in rows]))}
+
+
+def _plot_curves(results: dict, path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.4))
+    for name, rows in results.items():
+        ep = [c["epoch"] for c in rows[0]["curve"]]
+        for ax, key in zip(axes, ("q_dataset", "q_rollout_end")):
+            vals = np.array([[c.get(key, np.nan) for c in r["curve"]] for r in rows])
+            ax.plot(ep, np.nanmean(vals, 0), label=name)
+        ev = [(c["epoch"], c["return"]) for c in rows[0]["curve"] if "return" in c]
+        rets = np.array([[c["return"] for c in r["curve"] if "return" in c] for r in rows])
+        axes[2].plot([e for e, _ in ev], rets.mean(0), marker="o", label=name)
+    for ax, t in zip(axes, ("mean Q at dataset (s, a)", "mean Q at rollout end states (edge of reach)", "return")):
+        ax.set_title(t, fontsize=10)
+        ax.set_xlabel("epoch")
+        ax.grid(alpha=0.3)
+    axes[0].set_yscale("symlog")
+    axes[1].set_yscale("symlog")
+    axes[2].legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def _plot_point_q(data: Path, work: Path, path: Path) -> dict:
+    """Q(s, pi(s)) over the plane for each method's final agent, with the dataset's states: the edge-of-reach ring."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import torch
+
+    from wmrl.replay import EpisodeReplay
+    from wmrl.rl.agents import load_agent
+
+    real = EpisodeReplay.from_lerobot(data)
+    pts = real.transitions(["observation.state"])["observation.state"]
+    g = np.linspace(-6, 6, 61)
+    X, Y = np.meshgrid(g, g)
+    grid = torch.as_tensor(np.stack([X.ravel(), Y.ravel()], 1), dtype=torch.float32)
+    radius = np.linalg.norm(pts, axis=1).max()
+    names = ["mbpo-true-s0", "ravl-true-s0"]
+    fig, axes = plt.subplots(1, 2, figsize=(9, 4))
+    out = {}
+    for ax, name in zip(axes, names):
+        agent = load_agent(work / name)
+        with torch.no_grad():
+            q = agent.q_values(grid, agent.actor.sample(grid)[0]).min(0).values.numpy().reshape(X.shape)
+        r = np.linalg.norm(np.stack([X, Y], -1), axis=-1)
+        inside, ring = r <= radius, (r > radius) & (r <= radius + 2.5)  # 2.5 = k=5 steps of 0.5
+        out[name.split("-")[0]] = {"q_in_data": float(q[inside].mean()), "q_edge_ring": float(q[ring].mean())}
+        im = ax.imshow(q, origin="lower", extent=(-6, 6, -6, 6), cmap="viridis")
+        ax.scatter(pts[::5, 0], pts[::5, 1], s=1, c="white", alpha=0.4)
+        ax.add_patch(plt.Circle((0, 0), radius, fill=False, color="red", lw=1))
+        ax.set_title(f"{name.split('-')[0].upper()}: min_i Q(s, pi(s))", fontsize=10)
+        fig.colorbar(im, ax=ax)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return out
+
+
+def main(quick: bool = False, envs: str = "point", seeds: int = 3, point_epochs: int = 40, point_updates: int = 250,
+         cheetah_epochs: int = 30, cheetah_updates: int = 500, cheetah_rollouts: int = 2000,
+         cheetah_transitions: int = 50_000, cheetah_sac_steps: int = 100_000, hidden: int = 64) -> dict:
+    from wmrl.datasets.offline import MakeDatasetConfig, make_dataset
+
+    work = Path(tempfile.mkdtemp(prefix="wmrl-bench-offline-")) if quick else WORK
+    docs = REPO / "docs"
+    out: dict = {"budgets": {}}
+    t0 = time.time()
+    if "point" in envs:
+        if quick:
+            seeds, point_epochs, point_updates = 1, 2, 20
+        data = work / "PointEdge-v0-random"
+        if not (data / "meta" / "make.json").exists():
+            make_dataset(MakeDatasetConfig(env="PointEdge-v0", kind="random", out=data, overwrite=True,
+                                           transitions=600 if quick else 3000, sac_steps=500 if quick else 5000,
+                                           sac_hidden=64, cache=work / "cache", progress=False, reference_episodes=20))
+        made = json.loads((data / "meta" / "make.json").read_text())
+        ref = made["reference_returns"]
+        res = _runs(data, work / "point", ("mbpo", "ravl"), ("true",), seeds, epochs=point_epochs,
+                    updates_per_epoch=point_updates, rollout_batch=1000, rollout_length=5, hidden=hidden,
+                    eval_every=max(point_epochs // 4, 1), eval_episodes=20)
+        out["point"] = {k: _summary(v, ref) for k, v in res.items()}
+        out["point"]["reference_returns"] = ref
+        out["budgets"]["point"] = {"dataset": "random policy, 3000 transitions", "epochs": point_epochs,
+                                   "updates_per_epoch": point_updates, "rollout_batch": 1000, "k": 5,
+                                   "real_ratio": 0.05, "hidden": hidden, "seeds": seeds}
+        if not quick:
+            _plot_curves(res, docs / "offline_point_curves.png", "2-D point task, true dynamics, k=5 rollouts")
+            out["point"]["q_map"] = _plot_point_q(data, work / "point", docs / "offline_point_q.png")
+    if "HalfCheetah" in envs:
+        env = "HalfCheetah-v5"
+        data = work / f"{env}-medium"
+        if not (data / "meta" / "make.json").exists():
+            make_dataset(MakeDatasetConfig(env=env, kind="medium", out=data, overwrite=True,
+                                           transitions=cheetah_transitions, sac_steps=cheetah_sac_steps,
+                                           sac_hidden=hidden, cache=work / "cache", progress=False))
+        made = json.loads((data / "meta" / "make.json").read_text())
+        ref = made["reference_returns"]
+        res = _runs(data, work / "cheetah", ("mbpo", "mopo", "ravl"), ("true", "learned"), seeds, epochs=cheetah_epochs,
+                    updates_per_epoch=cheetah_updates, rollout_batch=cheetah_rollouts, hidden=hidden,
+                    eval_every=max(cheetah_epochs // 5, 1), eval_episodes=3)
+        out[env] = {k: _summary(v, ref) for k, v in res.items()}
+        out[env]["reference_returns"] = ref
+        out[env]["dataset_normalized_score"] = made["normalized_score_mean"]
+        out["budgets"][env] = {"sac_steps": cheetah_sac_steps, "dataset_transitions": cheetah_transitions,
+                               "epochs": cheetah_epochs, "updates_per_epoch": cheetah_updates,
+                               "rollout_batch": cheetah_rollouts, "hidden": hidden, "seeds": seeds}
+        for k in ("ravl_true", "ravl_learned", "mbpo_true", "mbpo_learned", "mopo_true", "mopo_learned"):
+            out[f"{k}"] = out[env][k]["normalized_return_mean"]
+        out["online_sac_reference"] = 100.0  # the expert reference *is* our online SAC's return
+        if not quick:
+            _plot_curves(res, docs / "offline_halfcheetah_curves.png", f"{env} medium")
+    out["seeds"] = seeds
+    out["minutes"] = (time.time() - t0) / 60
+    return finish("offline", out, quick)
