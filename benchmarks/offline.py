@@ -5,6 +5,9 @@ MBPO-style SAC (no penalty) and RAVL, both with k-step rollouts in the *true* dy
 return and the mean Q at dataset states and at the states rollouts end in (edge-of-reach candidates), per epoch,
 and plots Q over the plane for both methods.
 
+Also on the point task: WSRL against naive fine-tuning from the RAVL agents, and trajectory weighting (uniform
+against return-weighted TD3+BC) on a mixed dataset.
+
 Part 2, `HalfCheetah-v5` medium (when `envs` includes it): MBPO, MOPO and RAVL with the learned ensemble and with
 the true-dynamics oracle, plus the online-SAC reference. Budgets are arguments and are recorded beside the numbers.
 
@@ -40,7 +43,8 @@ def _runs(data: Path, work: Path, algos, dynamics, seeds, **kw) -> dict:
                     rows.append(json.loads(done.read_text()))
                     continue
                 res = train_offline(OfflineConfig(data=data, out=run, algo=algo, dynamics=dyn, seed=seed,
-                                                  overwrite=True, progress=False, **kw))
+                                                  dynamics_dir=work / f"dynamics-s{seed}", overwrite=True,
+                                                  progress=False, **kw))
                 done.write_text(json.dumps(res, default=float))
                 rows.append(res)
             out[f"{algo}_{dyn}"] = rows
@@ -125,9 +129,76 @@ def _plot_point_q(data: Path, work: Path, path: Path) -> dict:
     return out
 
 
+def _weighting(work: Path, seeds: int, quick: bool, hidden: int) -> dict:
+    """Trajectory weighting (Hong et al. 2023) on a mixed point dataset: 95% random + 5% SAC transitions, TD3+BC with
+    uniform against return-weighted sampling."""
+    from wmrl.datasets.offline import MakeDatasetConfig, make_dataset
+
+    data = work / "PointEdge-v0-mixed"
+    if not (data / "meta" / "make.json").exists():
+        make_dataset(MakeDatasetConfig(env="PointEdge-v0", kind="mixed", expert_fraction=0.05, out=data, overwrite=True,
+                                       transitions=600 if quick else 6000, sac_steps=500 if quick else 5000,
+                                       sac_hidden=64, cache=work / "cache", progress=False, reference_episodes=20))
+    ref = json.loads((data / "meta" / "make.json").read_text())["reference_returns"]
+    out = {}
+    for weighting in ("none", "return"):
+        res = _runs(data, work / f"weighting-{weighting}", ("td3bc",), ("true",), seeds, weighting=weighting,
+                    epochs=2 if quick else 20, updates_per_epoch=20 if quick else 250, hidden=hidden,
+                    eval_every=2 if quick else 20, eval_episodes=20)
+        out[weighting] = _summary(res["td3bc_true"], ref)["normalized_return_mean"]
+    return {"uniform": out["none"], "return_weighted": out["return"], "weighted_vs_uniform": out["return"] - out["none"]}
+
+
+def _finetuning(work: Path, seeds: int, quick: bool, steps: int) -> dict:
+    """WSRL against naive fine-tuning (with and without the offline data) from the RAVL agents of part 1."""
+    from wmrl.datasets.offline import normalized_score
+    from wmrl.rl.wsrl import FinetuneConfig, finetune
+
+    data = work / "PointEdge-v0-random"
+    ref = json.loads((data / "meta" / "make.json").read_text())["reference_returns"]
+    steps = 300 if quick else steps
+    out, curves = {}, {}
+    for algo in ("wsrl", "naive", "naive-retain"):
+        finals, cs = [], []
+        for seed in range(seeds):
+            run = work / "finetune" / f"{algo}-s{seed}"
+            done = run / "result.json"
+            res = json.loads(done.read_text()) if done.exists() else finetune(FinetuneConfig(
+                agent=work / "point" / f"ravl-true-s{seed}", env="PointEdge-v0", algo=algo, data=data, out=run,
+                steps=steps, warmup=min(1000, steps // 3), eval_every=max(steps // 10, 1), eval_episodes=10, seed=seed,
+                overwrite=True, progress=False))
+            finals.append(normalized_score(res["final_return"], ref))
+            cs.append([(c["env_step"], normalized_score(c["return"], ref)) for c in res["curve"]])
+        out[algo] = float(np.mean(finals))
+        curves[algo] = cs
+    return {"final": out, "curves": curves, "online_steps": steps}
+
+
+def _plot_finetuning(curves: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 3.4))
+    for algo, cs in curves.items():
+        x = [p[0] for p in cs[0]]
+        y = np.mean([[p[1] for p in c] for c in cs], 0)
+        ax.plot(x, y, marker="o", label=algo)
+    ax.set_xlabel("online env steps")
+    ax.set_ylabel("normalised return")
+    ax.set_title("offline-to-online from RAVL (2-D point task)", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
 def main(quick: bool = False, envs: str = "point", seeds: int = 3, point_epochs: int = 40, point_updates: int = 250,
-         cheetah_epochs: int = 30, cheetah_updates: int = 500, cheetah_rollouts: int = 2000,
-         cheetah_transitions: int = 50_000, cheetah_sac_steps: int = 100_000, hidden: int = 64) -> dict:
+         cheetah_epochs: int = 20, cheetah_updates: int = 400, cheetah_rollouts: int = 1000, cheetah_model_epochs: int = 60,
+         cheetah_transitions: int = 50_000, cheetah_sac_steps: int = 100_000, hidden: int = 64,
+         finetune_steps: int = 6000) -> dict:
     from wmrl.datasets.offline import MakeDatasetConfig, make_dataset
 
     work = Path(tempfile.mkdtemp(prefix="wmrl-bench-offline-")) if quick else WORK
@@ -155,6 +226,19 @@ def main(quick: bool = False, envs: str = "point", seeds: int = 3, point_epochs:
         if not quick:
             _plot_curves(res, docs / "offline_point_curves.png", "2-D point task, true dynamics, k=5 rollouts")
             out["point"]["q_map"] = _plot_point_q(data, work / "point", docs / "offline_point_q.png")
+        ft = _finetuning(work, seeds, quick, finetune_steps)
+        out["point"]["finetune"] = ft["final"]
+        out["wsrl_final"], out["naive_finetune_final"] = ft["final"]["wsrl"], ft["final"]["naive"]
+        out["naive_retain_finetune_final"] = ft["final"]["naive-retain"]
+        out["budgets"]["finetune"] = {"online_steps": ft["online_steps"], "warmup": min(1000, ft["online_steps"] // 3),
+                                      "utd": 4, "from": "the RAVL agents above"}
+        if not quick:
+            _plot_finetuning(ft["curves"], docs / "offline_point_finetune.png")
+        w = _weighting(work, seeds, quick, hidden)
+        out["point"]["weighting"] = w
+        out["weighted_vs_uniform"] = w["weighted_vs_uniform"]
+        out["budgets"]["weighting"] = {"dataset": "PointEdge mixed: 95% random + 5% SAC, 6000 transitions",
+                                       "agent": "td3bc", "epochs": 20, "updates_per_epoch": 250}
     if "HalfCheetah" in envs:
         env = "HalfCheetah-v5"
         data = work / f"{env}-medium"
@@ -166,18 +250,28 @@ def main(quick: bool = False, envs: str = "point", seeds: int = 3, point_epochs:
         ref = made["reference_returns"]
         res = _runs(data, work / "cheetah", ("mbpo", "mopo", "ravl"), ("true", "learned"), seeds, epochs=cheetah_epochs,
                     updates_per_epoch=cheetah_updates, rollout_batch=cheetah_rollouts, hidden=hidden,
-                    eval_every=max(cheetah_epochs // 5, 1), eval_episodes=3)
+                    eval_every=max(cheetah_epochs // 5, 1), eval_episodes=3, ensemble_max_epochs=cheetah_model_epochs)
         out[env] = {k: _summary(v, ref) for k, v in res.items()}
         out[env]["reference_returns"] = ref
         out[env]["dataset_normalized_score"] = made["normalized_score_mean"]
         out["budgets"][env] = {"sac_steps": cheetah_sac_steps, "dataset_transitions": cheetah_transitions,
                                "epochs": cheetah_epochs, "updates_per_epoch": cheetah_updates,
-                               "rollout_batch": cheetah_rollouts, "hidden": hidden, "seeds": seeds}
+                               "rollout_batch": cheetah_rollouts, "k": 5, "real_ratio": 0.05, "hidden": hidden,
+                               "ensemble": "7 members, 5 elites, 4x200, at most %d epochs" % cheetah_model_epochs,
+                               "seeds": seeds}
         for k in ("ravl_true", "ravl_learned", "mbpo_true", "mbpo_learned", "mopo_true", "mopo_learned"):
             out[f"{k}"] = out[env][k]["normalized_return_mean"]
         out["online_sac_reference"] = 100.0  # the expert reference *is* our online SAC's return
         if not quick:
             _plot_curves(res, docs / "offline_halfcheetah_curves.png", f"{env} medium")
-    out["seeds"] = seeds
+    out["seeds"] = {part: seeds for part in ("point", "HalfCheetah") if part in envs}
     out["minutes"] = (time.time() - t0) / 60
+    prev_path = REPO / "benchmarks" / "results" / "offline.json"
+    if not quick and prev_path.exists():  # parts run separately (`--options envs=...`) add up in one result file
+        prev = json.loads(prev_path.read_text())
+        for k in ("benchmark", "machine", "command", "date"):
+            prev.pop(k, None)
+        prev_seeds = prev.get("seeds") if isinstance(prev.get("seeds"), dict) else {}
+        out = {**prev, **out, "budgets": {**prev.get("budgets", {}), **out["budgets"]}, "seeds": {**prev_seeds, **out["seeds"]},
+               "minutes_by_part": {**prev.get("minutes_by_part", {}), envs: out["minutes"]}}
     return finish("offline", out, quick)

@@ -53,4 +53,6 @@ def test_offline_benchmark_reports_point_results_and_budgets():
         s = r["point"][algo]
         assert s["normalized_return_mean"] == s["normalized_return_mean"]  # a number, not NaN
         assert s["q_rollout_end_final_mean"] == s["q_rollout_end_final_mean"]
-    assert r["budgets"]["point"]["k"] == 5 and r["seeds"] == 1
+    assert r["budgets"]["point"]["k"] == 5 and r["seeds"] == {"point": 1}
+    for k in ("wsrl_final", "naive_finetune_final", "naive_retain_finetune_final", "weighted_vs_uniform"):
+        assert r[k] == r[k], k

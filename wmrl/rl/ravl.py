@@ -71,6 +71,9 @@ class OfflineConfig:
     ensemble_elites: int = 5
     ensemble_hidden: int = 200
     ensemble_max_epochs: int = 200
+    dynamics_dir: Path | None = None
+    """where the learned ensemble is saved and, when present, reused (default: RUN/dynamics); share it between runs
+    on the same data and seed"""
     weighting: str = "none"
     """trajectory weighting of the dataset: none | return | advantage (Hong et al. 2023)"""
     weighting_alpha: float = 0.1
@@ -122,7 +125,7 @@ def make_dynamics(cfg: OfflineConfig, env_id: str, real, run: Path):
     ecfg = EnsembleConfig(obs_dim=tr[OBS_STATE].shape[1], act_dim=tr[ACTION].shape[1], members=cfg.ensemble_members,
                           elites=cfg.ensemble_elites, hidden=cfg.ensemble_hidden, max_epochs=cfg.ensemble_max_epochs)
     model = GaussianEnsemble(ecfg)
-    ck = run / "dynamics"
+    ck = Path(cfg.dynamics_dir) if cfg.dynamics_dir else run / "dynamics"
     if (ck / "fit.json").exists():
         from wmrl.core.checkpoint import load_state, read_config
 
