@@ -1,0 +1,1 @@
+"""State-based actors and critics (offline and online RL)."""
