@@ -39,12 +39,16 @@ def _runs(data: Path, work: Path, algos, dynamics, seeds, **kw) -> dict:
             for seed in range(seeds):
                 run = work / f"{algo}-{dyn}-s{seed}"
                 done = run / "result.json"
+                budget = json.dumps(kw, sort_keys=True, default=str)
                 if done.exists():
-                    rows.append(json.loads(done.read_text()))
-                    continue
+                    prev = json.loads(done.read_text())
+                    if prev.get("budget") == budget:  # finished with the same budget: reuse it
+                        rows.append(prev)
+                        continue
                 res = train_offline(OfflineConfig(data=data, out=run, algo=algo, dynamics=dyn, seed=seed,
                                                   dynamics_dir=work / f"dynamics-s{seed}", overwrite=True,
                                                   progress=False, **kw))
+                res["budget"] = budget
                 done.write_text(json.dumps(res, default=float))
                 rows.append(res)
             out[f"{algo}_{dyn}"] = rows
@@ -102,6 +106,7 @@ def _plot_point_q(data: Path, work: Path, path: Path) -> dict:
     from wmrl.replay import EpisodeReplay
     from wmrl.rl.agents import load_agent
 
+    torch.manual_seed(0)  # pi(s) is sampled: a fixed seed makes the map reproducible
     real = EpisodeReplay.from_lerobot(data)
     pts = real.transitions(["observation.state"])["observation.state"]
     g = np.linspace(-6, 6, 61)
