@@ -214,3 +214,28 @@ def test_offline_refuses_true_dynamics_without_simulator_state_and_mismatched_di
                                     progress=False))
     with pytest.raises(ValueError, match="algo"):
         train_offline(OfflineConfig(data=data, out=tmp_path / "r3", algo="cql", epochs=1, progress=False))
+
+
+def test_a_diverging_run_stops_with_a_clear_message_and_keeps_its_last_checkpoint(point_data, tmp_path, monkeypatch):
+    from wmrl.rl.agents import load_agent
+    from wmrl.rl.ravl import OfflineConfig, train_offline
+    from wmrl.rl.sac import SAC
+
+    data, _ = point_data
+    real_update, calls = SAC.update, {"n": 0}
+
+    def update(self, b):
+        calls["n"] += 1
+        if calls["n"] > 20:  # epoch 3 of 10 updates each: the critic blows up
+            b = {**b, "rew": b["rew"] * float("nan")}
+        return real_update(self, b)
+
+    monkeypatch.setattr(SAC, "update", update)
+    cfg = OfflineConfig(data=data, out=tmp_path / "run", algo="sac-n", num_critics=2, epochs=5, updates_per_epoch=10,
+                        hidden=16, eval_every=1, eval_episodes=1, progress=False)
+    with pytest.raises(FloatingPointError, match="diverged at epoch 3.*last good checkpoint"):
+        train_offline(cfg)
+    ck = tmp_path / "run" / "checkpoints" / "last"
+    assert json.loads((ck / "train_state.json").read_text())["step"] == 2
+    agent = load_agent(ck)
+    assert all(torch.isfinite(p).all() for p in agent.parameters())
