@@ -58,10 +58,27 @@ class CriticEnsemble(nn.Module):
         return self.head(self.body(x)).squeeze(-1)
 
 
-class TanhGaussianActor(nn.Module):
-    """pi(a|s) = tanh(N(mu(s), sigma(s))), scaled to the action box. `deterministic` evaluation uses tanh(mu)."""
+class StatePolicy:
+    """The `Policy` protocol for actors on `observation.state`: each actor supplies `act(s) -> (B, A)` tensor."""
 
     chunk_size = 1
+
+    def reset(self) -> None:
+        pass
+
+    @torch.no_grad()
+    def select_action(self, obs: dict) -> np.ndarray:
+        s = torch.as_tensor(np.asarray(obs[OBS_STATE]), dtype=torch.float32, device=self.act_scale.device)
+        if s.ndim != 2 or s.shape[1] != self.obs_dim:
+            raise ValueError(f"{OBS_STATE}: expected (B, {self.obs_dim}), got {tuple(s.shape)}")
+        return self.act(s).cpu().numpy().astype(np.float32)
+
+    def predict_action_chunk(self, obs: dict) -> np.ndarray:
+        return self.select_action(obs)[:, None]
+
+
+class TanhGaussianActor(StatePolicy, nn.Module):
+    """pi(a|s) = tanh(N(mu(s), sigma(s))), scaled to the action box. `deterministic` evaluation uses tanh(mu)."""
 
     def __init__(self, obs_dim: int, act_dim: int, hidden: int = 256, layers: int = 3, layer_norm: bool = False,
                  action_low: np.ndarray | None = None, action_high: np.ndarray | None = None):
@@ -102,24 +119,10 @@ class TanhGaussianActor(nn.Module):
         y = ((act - self.act_bias) / self.act_scale).clamp(-1 + 1e-6, 1 - 1e-6)
         return self._squash(torch.atanh(y), mu, log_std)[1]
 
-    # ---------------------------------------------------------------- the Policy protocol
-    def reset(self) -> None:
-        pass
-
-    @torch.no_grad()
-    def select_action(self, obs: dict) -> np.ndarray:
-        s = torch.as_tensor(np.asarray(obs[OBS_STATE]), dtype=torch.float32, device=self.act_scale.device)
-        if s.ndim != 2 or s.shape[1] != self.obs_dim:
-            raise ValueError(f"{OBS_STATE}: expected (B, {self.obs_dim}), got {tuple(s.shape)}")
+    def act(self, s: torch.Tensor) -> torch.Tensor:
         if self.deterministic:
-            mu, _ = self.dist(s)
-            a = torch.tanh(mu) * self.act_scale + self.act_bias
-        else:
-            a, _ = self.sample(s)
-        return a.cpu().numpy().astype(np.float32)
-
-    def predict_action_chunk(self, obs: dict) -> np.ndarray:
-        return self.select_action(obs)[:, None]
+            return torch.tanh(self.dist(s)[0]) * self.act_scale + self.act_bias
+        return self.sample(s)[0]
 
     def forward(self, batch: dict):
         """Behaviour-cloning NLL, so the actor also trains from data alone."""
@@ -129,11 +132,9 @@ class TanhGaussianActor(nn.Module):
         return loss, {"bc_nll": loss.item()}
 
 
-class DeterministicActor(nn.Module):
+class DeterministicActor(StatePolicy, nn.Module):
     """a = tanh(f(s)) scaled to the box (TD3, TD3+BC). `log_prob` treats it as N(mu(s), 1) in the box's unit scale,
     the convention PGD uses to guide with a deterministic target policy (Jackson et al. 2024)."""
-
-    chunk_size = 1
 
     def __init__(self, obs_dim: int, act_dim: int, hidden: int = 256, layers: int = 2,
                  action_low: np.ndarray | None = None, action_high: np.ndarray | None = None):
@@ -158,18 +159,8 @@ class DeterministicActor(nn.Module):
         z = (act - self.mu(obs)) / self.act_scale
         return (-0.5 * z**2 - 0.5 * math.log(2 * math.pi)).sum(-1)
 
-    def reset(self) -> None:
-        pass
-
-    @torch.no_grad()
-    def select_action(self, obs: dict) -> np.ndarray:
-        s = torch.as_tensor(np.asarray(obs[OBS_STATE]), dtype=torch.float32, device=self.act_scale.device)
-        if s.ndim != 2 or s.shape[1] != self.obs_dim:
-            raise ValueError(f"{OBS_STATE}: expected (B, {self.obs_dim}), got {tuple(s.shape)}")
-        return self.mu(s).cpu().numpy().astype(np.float32)
-
-    def predict_action_chunk(self, obs: dict) -> np.ndarray:
-        return self.select_action(obs)[:, None]
+    def act(self, s: torch.Tensor) -> torch.Tensor:
+        return self.mu(s)
 
     def forward(self, batch: dict):
         s = torch.as_tensor(batch[OBS_STATE], dtype=torch.float32)
