@@ -8,7 +8,7 @@ and plots Q over the plane for both methods.
 Also on the point task: WSRL against naive fine-tuning from the RAVL agents, and trajectory weighting (uniform
 against return-weighted TD3+BC) on a mixed dataset.
 
-Part 2, `HalfCheetah-v5` medium (when `envs` includes it): MBPO, MOPO and RAVL with the learned ensemble and with
+Part 2, `HalfCheetah-v5` medium (and `Hopper`, `Walker2d` when `envs` names them): MBPO, MOPO and RAVL with the learned ensemble and with
 the true-dynamics oracle, plus the online-SAC reference. Budgets are arguments and are recorded beside the numbers.
 
 Work folder runs/bench-offline/ (datasets and SAC runs are cached). Plots go to docs/offline_*.png.
@@ -246,8 +246,8 @@ def main(quick: bool = False, envs: str = "point,HalfCheetah", seeds: int = 3, p
         out["weighted_vs_uniform"] = w["weighted_vs_uniform"]
         out["budgets"]["weighting"] = {"dataset": "PointEdge mixed: 95% random + 5% SAC, 6000 transitions",
                                        "agent": "td3bc", "epochs": 20, "updates_per_epoch": 250}
-    if "HalfCheetah" in envs:
-        env = "HalfCheetah-v5"
+    for env in [e for e in ("HalfCheetah-v5", "Hopper-v5", "Walker2d-v5") if e.split("-")[0] in envs]:
+        name = "cheetah" if env == "HalfCheetah-v5" else env.split("-")[0].lower()  # work folder
         data = work / f"{env}-medium"
         if not (data / "meta" / "make.json").exists():
             make_dataset(MakeDatasetConfig(env=env, kind="medium", out=data, overwrite=True,
@@ -255,7 +255,7 @@ def main(quick: bool = False, envs: str = "point,HalfCheetah", seeds: int = 3, p
                                            sac_hidden=hidden, cache=work / "cache", progress=False))
         made = json.loads((data / "meta" / "make.json").read_text())
         ref = made["reference_returns"]
-        res = _runs(data, work / "cheetah", ("mbpo", "mopo", "ravl"), ("true", "learned"), cheetah_seeds, epochs=cheetah_epochs,
+        res = _runs(data, work / name, ("mbpo", "mopo", "ravl"), ("true", "learned"), cheetah_seeds, epochs=cheetah_epochs,
                     updates_per_epoch=cheetah_updates, rollout_batch=cheetah_rollouts, hidden=hidden,
                     eval_every=max(cheetah_epochs // 5, 1), eval_episodes=3, ensemble_max_epochs=cheetah_model_epochs)
         out[env] = {k: _summary(v, ref) for k, v in res.items()}
@@ -266,12 +266,14 @@ def main(quick: bool = False, envs: str = "point,HalfCheetah", seeds: int = 3, p
                                "rollout_batch": cheetah_rollouts, "k": 5, "real_ratio": 0.05, "hidden": hidden,
                                "ensemble": "7 members, 5 elites, 4x200, at most %d epochs" % cheetah_model_epochs,
                                "seeds": cheetah_seeds}
-        for k in ("ravl_true", "ravl_learned", "mbpo_true", "mbpo_learned", "mopo_true", "mopo_learned"):
-            out[f"{k}"] = out[env][k]["normalized_return_mean"]
-        out["online_sac_reference"] = 100.0  # the expert reference *is* our online SAC's return
+        if env == "HalfCheetah-v5":  # the headline keys of the result file
+            for k in ("ravl_true", "ravl_learned", "mbpo_true", "mbpo_learned", "mopo_true", "mopo_learned"):
+                out[k] = out[env][k]["normalized_return_mean"]
+            out["online_sac_reference"] = 100.0  # the expert reference *is* our online SAC's return
         if not quick:
-            _plot_curves(res, docs / "offline_halfcheetah_curves.png", f"{env} medium")
-    out["seeds"] = {part: n for part, n in (("point", seeds), ("HalfCheetah", cheetah_seeds)) if part in envs}
+            _plot_curves(res, docs / f"offline_{name}_curves.png".replace("cheetah", "halfcheetah"), f"{env} medium")
+    out["seeds"] = {part: n for part, n in (("point", seeds), ("HalfCheetah", cheetah_seeds), ("Hopper", cheetah_seeds),
+                                            ("Walker2d", cheetah_seeds)) if part in envs}
     out["minutes"] = (time.time() - t0) / 60
     prev_path = REPO / "benchmarks" / "results" / "offline.json"
     if not quick and prev_path.exists():  # parts run separately (`--options envs=...`) add up in one result file
