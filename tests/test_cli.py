@@ -74,3 +74,12 @@ def test_demo_quick_runs_the_whole_loop_and_writes_every_report_section(tmp_path
                       "ranking", "done"]
     assert main(["demo", "--out", str(out), "--quick", "--resume"]) == 0  # every stage cached: nothing re-runs
     assert main(["demo", "--out", str(out)]) == 2  # an existing run folder is refused
+
+
+def test_offline_commands_refuse_bad_names_with_the_valid_ones(tmp_path, capsys):
+    assert main(["datasets", "make", "--env", "PointEdge-v0", "--kind", "expertish", "--out", str(tmp_path / "d")]) == 2
+    assert "kind: expected one of random, medium" in capsys.readouterr().err
+    assert main(["offline", "--algo", "cql", "--data", str(tmp_path / "d"), "--out", str(tmp_path / "r")]) == 2
+    assert "ravl" in capsys.readouterr().err
+    assert main(["finetune", "--algo", "naive-retain", "--agent", str(tmp_path / "a"), "--out", str(tmp_path / "f")]) == 2
+    assert "--data" in capsys.readouterr().err
