@@ -1,1 +1,2 @@
-"""Learned simulators: the action-conditioned video world model (`world_models.video`) and `WorldModelEnv`."""
+"""Learned simulators: the action-conditioned video world model (`world_models.video`), `WorldModelEnv`, and
+state-space dynamics for offline RL (`world_models.dynamics`: Gaussian ensemble, true-dynamics oracle)."""
