@@ -112,6 +112,7 @@ def make_dataset(cfg: MakeDatasetConfig) -> dict:
         raise FileExistsError(f"{out} exists; pass --overwrite to replace it")
     env = make_state_env(cfg.env)
     random_policy = RandomPolicy(env.action_space, seed=cfg.seed)
+    fps = int(round(1.0 / env.unwrapped.dt)) if cfg.env != "PointEdge-v0" else 10
     env.close()
     run = _sac_run(cfg)
     snaps = json.loads((run / "curve.json").read_text())
@@ -157,7 +158,6 @@ def make_dataset(cfg: MakeDatasetConfig) -> dict:
     from wmrl.datasets.lerobot_v3 import LeRobotV3Writer, write_episode
     from wmrl.core.episode import features_for
 
-    fps = int(round(1.0 / make_state_env(cfg.env).unwrapped.dt)) if cfg.env != "PointEdge-v0" else 10
     meta = {"env": cfg.env, "kind": cfg.kind, "reference_returns": reference, "sac_run": str(run),
             "medium_snapshot": med_snap, "episode_return_mean": float(np.mean(returns)),
             "normalized_score_mean": normalized_score(float(np.mean(returns)), reference)}

@@ -103,7 +103,7 @@ def dataset_env(data: Path) -> str:
 
 
 def load_offline_data(data: Path, seed: int = 0):
-    """The dataset as the common replay, plus its D4RL-style transition arrays."""
+    """The dataset as the common replay (`replay.transitions()` gives its D4RL-style arrays)."""
     from wmrl.replay import EpisodeReplay
 
     replay = EpisodeReplay.from_lerobot(data, seed=seed)
