@@ -53,6 +53,22 @@ def make_state_env(env_id: str, **kwargs) -> StateDictEnv:
     return StateDictEnv(gym.make(env_id, **kwargs))
 
 
+def state_from_obs(env_id: str, obs: np.ndarray) -> dict[str, np.ndarray]:
+    """(qpos, qvel) that reproduce observations (B, O) of generated data (PGD has no simulator state to store).
+
+    Gymnasium's locomotion observations drop the root's x position, which no dynamics depend on (it is set to 0),
+    and Hopper/Walker clip velocities to [-10, 10], so restoring a clipped velocity is approximate there."""
+    obs = np.asarray(obs, np.float64)
+    if env_id == "PointEdge-v0":
+        return {"qpos": obs.copy(), "qvel": np.zeros((len(obs), 2))}
+    if env_id not in LOCOMOTION_ENVS[:3]:
+        raise ValueError(f"state_from_obs: no rule for {env_id!r}; known: {', '.join(LOCOMOTION_ENVS[:3])}, PointEdge-v0")
+    nq = {"HalfCheetah-v5": 9, "Hopper-v5": 6, "Walker2d-v5": 9}[env_id]
+    if obs.shape[-1] != 2 * nq - 1:
+        raise ValueError(f"{env_id} observations have {2 * nq - 1} dims, got {obs.shape[-1]}")
+    return {"qpos": np.concatenate([np.zeros((len(obs), 1)), obs[:, : nq - 1]], axis=1), "qvel": obs[:, nq - 1 :].copy()}
+
+
 # ---------------------------------------------------------------------- termination rules (batched, numpy)
 def _never(obs: np.ndarray, act: np.ndarray, nxt: np.ndarray) -> np.ndarray:
     return np.zeros(len(nxt), bool)

@@ -1,7 +1,7 @@
 """`wmrl`: one entry point. Each subcommand is a dataclass config parsed by tyro; `--config FILE.yaml` supplies
 defaults that flags then override.
 
-    wmrl demo | collect | eval | train-wm | train-policy | imagine | rank | datasets make | offline | finetune | tasks | bench NAME [--json]
+    wmrl demo | collect | eval | train-wm | train-policy | imagine | rank | datasets make | offline | finetune | pgd | tasks | bench NAME [--json]
 """
 
 from __future__ import annotations
@@ -78,6 +78,12 @@ def _offline(cfg):
     return {k: v for k, v in result.items() if k != "curve"}
 
 
+def _pgd(cfg):
+    from wmrl.rl.pgd import train_pgd
+
+    return {k: v for k, v in train_pgd(cfg).items() if k != "curve"}
+
+
 def _finetune(cfg):
     from wmrl.rl.wsrl import finetune
 
@@ -94,6 +100,7 @@ def _commands() -> dict[str, tuple[type, Callable[[Any], Any], str]]:
     from world_models.video.train import TrainWMConfig, train_world_model
     from wmrl.datasets.offline import MakeDatasetConfig, make_dataset
     from wmrl.rl.ravl import OfflineConfig
+    from wmrl.rl.pgd import PGDConfig
     from wmrl.rl.wsrl import FinetuneConfig
 
     return {
@@ -107,6 +114,7 @@ def _commands() -> dict[str, tuple[type, Callable[[Any], Any], str]]:
         "datasets-make": (MakeDatasetConfig, make_dataset, "make a D4RL-style state dataset (SAC locally, qpos/qvel)"),
         "offline": (OfflineConfig, _offline, "offline RL: ravl | mopo | mbpo | sac-n | td3bc | iql"),
         "finetune": (FinetuneConfig, _finetune, "offline-to-online fine-tuning: wsrl | naive | naive-retain"),
+        "pgd": (PGDConfig, _pgd, "policy-guided diffusion: td3bc | iql on synthetic + real data"),
         "tasks": (TasksConfig, _tasks, "list the registered tasks"),
         "bench": (BenchConfig, _bench, "run a benchmark from benchmarks/ and print its JSON"),
     }

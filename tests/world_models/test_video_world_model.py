@@ -11,7 +11,8 @@ from policies.random_policy import RandomPolicy
 from wmrl.commands.collect import CollectConfig, collect
 from wmrl.eval import evaluate
 from world_models.env import WorldModelEnv, WorldModelSingleEnv
-from world_models.video.model import VideoWorldModel, WorldModelConfig, edm_coefficients
+from world_models.edm import edm_coefficients
+from world_models.video.model import VideoWorldModel, WorldModelConfig
 from tests.conftest import tiny_wm_config
 from world_models.video.train import TrainWMConfig, load_split, train_world_model
 

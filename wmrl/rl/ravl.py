@@ -193,7 +193,9 @@ def add_rollouts(buffer, ro: dict) -> int:
     return added
 
 
-def train_offline(cfg: OfflineConfig) -> dict:
+def train_offline(cfg: OfflineConfig, synthetic=None) -> dict:
+    """`synthetic` replaces model rollouts with another generator of model data (PGD's trajectory diffusion): an
+    object with `capacity` (frames) and `refresh(agent, buffer, epoch) -> dict of metrics`, called every epoch."""
     from sim.locomotion import termination_fn
     from wmrl.core.checkpoint import load_train_state, save_train_state
     from wmrl.replay import EpisodeReplay, MixedReplay
@@ -233,9 +235,12 @@ def train_offline(cfg: OfflineConfig) -> dict:
             raise ValueError(f"{ck}: the checkpointed agent's config differs from this run's; use a new --out")
         agent = saved
         epoch0 = load_train_state(ck, agent.optimizers())["step"]
-    dynamics, dyn_info = make_dynamics(cfg, env_id, real, run) if use_model else (None, {})
-    term_fn = termination_fn(env_id) if use_model else None
-    model_buf = EpisodeReplay(max(cfg.rollout_batch * (cfg.rollout_length + 1) * cfg.retain_epochs, 1), seed=cfg.seed)
+    rollouts = use_model and synthetic is None
+    use_model = use_model or synthetic is not None
+    dynamics, dyn_info = make_dynamics(cfg, env_id, real, run) if rollouts else (None, {})
+    term_fn = termination_fn(env_id) if rollouts else None
+    capacity = synthetic.capacity if synthetic is not None else cfg.rollout_batch * (cfg.rollout_length + 1) * cfg.retain_epochs
+    model_buf = EpisodeReplay(max(capacity, 1), seed=cfg.seed)
     mix = MixedReplay(real, model_buf, online_ratio=1.0 - cfg.real_ratio) if use_model else None
     keys = [OBS_STATE, ACTION, REWARD, TERMINATED]
     logger = Tracker(run)
@@ -243,7 +248,9 @@ def train_offline(cfg: OfflineConfig) -> dict:
     bar = tqdm(range(epoch0, cfg.epochs), desc=f"{cfg.algo} ({cfg.dynamics})", disable=not cfg.progress)
     for epoch in bar:
         row: dict = {"epoch": epoch + 1}
-        if use_model:
+        if synthetic is not None:
+            row.update(synthetic.refresh(agent, model_buf, epoch))
+        elif use_model:
             ro = rollout(agent, dynamics, real, cfg.rollout_batch, cfg.rollout_length, penalty, term_fn, rng)
             row["model_transitions"] = add_rollouts(model_buf, ro)
             row["rollout_uncertainty"] = ro["uncertainty"]
@@ -258,9 +265,9 @@ def train_offline(cfg: OfflineConfig) -> dict:
         with torch.no_grad():  # Q on dataset transitions: the quantity that diverges at edge-of-reach states
             rb = batch_tensors(real.sample(1024, keys=keys))
             row["q_dataset"] = agent.q_values(rb["obs"], rb["act"]).mean().item()
-            if use_model:
+            if rollouts:
                 row["q_dataset_pi"] = agent.q_values(rb["obs"], agent.actor.sample(rb["obs"])[0]).mean().item()
-            if use_model:  # Q at the states rollouts end in (edge-of-reach candidates), under the current policy
+                # Q at the states rollouts end in (edge-of-reach candidates), under the current policy
                 e = torch.as_tensor(edge[:1024], dtype=torch.float32)
                 row["q_rollout_end"] = agent.q_values(e, agent.actor.sample(e)[0]).mean().item()
         row.update({k: info[k] for k in ("q_mean", "critic_loss", "alpha", "entropy") if k in info})

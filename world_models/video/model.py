@@ -22,6 +22,7 @@ from diffusers import EDMEulerScheduler
 from torch import nn
 
 from wmrl.core.checkpoint import load_state, read_config, save_pretrained
+from world_models.edm import edm_coefficients
 from world_models.video.networks import FourierEmbedding, FrameAutoencoder, FrameHeads, TaskEncoder, UNet
 
 SIZES = {"tiny": (16, 32), "small": (48, 96), "base": (128, 256), "large": (192, 384)}
@@ -59,16 +60,6 @@ class WorldModelConfig:
     @property
     def frame_channels(self) -> int:
         return len(self.cameras) * self.latent_channels
-
-
-def edm_coefficients(sigma: torch.Tensor, sigma_data: float) -> tuple[torch.Tensor, ...]:
-    """(c_skip, c_out, c_in, c_noise) of EDM (Karras et al. 2022, Table 1), as diffusers' EDMEulerScheduler uses
-    them with prediction_type="epsilon"."""
-    c_skip = sigma_data**2 / (sigma**2 + sigma_data**2)
-    c_out = sigma * sigma_data / (sigma**2 + sigma_data**2) ** 0.5
-    c_in = 1 / (sigma**2 + sigma_data**2) ** 0.5
-    c_noise = 0.25 * torch.log(sigma)
-    return c_skip, c_out, c_in, c_noise
 
 
 class VideoWorldModel(nn.Module):
