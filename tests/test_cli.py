@@ -83,3 +83,5 @@ def test_offline_commands_refuse_bad_names_with_the_valid_ones(tmp_path, capsys)
     assert "ravl" in capsys.readouterr().err
     assert main(["finetune", "--algo", "naive-retain", "--agent", str(tmp_path / "a"), "--out", str(tmp_path / "f")]) == 2
     assert "--data" in capsys.readouterr().err
+    assert main(["pgd", "--agent", "sac", "--data", str(tmp_path / "d"), "--out", str(tmp_path / "p")]) == 2
+    assert "agent: expected one of td3bc, iql" in capsys.readouterr().err

@@ -167,3 +167,17 @@ def test_bad_input_is_refused_and_diverged_batches_are_dropped(toy_model, monkey
     with pytest.warns(UserWarning):
         ro, info = generate(model, None, 12, 0.0, batch=4)
     assert info["synthetic_dropped_batches"] == 1 and len(ro["length"]) == 8
+
+
+def test_true_dynamics_error_is_zero_on_real_windows_and_sees_corruption(toy_model):
+    from wmrl.rl.pgd import true_dynamics_error
+    from world_models.trajectory_diffusion import gather_windows
+
+    _, real, _ = toy_model
+    w = gather_windows(real, window_starts(real, 8)[:50], 8)
+    ro = {"obs": w["observation.state"], "act": w["action"], "length": np.full(50, 7)}
+    err = true_dynamics_error("PointEdge-v0", ro, np.ones(2))
+    assert err.shape == (7,) and err.max() < 1e-10
+    ro["obs"] = ro["obs"] + np.array([0.1, 0.0], np.float32) * np.arange(8)[None, :, None]  # drift 0.1 per step
+    ro["length"] = np.r_[np.full(49, 7), 0]  # and one rollout without a kept transition
+    np.testing.assert_allclose(true_dynamics_error("PointEdge-v0", ro, np.ones(2)), 0.1**2 / 2, rtol=1e-4)

@@ -118,6 +118,26 @@ def generate(model: TrajectoryDiffusion, policy, n: int, guidance: float, batch:
     return ro, info
 
 
+def true_dynamics_error(env_id: str, ro: dict, scale: np.ndarray) -> np.ndarray:
+    """Per-position one-step dynamics error of rollouts (n, T, .) (PGD Section 5.2): restore each generated s_t in
+    the true simulator (`sim.locomotion.state_from_obs`), step a_t, and compare with the generated s_{t+1}.
+    Returns the mean over kept transitions of mean_d ((s_{t+1} - s'_true) / scale)^2 per position t (NaN where none)."""
+    from sim.locomotion import state_from_obs
+    from world_models.dynamics import TrueDynamics
+
+    oracle = TrueDynamics(env_id)
+    obs, act, length = ro["obs"], ro["act"], ro["length"]
+    err = np.full(obs.shape[1] - 1, np.nan)
+    for t in range(obs.shape[1] - 1):
+        alive = length > t
+        if not alive.any():
+            continue
+        s = obs[alive, t].astype(np.float64)
+        nxt = oracle.step(s, act[alive, t], state_from_obs(env_id, s))[0]
+        err[t] = float(np.mean(((obs[alive, t + 1] - nxt) / scale) ** 2))
+    return err
+
+
 class SyntheticGenerator:
     """The `synthetic` source of `train_offline`: refreshes the buffer on the first epoch (unguided) and every
     `every` epochs after (guided by the agent's current actor). After a resume the empty buffer is refilled at once."""
@@ -183,4 +203,4 @@ def train_pgd(cfg: PGDConfig) -> dict:
     return {**result, "algo": f"pgd-{cfg.agent}", "dynamics": "trajectory-diffusion", "diffusion_fit": {k: v for k, v in fit.items() if k != "losses"}}
 
 
-__all__ = ["PGDConfig", "train_pgd", "generate", "policy_log_prob", "SyntheticGenerator", "AGENTS"]
+__all__ = ["PGDConfig", "train_pgd", "generate", "policy_log_prob", "true_dynamics_error", "SyntheticGenerator", "AGENTS"]
