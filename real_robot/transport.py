@@ -24,6 +24,8 @@ ROBOT_METHODS = ("connect", "get_observation", "send_action", "disconnect", "res
 
 def _default(obj: Any):
     if isinstance(obj, np.ndarray):
+        if obj.dtype.hasobject:
+            raise TypeError("cannot send object arrays over the transport (plain types and numpy arrays only)")
         return msgpack.ExtType(ND_EXT, msgpack.packb([obj.dtype.str, list(obj.shape), np.ascontiguousarray(obj).tobytes()]))
     if isinstance(obj, np.generic):
         return obj.item()
