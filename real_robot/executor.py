@@ -111,9 +111,11 @@ class ExecutorConfig:
 
 def run_episode(robot, infer: Callable[[dict], np.ndarray], cfg: ExecutorConfig, steps: int,
                 latency: Callable[[], float] | None = None, stop: Callable[[dict], bool] | None = None,
-                clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep) -> dict:
+                clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+                record: bool = False) -> dict:
     """Run `steps` control periods. `infer(obs) -> (H, A)` chunk of absolute commands; `latency()` adds modelled
-    inference time; `stop(obs)` ends the episode early (e.g. success). Returns the per-step log and summary rates."""
+    inference time; `stop(obs)` ends the episode early (e.g. success). Returns the per-step log and summary rates;
+    `record` also keeps every observation the loop acted on (`log["obs"]`, plus the final one)."""
     strategy = cfg.validate()
     dt = 1.0 / cfg.control_hz
     queue = ChunkQueue(strategy, cfg.blend, cfg.ensemble_m)
@@ -128,9 +130,10 @@ def run_episode(robot, infer: Callable[[dict], np.ndarray], cfg: ExecutorConfig,
         return chunk, start, clock() - t
 
     log = {"deadline": [], "sent_at": [], "missed": [], "starved": [], "boundary": [], "action": [], "sent": [],
-           "trips": [], "delays": []}
+           "trips": [], "delays": [], "obs": []}
     inflight = None
     last = None
+    started = False
     obs = robot.get_observation()
     t0 = clock()
     k = 0
@@ -159,9 +162,11 @@ def run_episode(robot, infer: Callable[[dict], np.ndarray], cfg: ExecutorConfig,
                 if inflight is None and queue.remaining(k) <= cfg.threshold:
                     inflight = pool.submit(timed_infer, obs, k)
             a = queue.pop(k)
-            starved = a is None and queue.last_action is not None  # the first chunk's wait is start-up, not starvation
+            started = started or boundary
+            starved = a is None and started  # waiting for the very first chunk is start-up, not starvation
             if a is None:  # hold: the last real action (absolute targets), or the measured pose before any action
                 a = last if last is not None else _hold_from(obs)
+                queue.last_action = a  # what the next chunk blends from (aligned): the command really in force
             sent = robot.send_action(a.astype(np.float32))
             t_sent = clock()
             log["deadline"].append(deadline - t0)
@@ -172,6 +177,8 @@ def run_episode(robot, infer: Callable[[dict], np.ndarray], cfg: ExecutorConfig,
             log["action"].append(np.asarray(a, np.float64))
             log["sent"].append(np.asarray(sent, np.float64))
             log["trips"].append(list(getattr(robot, "step_trips", [])))
+            if record:
+                log["obs"].append(obs)
             last = a
     finally:
         if pool is not None:
@@ -189,15 +196,20 @@ def summarise(log: dict, dt: float) -> dict:
     n = len(log["sent"])
     if n == 0:
         return {"steps": 0}
-    jumps = [float(np.abs(log["sent"][i] - log["sent"][i - 1])[:-1].mean()) for i in range(1, n)]
-    at_boundary = [j for j, b in zip(jumps, log["boundary"][1:]) if b]
-    within = [j for j, b in zip(jumps, log["boundary"][1:]) if not b]
+    def split(key):  # mean |a_t - a_{t-1}| over the arm joints, at chunk boundaries and within chunks
+        jumps = [float(np.abs(log[key][i] - log[key][i - 1])[:-1].mean()) for i in range(1, n)]
+        at = [j for j, b in zip(jumps, log["boundary"][1:]) if b]
+        within = [j for j, b in zip(jumps, log["boundary"][1:]) if not b]
+        return (float(np.mean(at)) if at else math.nan), (float(np.mean(within)) if within else math.nan)
+
+    # what the executor commanded (the merge strategy's doing) and what the safety layer let through
+    at_boundary, within = split("action" if "action" in log else "sent")
+    sent_boundary, _ = split("sent")
     gaps = np.diff([0.0] + log["sent_at"])
     blocked = float(np.sum(np.maximum(np.round(gaps / dt) - 1, 0)))  # periods that passed with no command at all
     return {"steps": n, "deadline_miss_rate": float(np.mean(log["missed"])),
             "stall_rate": float((np.sum(log["starved"]) + blocked) / (n + blocked)),
-            "boundary_jump": float(np.mean(at_boundary)) if at_boundary else math.nan,
-            "within_chunk_jump": float(np.mean(within)) if within else math.nan,
+            "boundary_jump": at_boundary, "within_chunk_jump": within, "boundary_jump_sent": sent_boundary,
             "inference_delay_s": float(np.median(log["delays"])) if log["delays"] else math.nan,
             "safety_trips": int(sum(len(t) for t in log["trips"]))}
 

@@ -203,6 +203,10 @@ class SafeRobot:
     # ------------------------------------------------------------------ Robot protocol
     def connect(self) -> None:
         self.robot.connect()
+        self.resync()
+
+    def resync(self) -> None:
+        """Take the measured pose as the held target (after connecting, or after the cell was reset)."""
         obs = self.get_observation()
         q = np.asarray(obs["observation.state"], np.float64)[: self.cfg.n_joints]
         g = float(obs.get("gripper_command", self.cfg.gripper_low))
@@ -210,6 +214,7 @@ class SafeRobot:
         if not np.all(np.abs(self._check_joint_box(start)[:-1] - q) < 1e-9):
             self._trip("start_outside_limits", f"the arm starts outside the joint limits: {q.tolist()}")
         self._last_sent = start
+        self._v_prev = np.zeros(self.cfg.n_joints)
         self._last_cmd_time = self.clock()
 
     def _check_joint_box(self, a: np.ndarray) -> np.ndarray:

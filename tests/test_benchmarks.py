@@ -67,3 +67,11 @@ def test_pgd_benchmark_reports_dynamics_error_likelihood_and_returns():
         assert r[k] == r[k], k  # numbers, not NaN
     for agent in ("td3bc", "iql"):
         assert len(res["downstream"][agent]["pgd"]["per_seed"]) == r["seeds"] == 1
+
+
+def test_deploy_benchmark_reports_timing_and_a_clean_fuzz():
+    r = _run("deploy")
+    assert r["unsafe_commands_sent"] == 0 and r["changes_without_trip"] == 0  # the safety layer's two promises
+    assert r["stale_commands_that_moved"] == 0 and r["stale_commands"] > 0
+    assert r["deadline_miss_rate"]["sync_20hz"] > r["deadline_miss_rate"]["aligned_20hz"]  # sync blocks on inference
+    assert r["boundary_jerk_ratio_aligned_vs_replace"] < 1.0

@@ -1,7 +1,7 @@
 """`wmrl`: one entry point. Each subcommand is a dataclass config parsed by tyro; `--config FILE.yaml` supplies
 defaults that flags then override.
 
-    wmrl demo | collect | eval | train-wm | train-policy | imagine | rank | datasets make | offline | finetune | pgd | tasks | bench NAME [--json]
+    wmrl demo | collect | eval | train-wm | train-policy | imagine | rank | datasets make | offline | finetune | pgd | deploy | tasks | bench NAME [--json]
 """
 
 from __future__ import annotations
@@ -100,6 +100,7 @@ def _commands() -> dict[str, tuple[type, Callable[[Any], Any], str]]:
     from world_models.video.train import TrainWMConfig, train_world_model
     from wmrl.datasets.offline import MakeDatasetConfig, make_dataset
     from wmrl.rl.ravl import OfflineConfig
+    from wmrl.commands.deploy import DeployConfig, deploy
     from wmrl.rl.pgd import PGDConfig
     from wmrl.rl.wsrl import FinetuneConfig
 
@@ -115,6 +116,7 @@ def _commands() -> dict[str, tuple[type, Callable[[Any], Any], str]]:
         "offline": (OfflineConfig, _offline, "offline RL: ravl | mopo | mbpo | sac-n | td3bc | iql"),
         "finetune": (FinetuneConfig, _finetune, "offline-to-online fine-tuning: wsrl | naive | naive-retain"),
         "pgd": (PGDConfig, _pgd, "policy-guided diffusion: td3bc | iql on synthetic + real data"),
+        "deploy": (DeployConfig, deploy, "run a policy on a robot arm: safety layer, sync | async | aligned chunks"),
         "tasks": (TasksConfig, _tasks, "list the registered tasks"),
         "bench": (BenchConfig, _bench, "run a benchmark from benchmarks/ and print its JSON"),
     }
@@ -175,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = tyro.cli(cls, args=rest, default=default, prog=f"wmrl {name}", description=doc)
     try:
         result = fn(cfg)
-    except (ValueError, FileExistsError, FileNotFoundError, KeyError, RuntimeError, FloatingPointError) as e:
+    except (ValueError, FileExistsError, FileNotFoundError, KeyError, RuntimeError, FloatingPointError, ConnectionError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if name not in ("tasks", "bench") and isinstance(result, dict):

@@ -160,33 +160,3 @@ class ScriptedExpert(torch.nn.Module):
     def forward(self, batch: dict):
         raise NotImplementedError("a scripted expert has nothing to train")
 
-
-class ChunkedJointExpert(ScriptedExpert):
-    """The scripted expert as an action-chunking policy in joint space, for deployment tests (`control="joint"`).
-
-    A chunk of H absolute joint targets comes from a kinematic look-ahead: the expert's end-effector deltas are
-    integrated assuming the hand reaches each target (objects held still), and each waypoint goes through the arm's
-    closed-form IK. Like a VLA's chunk it is open-loop over its horizon, so it is only as good as its freshness:
-    which is what the executor's latency experiments need. Commands: [yaw, shoulder, elbow, wrist, gripper]."""
-
-    def __init__(self, chunk: int = 8, noise: float = 0.0, seed: int = 0):
-        super().__init__(noise=noise, seed=seed)
-        if chunk < 1:
-            raise ValueError(f"chunk must be >= 1, got {chunk}")
-        self.chunk_size = chunk
-
-    @torch.no_grad()
-    def predict_action_chunk(self, obs: dict) -> np.ndarray:
-        from sim.tabletop.model import WORKSPACE_HIGH, WORKSPACE_LOW, inverse_kinematics
-
-        state = np.array(obs[OBS_STATE], np.float64).reshape(1, -1)
-        env_state = np.asarray(obs[OBS_ENV_STATE]).reshape(1, -1)
-        task = obs[TASK] if isinstance(obs[TASK], str) else obs[TASK][0]
-        out = np.zeros((1, self.chunk_size, 5), np.float32)
-        for i in range(self.chunk_size):
-            a = self.select_action({OBS_STATE: state, OBS_ENV_STATE: env_state, TASK: [task]})[0]
-            ee = np.clip(state[0, 5:8] + a[:3] * EE_STEP, WORKSPACE_LOW, WORKSPACE_HIGH)
-            out[0, i, :4] = inverse_kinematics(ee)
-            out[0, i, 4] = a[3]
-            state[0, 5:8] = ee
-        return out
