@@ -24,7 +24,8 @@ from wmrl.core.features import OBS_STATE
 class SimRealRobot:
     def __init__(self, task: str = "reach-red", control_hz: float = 10.0, obs_latency_s: float = 0.0,
                  noise_std: float = 0.002, realtime: bool = False, seed: int = 0, image_size: int = 64,
-                 cameras: tuple[str, ...] = ("front", "wrist"), twin: str | None = "real"):
+                 cameras: tuple[str, ...] = ("front", "wrist"), twin="real"):
+        """`twin`: "real" (the hidden parameters), None (nominal) or any `TwinParams` (tests of calibration)."""
         if control_hz <= 0 or obs_latency_s < 0 or noise_std < 0:
             raise ValueError(f"control_hz > 0, obs_latency_s >= 0 and noise_std >= 0 needed; got {control_hz}, "
                              f"{obs_latency_s}, {noise_std}")

@@ -75,3 +75,9 @@ def test_deploy_benchmark_reports_timing_and_a_clean_fuzz():
     assert r["stale_commands_that_moved"] == 0 and r["stale_commands"] > 0
     assert r["deadline_miss_rate"]["sync_20hz"] > r["deadline_miss_rate"]["aligned_20hz"]  # sync blocks on inference
     assert r["boundary_jerk_ratio_aligned_vs_replace"] < 1.0
+
+
+def test_twin_benchmark_reports_parameter_recovery():
+    r = _run("twin")
+    assert set(r["param_rel_error"]) == {"arm_damping", "arm_kp", "latency_s"}
+    assert r["traj_error_after"] <= r["traj_error_before"]  # CMA-ES keeps its best, which starts at nominal

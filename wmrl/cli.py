@@ -1,7 +1,7 @@
 """`wmrl`: one entry point. Each subcommand is a dataclass config parsed by tyro; `--config FILE.yaml` supplies
 defaults that flags then override.
 
-    wmrl demo | collect | eval | train-wm | train-policy | imagine | rank | datasets make | offline | finetune | pgd | deploy | tasks | bench NAME [--json]
+    wmrl demo | collect | eval | train-wm | train-policy | imagine | rank | datasets make | offline | finetune | pgd | deploy | calibrate-twin | tasks | bench NAME [--json]
 """
 
 from __future__ import annotations
@@ -84,6 +84,12 @@ def _pgd(cfg):
     return {k: v for k, v in train_pgd(cfg).items() if k != "curve"}
 
 
+def _calibrate(cfg):
+    from real_robot.calibration import calibrate
+
+    return {k: v for k, v in calibrate(cfg).items() if k != "curve"}
+
+
 def _finetune(cfg):
     from wmrl.rl.wsrl import finetune
 
@@ -100,6 +106,7 @@ def _commands() -> dict[str, tuple[type, Callable[[Any], Any], str]]:
     from world_models.video.train import TrainWMConfig, train_world_model
     from wmrl.datasets.offline import MakeDatasetConfig, make_dataset
     from wmrl.rl.ravl import OfflineConfig
+    from real_robot.calibration import CalibrateConfig
     from wmrl.commands.deploy import DeployConfig, deploy
     from wmrl.rl.pgd import PGDConfig
     from wmrl.rl.wsrl import FinetuneConfig
@@ -117,6 +124,7 @@ def _commands() -> dict[str, tuple[type, Callable[[Any], Any], str]]:
         "finetune": (FinetuneConfig, _finetune, "offline-to-online fine-tuning: wsrl | naive | naive-retain"),
         "pgd": (PGDConfig, _pgd, "policy-guided diffusion: td3bc | iql on synthetic + real data"),
         "deploy": (DeployConfig, deploy, "run a policy on a robot arm: safety layer, sync | async | aligned chunks"),
+        "calibrate-twin": (CalibrateConfig, _calibrate, "fit the digital twin's parameters to logged robot episodes (CMA-ES)"),
         "tasks": (TasksConfig, _tasks, "list the registered tasks"),
         "bench": (BenchConfig, _bench, "run a benchmark from benchmarks/ and print its JSON"),
     }
