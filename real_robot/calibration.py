@@ -5,7 +5,9 @@ commands actually sent as `action`, the cell's `layout_seed`, and `observation.e
 tracked) is replayed open-loop in the twin under candidate parameters; the objective is the mean squared error
 between replayed and logged trajectories (arm state standardised per dimension, cube positions in centimetres).
 CMA-ES (Hansen 2016; the `cma` package) searches the identifiable parameters in a normalised log space inside their
-physical bounds (`TwinParams.IDENTIFIABLE`), starting from nominal. `wmrl deploy` datasets are valid logs.
+physical bounds (`TwinParams.IDENTIFIABLE`), starting from nominal. `wmrl deploy` datasets carry the same fields,
+but a real-time robot steps on its own clock, so replaying them per control step is only approximate; dedicated
+system-identification logs (`collect_logs`) replay exactly.
 
 Writes twin.yaml (a full `TwinParams`: `TabletopEnv(twin=TwinParams.from_dict(...))` uses it) and, beside it,
 calibration.json: the fitted values, trajectory error before (nominal twin) and after, the search curve.
@@ -163,6 +165,27 @@ def calibrate(cfg: CalibrateConfig) -> dict:
     return report
 
 
+@dataclass
+class SysIdConfig:
+    out: Path = Path("runs/sysid")
+    task: str = "reach-red"
+    episodes: int = 8
+    steps: int = 50
+    amplitude: float = 0.3  # rad of yaw sweep (pitch joints 0.4x)
+    noise_std: float = 0.001
+    seed: int = 0
+
+
+def record_sysid(cfg: SysIdConfig) -> dict:
+    """`wmrl sysid`: record system-identification episodes on the sim-real cell (the input of calibrate-twin)."""
+    if Path(cfg.out).exists() and any(Path(cfg.out).iterdir()):
+        raise FileExistsError(f"{cfg.out} already exists; choose another --out")
+    if cfg.episodes < 1 or cfg.steps < 2:
+        raise ValueError(f"episodes >= 1 and steps >= 2 needed, got {cfg.episodes}, {cfg.steps}")
+    collect_logs(cfg.out, cfg.task, cfg.episodes, cfg.steps, cfg.seed, cfg.noise_std, cfg.amplitude)
+    return {"logs": str(cfg.out), "episodes": cfg.episodes, "steps": cfg.steps}
+
+
 def collect_logs(out: Path, task: str = "reach-red", episodes: int = 6, steps: int = 50, seed: int = 0,
                  noise_std: float = 0.001, amplitude: float = 0.3, twin="real") -> Path:
     """System-identification logs from the real cell: multi-sine joint sweeps around the home pose, hand kept high
@@ -208,4 +231,4 @@ def collect_logs(out: Path, task: str = "reach-red", episodes: int = 6, steps: i
     return Path(out)
 
 
-__all__ = ["CalibrateConfig", "calibrate", "collect_logs", "load_logs", "replay", "trajectory_error", "ParamBox", "REQUIRED"]
+__all__ = ["CalibrateConfig", "calibrate", "SysIdConfig", "record_sysid", "collect_logs", "load_logs", "replay", "trajectory_error", "ParamBox", "REQUIRED"]

@@ -1,7 +1,7 @@
 """`wmrl`: one entry point. Each subcommand is a dataclass config parsed by tyro; `--config FILE.yaml` supplies
 defaults that flags then override.
 
-    wmrl demo | collect | eval | train-wm | train-policy | imagine | rank | datasets make | offline | finetune | pgd | deploy | calibrate-twin | tasks | bench NAME [--json]
+    wmrl demo | collect | eval | train-wm | train-policy | imagine | rank | datasets make | offline | finetune | pgd | deploy | sysid | calibrate-twin | tasks | bench NAME [--json]
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ def _commands() -> dict[str, tuple[type, Callable[[Any], Any], str]]:
     from world_models.video.train import TrainWMConfig, train_world_model
     from wmrl.datasets.offline import MakeDatasetConfig, make_dataset
     from wmrl.rl.ravl import OfflineConfig
-    from real_robot.calibration import CalibrateConfig
+    from real_robot.calibration import CalibrateConfig, SysIdConfig, record_sysid
     from wmrl.commands.deploy import DeployConfig, deploy
     from wmrl.rl.pgd import PGDConfig
     from wmrl.rl.wsrl import FinetuneConfig
@@ -124,6 +124,7 @@ def _commands() -> dict[str, tuple[type, Callable[[Any], Any], str]]:
         "finetune": (FinetuneConfig, _finetune, "offline-to-online fine-tuning: wsrl | naive | naive-retain"),
         "pgd": (PGDConfig, _pgd, "policy-guided diffusion: td3bc | iql on synthetic + real data"),
         "deploy": (DeployConfig, deploy, "run a policy on a robot arm: safety layer, sync | async | aligned chunks"),
+        "sysid": (SysIdConfig, record_sysid, "record system-identification episodes on the sim-real arm"),
         "calibrate-twin": (CalibrateConfig, _calibrate, "fit the digital twin's parameters to logged robot episodes (CMA-ES)"),
         "tasks": (TasksConfig, _tasks, "list the registered tasks"),
         "bench": (BenchConfig, _bench, "run a benchmark from benchmarks/ and print its JSON"),

@@ -108,13 +108,15 @@ def deploy(cfg: DeployConfig) -> dict:
                 for t in robot.trips[n_trips:]:
                     f.write(json.dumps({"episode": ep, **t.__dict__}) + "\n")
             if log["obs"]:
-                keep = ("observation.images.front", "observation.images.wrist", "observation.state", "task")
+                keep = ("observation.images.front", "observation.images.wrist", "observation.state",
+                        "observation.environment_state", "task")
                 obs = [{k: o[k] for k in keep if k in o} for o in log["obs"] + [final]]
                 T = len(log["sent"])
                 episode = build_episode(obs, log["sent"], [0.0] * T, [False] * (T - 1) + [row["success"]],
                                         [False] * (T - 1) + [not row["success"]],
                                         [False] * (T - 1) + [row["success"]], source="policy", policy_id=cfg.policy.type,
                                         extras={"safety.trips": [np.int32(len(t)) for t in log["trips"]] + [np.int32(0)],
+                                                "layout_seed": [np.int64(cfg.seed + ep)] * (T + 1),
                                                 "action.commanded": [a.astype(np.float32) for a in log["action"]] + [log["action"][-1].astype(np.float32)]})
                 if writer is None:
                     writer = LeRobotV3Writer(run / "dataset", fps=int(round(cfg.control_hz)), features=features_for(episode),
