@@ -85,3 +85,10 @@ def test_offline_commands_refuse_bad_names_with_the_valid_ones(tmp_path, capsys)
     assert "--data" in capsys.readouterr().err
     assert main(["pgd", "--agent", "sac", "--data", str(tmp_path / "d"), "--out", str(tmp_path / "p")]) == 2
     assert "agent: expected one of td3bc, iql" in capsys.readouterr().err
+
+
+def test_calibrate_twin_refuses_missing_logs_and_unknown_parameters(tmp_path, capsys):
+    assert main(["calibrate-twin", "--logs", str(tmp_path / "none"), "--out", str(tmp_path / "t.yaml")]) == 2
+    assert "not a wmrl LeRobot v3 dataset" in capsys.readouterr().err
+    assert main(["calibrate-twin", "--logs", str(tmp_path), "--params", "gravity"]) == 2
+    assert "not identifiable" in capsys.readouterr().err
