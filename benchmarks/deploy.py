@@ -2,7 +2,7 @@
 
 Part 1 (control loop). `SimRealRobot` (`tabletop-real`, hidden parameters, 30 ms observation latency, sensor noise)
 runs in its own process, paced to wall-clock time, reached over ZeroMQ, behind `SafeRobot`. The policy is the
-scripted expert as an 8-step joint-space chunker (`real_robot.adapters`). For each control rate and injected
+scripted expert as a joint-space chunker with 0.8 s chunks (8 steps at 10 Hz, 24 at 30 Hz; `real_robot.adapters`). For each control rate and injected
 inference latency, every mode runs `episodes` fixed-length episodes on reach tasks (success = the hand reached the
 cube at some point): deadline-miss rate, stall rate, mean |a_t - a_{t-1}| of the commanded arm joints at chunk
 boundaries and within chunks, success. The peer is `sync` (inference inside the loop) and, for discontinuity,
@@ -33,9 +33,9 @@ def _control(rates, latencies, episodes, seconds, quick) -> dict:
     from sim.tabletop.experts import ScriptedExpert
     from wmrl.commands.deploy import free_port
 
-    infer = EEDeltaChunkToJoint(ScriptedExpert(), horizon=8)
     out = {}
     for hz in rates:
+        infer = EEDeltaChunkToJoint(ScriptedExpert(), horizon=int(round(0.8 * hz)))  # chunks of 0.8 s at every rate
         addr = f"tcp://127.0.0.1:{free_port()}"
         proc = spawn_sim_robot(addr, task="reach-red", control_hz=hz, obs_latency_s=0.03, seed=0,
                                cameras=("front",), image_size=32 if quick else 64)
@@ -160,7 +160,7 @@ def main(quick: bool = False, rates: str = "10,30", latencies_ms: str = "50,100,
               for k in control if k.endswith("_aligned") and control[k.replace("_aligned", "_async")]["boundary_jump"] > 0]
     out["boundary_jerk_ratio_aligned_vs_replace"] = float(np.median(ratios)) if ratios else math.nan
     out["budgets"] = {"rates_hz": rate_list, "latencies_s": lats, "episodes": episodes, "seconds_per_episode": seconds,
-                      "tasks": "reach-red (layout seeds 1000..)", "policy": "scripted expert, 8-step joint chunks",
+                      "tasks": "reach-red (layout seeds 1000..)", "policy": "scripted expert, 0.8 s joint chunks",
                       "miss_tolerance": "half a control period", "robot": "SimRealRobot in its own process, ZeroMQ"}
     out["minutes"] = (time.time() - t0) / 60
     return finish("deploy", out, quick)

@@ -14,7 +14,8 @@ d actions are already in the past and are dropped. How the rest joins the queue 
                          last real action, never zeros
 
 Modes: `sync` (infer in the loop when the queue is empty: the loop blocks), `async` (inference in a worker thread,
-a new chunk requested when `threshold` or fewer queued actions remain; merge `replace` unless told otherwise),
+a new chunk requested when `threshold` or fewer queued actions remain, the threshold raised to the measured delay in
+steps + 1 so the next chunk can arrive before the queue runs dry; merge `replace` unless told otherwise),
 `aligned` (async with the aligned merge). An injectable `latency` (seconds, per call) models inference time, so
 the same executor runs against `SimRealRobot`, a remote robot or a world model.
 
@@ -92,6 +93,7 @@ class ExecutorConfig:
     strategy: str = ""  # merge for async mode: replace (default) | temporal_ensemble; aligned mode uses aligned
     control_hz: float = 10.0
     threshold: int = 3  # async: request a new chunk when this many queued actions or fewer remain
+    adaptive_threshold: bool = True  # raise the threshold to the measured delay in steps + 1 (arrive before running dry)
     blend: int = 4
     ensemble_m: float = 0.1
     miss_tolerance: float = 0.5  # fraction of a period a command may be late before it counts as a missed deadline
@@ -159,7 +161,10 @@ def run_episode(robot, infer: Callable[[dict], np.ndarray], cfg: ExecutorConfig,
                     queue.add(chunk, start, k)
                     log["delays"].append(d)
                     inflight, boundary = None, True
-                if inflight is None and queue.remaining(k) <= cfg.threshold:
+                threshold = cfg.threshold
+                if cfg.adaptive_threshold and log["delays"]:
+                    threshold = max(threshold, math.ceil(max(log["delays"][-5:]) / dt) + 1)
+                if inflight is None and queue.remaining(k) <= threshold:
                     inflight = pool.submit(timed_infer, obs, k)
             a = queue.pop(k)
             started = started or boundary
