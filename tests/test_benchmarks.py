@@ -80,4 +80,7 @@ def test_deploy_benchmark_reports_timing_and_a_clean_fuzz():
 def test_twin_benchmark_reports_parameter_recovery():
     r = _run("twin")
     assert set(r["param_rel_error"]) == {"arm_damping", "arm_kp", "latency_s"}
-    assert r["traj_error_after"] <= r["traj_error_before"]  # CMA-ES keeps its best, which starts at nominal
+    assert r["traj_error_after"] <= r["traj_error_before"]  # never worse than the nominal twin
+    for k in ("real_success_nominal", "real_success_twin", "real_success_twin_guided"):
+        assert 0.0 <= r[k] <= 1.0, k
+    assert [c["real_steps"] for c in r["twinrl_curves"]["guided"][0]][0] == 0
