@@ -25,7 +25,7 @@ from wmrl.benchutil import finish
 
 def _twinrl(twin, seeds: int, quick: bool, target: float) -> dict:
     """Guided against uniform allocation of real demonstrations (3 seeds), and the sim-to-real comparison."""
-    from real_robot.twinrl import BCPolicy, TwinRLConfig, demonstrate, make_env, run, steps_to_reach, success_rate
+    from real_robot.twinrl import BCPolicy, TwinRLConfig, make_env, run, steps_to_reach, success_rate, twin_demonstrations
 
     cfg = TwinRLConfig(pool=6, rounds=2, bc_steps=60, hidden=32) if quick else TwinRLConfig()
     curves = {s: [run(TwinRLConfig(**{**cfg.__dict__, "seed": k}), twin, s)["curve"] for k in range(seeds)]
@@ -45,10 +45,7 @@ def _twinrl(twin, seeds: int, quick: bool, target: float) -> dict:
         rates = []
         for k in range(seeds):
             env = make_env(cfg.task, source, cfg.domain_randomization)
-            X, A = [], []
-            for i in range(n_demos):
-                xs, acts, _ = demonstrate(env, 10_000 + k * 1000 + i)
-                X, A = X + xs, A + acts
+            X, A = twin_demonstrations(env, n_demos, 10_000 + k * 1000)
             pol = BCPolicy(len(X[0]), hidden=cfg.hidden, seed=k)
             pol.fit(np.asarray(X), np.asarray(A), cfg.bc_steps, k)
             rates.append(float(success_rate(real, pol, pool).mean()))

@@ -49,7 +49,8 @@ def make_env(task: str, twin, domain_randomization: float = 0.0):
 
 
 def demonstrate(env, layout_seed: int) -> tuple[list[np.ndarray], list[np.ndarray], int]:
-    """One scripted-expert episode: (features, actions, steps)."""
+    """One scripted-expert episode: (features, actions, steps). A failed demonstration returns no data (an operator
+    discards it) but its steps still count as robot time."""
     from sim.tabletop.experts import ScriptedExpert
 
     expert = ScriptedExpert()
@@ -59,9 +60,20 @@ def demonstrate(env, layout_seed: int) -> tuple[list[np.ndarray], list[np.ndarra
         a = expert.select_action({OBS_STATE: obs[OBS_STATE][None], OBS_ENV_STATE: obs[OBS_ENV_STATE][None], TASK: [obs[TASK]]})[0]
         xs.append(_features(obs))
         acts.append(a)
-        obs, _, te, tr, _ = env.step(a)
+        obs, _, te, tr, info = env.step(a)
         if te or tr:
-            return xs, acts, len(acts)
+            return (xs, acts, len(acts)) if info.get("success", False) else ([], [], len(acts))
+
+
+def twin_demonstrations(env, n: int, first_seed: int) -> tuple[list, list]:
+    """Data of n successful expert episodes (failed ones are skipped; at most 5n tries)."""
+    X, A, got = [], [], 0
+    for i in range(5 * n):
+        xs, acts, _ = demonstrate(env, first_seed + i)
+        X, A, got = X + xs, A + acts, got + bool(xs)
+        if got == n:
+            return X, A
+    raise RuntimeError(f"the expert succeeded in only {got} of {5 * n} episodes in this twin")
 
 
 class BCPolicy:
@@ -130,11 +142,7 @@ def run(cfg: TwinRLConfig, twin, strategy: str) -> dict:
     rng = np.random.default_rng(cfg.seed)
     twin_env = make_env(cfg.task, twin, cfg.domain_randomization)
     real_env = make_env(cfg.task, "real")
-    X, A = [], []
-    for i in range(cfg.twin_demos):
-        xs, acts, _ = demonstrate(twin_env, 10_000 + cfg.seed * 1000 + i)
-        X += xs
-        A += acts
+    X, A = twin_demonstrations(twin_env, cfg.twin_demos, 10_000 + cfg.seed * 1000)
     pool = np.arange(cfg.pool)
     policy = BCPolicy(len(X[0]), hidden=cfg.hidden, seed=cfg.seed)
     policy.fit(np.asarray(X), np.asarray(A), cfg.bc_steps, cfg.seed)
@@ -165,4 +173,4 @@ def steps_to_reach(curve: list[dict], target: float) -> float:
     return float("inf")
 
 
-__all__ = ["TwinRLConfig", "BCPolicy", "run", "allocate", "success_rate", "demonstrate", "steps_to_reach"]
+__all__ = ["TwinRLConfig", "BCPolicy", "run", "allocate", "twin_demonstrations", "success_rate", "demonstrate", "steps_to_reach"]
