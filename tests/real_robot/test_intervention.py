@@ -50,3 +50,29 @@ def test_operator_recovers_then_corrects_and_frames_are_labelled(tmp_path):
     back = LeRobotV3Dataset(tmp_path / "d").episode(0)
     np.testing.assert_array_equal(back["intervention.phase"], ep["intervention.phase"])
     np.testing.assert_array_equal(back["intervention"], ep["intervention"])
+
+
+def test_correction_frames_can_be_upweighted_for_fine_tuning(tmp_path):
+    import pytest
+
+    from real_robot.intervention import ScriptedOperator, rollout_with_operator
+    from sim.tabletop.env import TabletopEnv
+    from wmrl.commands.train_policy import load_replay, weight_interventions
+    from wmrl.core.episode import features_for
+    from wmrl.datasets.lerobot_v3 import LeRobotV3Writer, write_episode
+
+    env = TabletopEnv("push-red", cameras=("front",), image_size=32)
+    ep = rollout_with_operator(env, _StrayingPolicy(), ScriptedOperator(patience=2), seed=3, max_steps=80)
+    env.close()
+    w = LeRobotV3Writer(tmp_path / "d", fps=10, features=features_for(ep))
+    write_episode(w, ep)
+    w.finalize()
+    _, replay = load_replay([tmp_path / "d"])
+    assert weight_interventions(replay, 1.0) == 0
+    n = weight_interventions(replay, 5.0)
+    assert n == int(ep["intervention"].sum())
+    starts, p = replay.sampling_probabilities()
+    iv = replay.data["intervention"][starts].astype(bool)
+    assert p[iv].mean() == pytest.approx(5 * p[~iv].mean())  # a correction frame is drawn 5x as often
+    with pytest.raises(ValueError, match="finite number > 0"):
+        weight_interventions(replay, 0.0)

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from wmrl.core.features import ACTION, OBS_STATE, TASK, image_key
+from wmrl.core.features import ACTION, INTERVENTION, OBS_STATE, TASK, image_key
 
 
 @dataclass
@@ -35,6 +35,8 @@ class TrainPolicyConfig:
     lr: float = 3e-4
     successful_only: bool = False
     """Clone only the episodes that succeeded (datasets recorded with near-success failures)."""
+    intervention_weight: float = 1.0
+    """Sample frames an operator produced (`intervention`, RaC/HIL-SERL corrections) this many times as often."""
     ckpt_every: int = 500
     keep_every: int = 0
     """Also keep a copy of the policy every this many steps (checkpoints/step_N; for policy populations)."""
@@ -58,7 +60,8 @@ def load_replay(paths, seed: int = 0, successful_only: bool = False):
     dss = [LeRobotV3Dataset(p) for p in paths]
     replay = EpisodeReplay(sum(d.num_frames for d in dss), seed=seed)
     for d in dss:
-        keep = set(d.camera_keys) | {OBS_STATE, ACTION, TASK, "next.success", "next.terminated", "next.truncated", "next.reward", "is_last"}
+        keep = set(d.camera_keys) | {OBS_STATE, ACTION, TASK, INTERVENTION, "next.success", "next.terminated",
+                                     "next.truncated", "next.reward", "is_last"}
         missing = sorted({OBS_STATE, ACTION} - set(d.features))
         if missing:
             raise ValueError(f"{d.root}: dataset lacks {missing}; it has {sorted(d.features)}")
@@ -69,6 +72,23 @@ def load_replay(paths, seed: int = 0, successful_only: bool = False):
     if replay.num_episodes == 0:
         raise ValueError(f"{list(map(str, paths))}: no episodes to clone" + (" (none succeeded)" if successful_only else ""))
     return dss, replay
+
+
+def weight_interventions(replay, weight: float) -> int:
+    """Frames labelled `intervention` get sampling priority `weight` (windows starting there are drawn that many
+    times as often as policy frames). Returns how many frames were up-weighted."""
+    if not (np.isfinite(weight) and weight > 0):
+        raise ValueError(f"intervention_weight must be a finite number > 0, got {weight}")
+    if weight == 1.0:
+        return 0
+    if INTERVENTION not in replay.data:
+        raise ValueError("intervention_weight needs datasets with an `intervention` column (recorded corrections)")
+    live = np.flatnonzero(replay.frame_episode[: replay.high_water] >= 0)
+    idx = live[replay.data[INTERVENTION][live].astype(bool)]
+    if len(idx) == 0:
+        raise ValueError("intervention_weight: no frame of the data is labelled `intervention`")
+    replay.update_priorities(idx, np.full(len(idx), weight))
+    return int(len(idx))
 
 
 def bc_batch(replay, batch_size: int, chunk: int, cameras) -> dict:
@@ -131,6 +151,7 @@ def train_policy(cfg: TrainPolicyConfig, progress: bool = True) -> dict:
     save_config(run, cfg)
     torch.manual_seed(cfg.seed)
     dss, replay = load_replay(cfg.data, cfg.seed, cfg.successful_only)
+    weight_interventions(replay, cfg.intervention_weight)
     pcfg = VLAConfig.from_dataset(dss, head=cfg.head, chunk_size=cfg.chunk_size, n_action_steps=cfg.n_action_steps, **cfg.extra)
     ck = run / "checkpoints" / "last"
     resuming = cfg.resume and (ck / "train_state.json").exists()
