@@ -114,10 +114,12 @@ class ExecutorConfig:
 def run_episode(robot, infer: Callable[[dict], np.ndarray], cfg: ExecutorConfig, steps: int,
                 latency: Callable[[], float] | None = None, stop: Callable[[dict], bool] | None = None,
                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
-                record: bool = False) -> dict:
+                record: bool = False, operator=None) -> dict:
     """Run `steps` control periods. `infer(obs) -> (H, A)` chunk of absolute commands; `latency()` adds modelled
     inference time; `stop(obs)` ends the episode early (e.g. success). Returns the per-step log and summary rates;
-    `record` also keeps every observation the loop acted on (`log["obs"]`, plus the final one)."""
+    `record` also keeps every observation the loop acted on (`log["obs"]`, plus the final one). `operator` (see
+    `real_robot.intervention.JointOperator`) may override any step's command; `log["phase"]` says who acted
+    (0 policy, 1 recovery, 2 correction), and the next policy chunk blends from the operator's last command."""
     strategy = cfg.validate()
     dt = 1.0 / cfg.control_hz
     queue = ChunkQueue(strategy, cfg.blend, cfg.ensemble_m)
@@ -132,7 +134,7 @@ def run_episode(robot, infer: Callable[[dict], np.ndarray], cfg: ExecutorConfig,
         return chunk, start, clock() - t
 
     log = {"deadline": [], "sent_at": [], "missed": [], "starved": [], "boundary": [], "action": [], "sent": [],
-           "trips": [], "delays": [], "obs": []}
+           "trips": [], "delays": [], "obs": [], "phase": []}
     inflight = None
     last = None
     started = False
@@ -172,6 +174,15 @@ def run_episode(robot, infer: Callable[[dict], np.ndarray], cfg: ExecutorConfig,
             if a is None:  # hold: the last real action (absolute targets), or the measured pose before any action
                 a = last if last is not None else _hold_from(obs)
                 queue.last_action = a  # what the next chunk blends from (aligned): the command really in force
+            phase = 0
+            if operator is not None:
+                a_op, phase = operator.step(obs, a)
+                if a_op is not None:  # the operator has the arm: the policy's plan for now is dropped
+                    a = np.asarray(a_op, np.float64)
+                    starved = False  # nobody waits for the policy while the operator drives
+                    queue.actions = {}
+                    queue.last_action = a
+            log["phase"].append(phase)
             sent = robot.send_action(a.astype(np.float32))
             t_sent = clock()
             log["deadline"].append(deadline - t0)

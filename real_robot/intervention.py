@@ -123,6 +123,30 @@ class KeyboardOperator:
         termios.tcsetattr(self._fd, termios.TCSADRAIN, self._saved)
 
 
+class JointOperator:
+    """An end-effector operator (scripted or keyboard) on an arm that takes joint targets (`wmrl deploy`): the
+    policy's joint command is shown to it as the end-effector delta it implies, and its deltas are integrated from
+    the observed hand and sent through the arm's IK (like `real_robot.adapters`)."""
+
+    def __init__(self, operator: Operator):
+        self.operator = operator
+
+    def reset(self) -> None:
+        self.operator.reset()
+
+    def step(self, obs: dict, policy_command: np.ndarray) -> tuple[np.ndarray | None, int]:
+        from sim.tabletop.env import EE_STEP
+        from sim.tabletop.model import WORKSPACE_HIGH, WORKSPACE_LOW, forward_kinematics, inverse_kinematics
+
+        ee = np.asarray(obs[OBS_STATE], np.float64)[5:8]
+        implied = np.concatenate([(forward_kinematics(np.asarray(policy_command[:4])) - ee) / EE_STEP, [policy_command[4]]])
+        a, phase = self.operator.step(obs, implied)
+        if a is None:
+            return None, 0
+        target = np.clip(ee + np.clip(a[:3], -1, 1) * EE_STEP, WORKSPACE_LOW, WORKSPACE_HIGH)
+        return np.concatenate([inverse_kinematics(target), [float(np.clip(a[3], -1, 1))]]), phase
+
+
 def rollout_with_operator(env, policy, operator: Operator, seed: int, max_steps: int | None = None) -> dict:
     """One episode of `policy` in `env` (gymnasium, end-effector control) with `operator` able to take over.
     Returns the episode dict (`wmrl.core.episode`) with the intervention labels."""
@@ -155,4 +179,4 @@ def rollout_with_operator(env, policy, operator: Operator, seed: int, max_steps:
     return ep
 
 
-__all__ = ["Operator", "ScriptedOperator", "KeyboardOperator", "rollout_with_operator", "PHASES"]
+__all__ = ["Operator", "ScriptedOperator", "KeyboardOperator", "JointOperator", "rollout_with_operator", "PHASES"]

@@ -26,3 +26,18 @@ def test_deploy_runs_records_and_refuses_unsafe_settings(tmp_path, capsys):
     assert "--unsafe" in capsys.readouterr().err
     assert main(["deploy", "--mode", "fast", "--out", str(tmp_path / "y")]) == 2
     assert "mode: expected one of sync, async, aligned" in capsys.readouterr().err
+
+
+def test_deploy_with_a_scripted_operator_records_its_corrections(tmp_path):
+    from wmrl.cli import main
+    from wmrl.datasets import LeRobotV3Dataset
+
+    out = tmp_path / "dep"
+    assert main(["deploy", "--policy", "random", "--operator", "scripted", "--task", "reach-red", "--episodes", "1",
+                 "--control-hz", "20", "--max-steps", "60", "--out", str(out)]) == 0
+    ep = LeRobotV3Dataset(out / "dataset").episode(0)
+    phase = ep["intervention.phase"][:-1]
+    assert (phase > 0).any()  # a random policy strays: the operator takes over
+    np.testing.assert_array_equal(ep["intervention"][:-1], phase > 0)
+    row = json.loads((out / "episodes.jsonl").read_text().splitlines()[0])
+    assert row["intervention_steps"] == int((phase > 0).sum()) and row["success"]  # the correction reached the cube

@@ -43,6 +43,8 @@ class DeployConfig:
     safety: SafetyConfig = field(default_factory=SafetyConfig)
     unsafe: bool = False
     """allow safety settings that disable a limit (logged)"""
+    operator: str = "none"
+    """none | scripted (takes over when the policy strays; recovery, then correction) | keyboard (terminal teleop)"""
     out: Path = Path("runs/deploy")
     overwrite: bool = False
 
@@ -67,6 +69,8 @@ def deploy(cfg: DeployConfig) -> dict:
     from wmrl.run import prepare_run_dir, save_config
 
     ExecutorConfig(mode=cfg.mode, control_hz=cfg.control_hz).validate()
+    if cfg.operator not in ("none", "scripted", "keyboard"):
+        raise ValueError(f"operator: expected none, scripted or keyboard, got {cfg.operator!r}")
     if cfg.episodes < 1:
         raise ValueError(f"--episodes must be >= 1, got {cfg.episodes}")
     safety = SafetyConfig(**{**cfg.safety.__dict__, "control_hz": cfg.control_hz, "unsafe": cfg.unsafe or cfg.safety.unsafe})
@@ -91,17 +95,24 @@ def deploy(cfg: DeployConfig) -> dict:
     robot = SafeRobot(remote, safety)
     ecfg = ExecutorConfig(mode=cfg.mode, control_hz=cfg.control_hz)
     rows, writer = [], None
+    operator = None
+    if cfg.operator != "none":
+        from real_robot.intervention import JointOperator, KeyboardOperator, ScriptedOperator
+
+        operator = JointOperator(ScriptedOperator() if cfg.operator == "scripted" else KeyboardOperator())
     try:
         robot.connect()
         for ep in range(cfg.episodes):
             remote.reset_episode(cfg.seed + ep)
             robot.resync()
             n_trips = len(robot.trips)
+            if operator is not None:
+                operator.reset()
             res = run_episode(robot, infer, ecfg, steps, latency=(lambda: cfg.latency_ms / 1000) if cfg.latency_ms else None,
-                              stop=lambda o: bool(o["success"]), record=True)
+                              stop=lambda o: bool(o["success"]), record=True, operator=operator)
             log = res["log"]
             final = res["final_observation"]
-            row = {"episode": ep, "success": bool(final["success"]),
+            row = {"episode": ep, "success": bool(final["success"]), "intervention_steps": int(np.sum(np.array(log["phase"]) > 0)),
                    **{k: v for k, v in res.items() if k not in ("log", "final_observation")}}
             rows.append(row)
             with open(run / "trips.jsonl", "a") as f:
@@ -115,9 +126,12 @@ def deploy(cfg: DeployConfig) -> dict:
                 episode = build_episode(obs, log["sent"], [0.0] * T, [False] * (T - 1) + [row["success"]],
                                         [False] * (T - 1) + [not row["success"]],
                                         [False] * (T - 1) + [row["success"]], source="policy", policy_id=cfg.policy.type,
+                                        intervention=[p > 0 for p in log["phase"]],
                                         extras={"safety.trips": [np.int32(len(t)) for t in log["trips"]] + [np.int32(0)],
                                                 "layout_seed": [np.int64(cfg.seed + ep)] * (T + 1),
+                                                "intervention.phase": [np.int8(p) for p in log["phase"]] + [np.int8(log["phase"][-1])],
                                                 "action.commanded": [a.astype(np.float32) for a in log["action"]] + [log["action"][-1].astype(np.float32)]})
+                episode["source"] = ["human" if p > 0 else "policy" for p in log["phase"] + log["phase"][-1:]]
                 if writer is None:
                     writer = LeRobotV3Writer(run / "dataset", fps=int(round(cfg.control_hz)), features=features_for(episode),
                                              robot_type="wmrl_tabletop_real", extra_meta={"task": cfg.task, "mode": cfg.mode})
