@@ -15,6 +15,20 @@ import numpy as np
 from wmrl.core.features import OBS_STATE
 
 
+def step_hand(ee: np.ndarray, delta: np.ndarray, ee_step: float) -> np.ndarray:
+    """The hand target one end-effector delta (in [-1, 1] units of `ee_step`) away, kept in the workspace."""
+    from sim.tabletop.model import WORKSPACE_HIGH, WORKSPACE_LOW
+
+    return np.clip(ee + np.clip(delta[:3], -1, 1) * ee_step, WORKSPACE_LOW, WORKSPACE_HIGH)
+
+
+def joint_command(ee_target: np.ndarray, gripper: float) -> np.ndarray:
+    """[4 arm joint targets from the closed-form IK, gripper in [-1, 1]]."""
+    from sim.tabletop.model import inverse_kinematics
+
+    return np.concatenate([inverse_kinematics(ee_target), [float(np.clip(gripper, -1, 1))]])
+
+
 class EEDeltaChunkToJoint:
     def __init__(self, policy, horizon: int = 8, ee_step: float | None = None):
         from sim.tabletop.env import EE_STEP
@@ -34,25 +48,23 @@ class EEDeltaChunkToJoint:
 
     def __call__(self, obs: dict) -> np.ndarray:
         """(H, 5) joint targets [yaw, shoulder, elbow, wrist, gripper] for one observation of the robot."""
-        from sim.tabletop.model import WORKSPACE_HIGH, WORKSPACE_LOW, inverse_kinematics
-
         b = self._batched(obs)
         if getattr(self.policy, "chunk_size", 1) > 1:
             deltas = np.asarray(self.policy.predict_action_chunk(b))[0][: self.horizon]
             ee = np.asarray(obs[OBS_STATE], np.float64)[5:8].copy()
             waypoints = []
             for a in deltas:
-                ee = np.clip(ee + np.clip(a[:3], -1, 1) * self.ee_step, WORKSPACE_LOW, WORKSPACE_HIGH)
+                ee = step_hand(ee, a, self.ee_step)
                 waypoints.append((ee.copy(), a[3]))
         else:
             state = np.array(b[OBS_STATE], np.float64)
             waypoints = []
             for _ in range(self.horizon):
                 a = np.asarray(self.policy.select_action({**b, OBS_STATE: state.astype(np.float32)}))[0]
-                ee = np.clip(state[0, 5:8] + np.clip(a[:3], -1, 1) * self.ee_step, WORKSPACE_LOW, WORKSPACE_HIGH)
+                ee = step_hand(state[0, 5:8], a, self.ee_step)
                 state[0, 5:8] = ee
                 waypoints.append((ee, a[3]))
-        return np.stack([np.concatenate([inverse_kinematics(ee), [np.clip(g, -1, 1)]]) for ee, g in waypoints])
+        return np.stack([joint_command(ee, g) for ee, g in waypoints])
 
 
-__all__ = ["EEDeltaChunkToJoint"]
+__all__ = ["EEDeltaChunkToJoint", "step_hand", "joint_command"]

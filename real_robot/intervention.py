@@ -18,7 +18,7 @@ from typing import Protocol
 
 import numpy as np
 
-from wmrl.core.features import INTERVENTION, OBS_STATE, SOURCE
+from wmrl.core.features import OBS_STATE, SOURCE
 
 PHASES = {0: "policy", 1: "recovery", 2: "correction"}
 
@@ -135,16 +135,16 @@ class JointOperator:
         self.operator.reset()
 
     def step(self, obs: dict, policy_command: np.ndarray) -> tuple[np.ndarray | None, int]:
+        from real_robot.adapters import joint_command, step_hand
         from sim.tabletop.env import EE_STEP
-        from sim.tabletop.model import WORKSPACE_HIGH, WORKSPACE_LOW, forward_kinematics, inverse_kinematics
+        from sim.tabletop.model import forward_kinematics
 
         ee = np.asarray(obs[OBS_STATE], np.float64)[5:8]
         implied = np.concatenate([(forward_kinematics(np.asarray(policy_command[:4])) - ee) / EE_STEP, [policy_command[4]]])
         a, phase = self.operator.step(obs, implied)
         if a is None:
             return None, 0
-        target = np.clip(ee + np.clip(a[:3], -1, 1) * EE_STEP, WORKSPACE_LOW, WORKSPACE_HIGH)
-        return np.concatenate([inverse_kinematics(target), [float(np.clip(a[3], -1, 1))]]), phase
+        return joint_command(step_hand(ee, a, EE_STEP), a[3]), phase
 
 
 def rollout_with_operator(env, policy, operator: Operator, seed: int, max_steps: int | None = None) -> dict:
@@ -175,7 +175,6 @@ def rollout_with_operator(env, policy, operator: Operator, seed: int, max_steps:
                        intervention=[p > 0 for p in phases],
                        extras={"intervention.phase": [np.int8(p) for p in phases] + [np.int8(phases[-1])]})
     ep[SOURCE] = ["human" if p > 0 else "policy" for p in phases] + ["human" if phases[-1] > 0 else "policy"]
-    assert len(ep[INTERVENTION]) == len(ep[SOURCE])
     return ep
 
 
