@@ -8,7 +8,8 @@ calibrated twin (objective: standardised arm-state MSE; and the hand's RMSE in m
 
 Then twin-guided exploration (`real_robot.twinrl`) on reach-red with the calibrated twin: real demonstrations
 allocated by twin failure (guided) or uniformly, real success on a pool of 24 configurations after each round, and
-the real demonstration steps to reach `target_success`; plus BC on the same number of demonstrations from the
+the real robot steps to reach `target_success`; the same budget spent on policy rollouts with a scripted
+operator's recoveries and corrections (RaC) instead of full demonstrations; plus BC on the same number of demonstrations from the
 nominal sim or from the calibrated twin, scored in the real cell.
 """
 
@@ -24,12 +25,14 @@ from wmrl.benchutil import finish
 
 
 def _twinrl(twin, seeds: int, quick: bool, target: float) -> dict:
-    """Guided against uniform allocation of real demonstrations (3 seeds), and the sim-to-real comparison."""
-    from real_robot.twinrl import BCPolicy, TwinRLConfig, make_env, run, steps_to_reach, success_rate, twin_demonstrations
+    """Guided against uniform allocation of real demonstrations, against operator corrections (RaC), and the
+    sim-to-real comparison."""
+    from real_robot.twinrl import (STRATEGIES, BCPolicy, TwinRLConfig, make_env, run, steps_to_reach, success_rate,
+                                   twin_demonstrations)
 
     cfg = TwinRLConfig(pool=6, rounds=2, bc_steps=60, hidden=32) if quick else TwinRLConfig()
     curves = {s: [run(TwinRLConfig(**{**cfg.__dict__, "seed": k}), twin, s)["curve"] for k in range(seeds)]
-              for s in ("guided", "uniform")}
+              for s in STRATEGIES}
     out = {"config": dict(cfg.__dict__), "target_success": target, "curves": curves}
     for s, cs in curves.items():
         reach = [steps_to_reach(c, target) for c in cs]

@@ -10,7 +10,10 @@ demonstrations on privileged state (`observation.state` + `observation.environme
    configurations: `guided` draws them with weights p(1 - p) from the twin success p (low but non-zero success
    first; cells at p = 0 or 1 get a small floor), `uniform` draws them uniformly. The policy is retrained on all
    data and its true success on the whole pool is measured in `tabletop-real`.
-The comparison is the real demonstration steps each strategy needs to reach a target success.
+4. `corrections` (RaC, Hu et al. 2025; HG-DAgger): instead of full demonstrations, the current policy runs at
+   `per_round` uniformly drawn configurations while a scripted operator watches (`real_robot.intervention`); only the
+   operator's recovery and correction frames join the data, but every step of the rollout counts as robot time.
+The comparison is the real robot steps each strategy needs to reach a target success.
 """
 
 from __future__ import annotations
@@ -107,6 +110,26 @@ class BCPolicy:
         self.actor.deterministic = not stochastic
         return self.actor.act(x)[0].numpy()
 
+    # the batched Policy interface, so the shared rollout helpers (`rollout_with_operator`) can drive it
+    def reset(self) -> None:
+        pass
+
+    def select_action(self, batch: dict) -> np.ndarray:
+        return self.act({k: v[0] for k, v in batch.items()}, stochastic=False)[None]
+
+
+def correct(env, policy: BCPolicy, layout_seed: int, operator=None) -> tuple[list[np.ndarray], list[np.ndarray], int]:
+    """One policy rollout with a scripted operator taking over (RaC): (features, actions) of the operator's recovery
+    and correction frames only, and the rollout's steps (all of them are robot time)."""
+    from real_robot.intervention import ScriptedOperator, rollout_with_operator
+    from wmrl.core.features import INTERVENTION
+
+    ep = rollout_with_operator(env, policy, operator or ScriptedOperator(), layout_seed)
+    steps = len(ep[INTERVENTION]) - 1
+    keep = np.flatnonzero(ep[INTERVENTION][:steps])
+    xs = [_features({OBS_STATE: ep[OBS_STATE][t], OBS_ENV_STATE: ep[OBS_ENV_STATE][t]}) for t in keep]
+    return xs, [ep["action"][t] for t in keep], steps
+
 
 def success_rate(env, policy: BCPolicy, seeds, stochastic: bool = False, repeats: int = 1) -> np.ndarray:
     """Per-configuration success of `policy` in `env` (a twin or the real cell)."""
@@ -134,11 +157,14 @@ def allocate(p: np.ndarray | None, n: int, k: int, rng: np.random.Generator, flo
     return rng.choice(n, k, replace=False, p=w / w.sum())
 
 
+STRATEGIES = ("guided", "uniform", "corrections")
+
+
 def run(cfg: TwinRLConfig, twin, strategy: str) -> dict:
-    """One strategy (`guided` or `uniform`) from the same twin demonstrations; returns the learning curve in real
-    demonstration steps."""
-    if strategy not in ("guided", "uniform"):
-        raise ValueError(f"strategy: expected guided or uniform, got {strategy!r}")
+    """One strategy (`guided`, `uniform` or `corrections`) from the same twin demonstrations; returns the learning
+    curve in real robot steps."""
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy: expected one of {', '.join(STRATEGIES)}, got {strategy!r}")
     rng = np.random.default_rng(cfg.seed)
     twin_env = make_env(cfg.task, twin, cfg.domain_randomization)
     real_env = make_env(cfg.task, "real")
@@ -152,7 +178,7 @@ def run(cfg: TwinRLConfig, twin, strategy: str) -> dict:
         p = success_rate(twin_env, policy, pool, stochastic=True, repeats=cfg.twin_rollouts) if strategy == "guided" else None
         chosen = pool[allocate(p, len(pool), cfg.per_round, rng)]
         for s in chosen:
-            xs, acts, n = demonstrate(real_env, int(s))
+            xs, acts, n = correct(real_env, policy, int(s)) if strategy == "corrections" else demonstrate(real_env, int(s))
             X += xs
             A += acts
             real_steps += n
@@ -173,4 +199,5 @@ def steps_to_reach(curve: list[dict], target: float) -> float:
     return float("inf")
 
 
-__all__ = ["TwinRLConfig", "BCPolicy", "run", "allocate", "twin_demonstrations", "success_rate", "demonstrate", "steps_to_reach"]
+__all__ = ["TwinRLConfig", "BCPolicy", "run", "allocate", "twin_demonstrations", "success_rate", "demonstrate", "correct",
+           "steps_to_reach", "STRATEGIES"]

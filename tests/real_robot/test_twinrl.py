@@ -26,3 +26,24 @@ def test_tiny_run_counts_real_steps_and_measures_real_success():
     assert all(0.0 <= c["real_success"] <= 1.0 for c in r["curve"])
     assert steps_to_reach([{"real_steps": 0, "real_success": 0.1}, {"real_steps": 7, "real_success": 0.6}], 0.5) == 7
     assert steps_to_reach(r["curve"][:1], 2.0) == float("inf")
+
+
+def test_corrections_keep_only_operator_frames_and_count_every_step():
+    """RaC data: a policy that always drives the hand away gets taken over; only recovery/correction frames become
+    training data, but the whole rollout counts as robot time."""
+    from real_robot.intervention import ScriptedOperator
+    from real_robot.twinrl import correct, make_env
+
+    class Away:
+        def reset(self):
+            pass
+
+        def select_action(self, batch):
+            return np.array([[-1.0, -1.0, 1.0, -1.0]], np.float32)
+
+    env = make_env("reach-red", "real")
+    xs, acts, steps = correct(env, Away(), 3, ScriptedOperator(patience=2))
+    env.close()
+    assert 0 < len(xs) == len(acts) < steps  # the first `patience` policy steps are not data
+    assert all(x.shape == xs[0].shape for x in xs) and len(xs[0]) > 8
+    assert not any(np.allclose(a, [-1.0, -1.0, 1.0, -1.0]) for a in acts)  # no policy action is kept as a label
