@@ -2,15 +2,19 @@
 
 `wmrl calibrate-twin --logs DIR --out twin.yaml`. Each logged episode (LeRobot v3: `observation.state`, the joint
 commands actually sent as `action`, the cell's `layout_seed`, and `observation.environment_state` when the cubes are
-tracked) is replayed open-loop in the twin under candidate parameters; the objective is the mean squared error
-between replayed and logged trajectories (arm state standardised per dimension, cube positions in centimetres).
-CMA-ES (Hansen 2016; the `cma` package) searches the identifiable parameters in a normalised log space inside their
-physical bounds (`TwinParams.IDENTIFIABLE`), starting from nominal. `wmrl deploy` datasets carry the same fields,
-but a real-time robot steps on its own clock, so replaying them per control step is only approximate; dedicated
-system-identification logs (`collect_logs`) replay exactly.
+tracked) is replayed open-loop in the twin under candidate parameters. Two stages, each CMA-ES (Hansen 2016; the
+`cma` package) in a normalised parameter box inside physical bounds (`TwinParams.IDENTIFIABLE`), from nominal:
+1. dynamics (arm gains, damping, latency; cube mass/friction when asked): the mean squared error between replayed
+   and logged trajectories (arm state standardised per dimension, cube positions in centimetres);
+2. camera (front camera position offset, field of view, key-light intensity), when the logs hold front-camera
+   images: the replay under the stage-1 twin is re-rendered at keyframes under candidate camera parameters, and the
+   objective is the mean squared pixel error against the logged frames. Camera parameters do not change the
+   dynamics, so the stages separate.
+`wmrl deploy` datasets carry the same fields, but a real-time robot steps on its own clock, so replaying them per
+control step is only approximate; dedicated system-identification logs (`wmrl sysid`, `collect_logs`) replay exactly.
 
 Writes twin.yaml (a full `TwinParams`: `TabletopEnv(twin=TwinParams.from_dict(...))` uses it) and, beside it,
-calibration.json: the fitted values, trajectory error before (nominal twin) and after, the search curve.
+calibration.json: the fitted values, trajectory and image error before (nominal twin) and after, the search curves.
 """
 
 from __future__ import annotations
@@ -28,23 +32,29 @@ from wmrl.core.features import ACTION, OBS_ENV_STATE, OBS_STATE
 REQUIRED = (OBS_STATE, ACTION, "layout_seed")
 CUBE_SCALE = 0.01  # m: cube positions count in centimetres
 DEFAULT_PARAMS = ("arm_damping", "arm_kp", "latency_s")  # cube_mass, cube_friction need contact-rich logs
+CAMERA_PARAMS = ("camera_x", "camera_y", "camera_z", "camera_fovy", "light_intensity")
+CAMERA = "observation.images.front"
 
 
 @dataclass
 class CalibrateConfig:
     logs: Path = Path("runs/deploy/dataset")
     out: Path = Path("twin.yaml")
-    params: tuple[str, ...] = DEFAULT_PARAMS
+    params: tuple[str, ...] = ()
+    """Parameters to fit; empty: the arm's (DEFAULT_PARAMS), plus the camera's when the logs hold front images."""
     generations: int = 30
+    camera_generations: int = 60  # the camera stage's objective is rougher (pixels) but far cheaper per evaluation
     popsize: int = 10
     sigma0: float = 0.3  # CMA-ES step size in the normalised [0, 1] parameter box
     max_episodes: int = 8
+    image_stride: int = 5  # camera stage: compare every image_stride-th logged frame
     seed: int = 0
     progress: bool = True
 
 
-def load_logs(path: Path, max_episodes: int = 0) -> tuple[str, list[dict]]:
-    """The task name and episodes of a calibration log; a clear error lists any missing field."""
+def load_logs(path: Path, max_episodes: int = 0, images: bool = False) -> tuple[str, list[dict]]:
+    """The task name and episodes of a calibration log (with decoded front-camera frames when `images`); a clear
+    error lists any missing field."""
     from wmrl.datasets import LeRobotV3Dataset
 
     path = Path(path)
@@ -54,29 +64,38 @@ def load_logs(path: Path, max_episodes: int = 0) -> tuple[str, list[dict]]:
     task = json.loads(meta_file.read_text()).get("task")
     ds = LeRobotV3Dataset(path)
     first = ds.episode(0, decode=False)
-    missing = [k for k in REQUIRED if k not in first] + ([] if task else ["task (meta/wmrl.json)"])
+    needed = REQUIRED + ((CAMERA,) if images else ())
+    missing = [k for k in needed if k not in first and k not in ds.camera_keys] + ([] if task else ["task (meta/wmrl.json)"])
     if missing:
-        raise ValueError(f"{path}: calibration logs need {', '.join(REQUIRED)} and the task name; missing: "
+        raise ValueError(f"{path}: calibration logs need {', '.join(needed)} and the task name; missing: "
                          f"{', '.join(missing)}")
     n = ds.num_episodes if not max_episodes else min(max_episodes, ds.num_episodes)
     eps = []
     for i in range(n):
-        e = ds.episode(i, decode=False)
+        e = ds.episode(i, decode=images)
         eps.append({OBS_STATE: np.asarray(e[OBS_STATE], np.float64), ACTION: np.asarray(e[ACTION], np.float64),
                     "layout_seed": int(np.asarray(e["layout_seed"]).reshape(-1)[0]),
-                    OBS_ENV_STATE: np.asarray(e[OBS_ENV_STATE], np.float64) if OBS_ENV_STATE in e else None})
+                    OBS_ENV_STATE: np.asarray(e[OBS_ENV_STATE], np.float64) if OBS_ENV_STATE in e else None,
+                    CAMERA: e[CAMERA] if images else None})
     return task, eps
 
 
-def replay(env, twin, ep: dict) -> tuple[np.ndarray, np.ndarray]:
-    """Replay the logged commands in `env` (control="joint") from the logged layout under `twin`."""
-    obs, _ = env.reset(seed=ep["layout_seed"], options={"twin": twin})
-    states, env_states = [obs[OBS_STATE]], [obs[OBS_ENV_STATE]]
+def has_images(path: Path) -> bool:
+    info = Path(path) / "meta" / "info.json"
+    return info.exists() and CAMERA in json.loads(info.read_text()).get("features", {})
+
+
+def replay(env, twin, ep: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Replay the logged commands in `env` (control="joint") from the logged layout under `twin`: arm states, cube
+    states and the simulator's qpos per frame."""
+    obs, info = env.reset(seed=ep["layout_seed"], options={"twin": twin})
+    states, env_states, qpos = [obs[OBS_STATE]], [obs[OBS_ENV_STATE]], [info["qpos"]]
     for a in ep[ACTION][:-1]:  # the final frame's action is padding
-        obs, *_ = env.step(a)
+        obs, _, _, _, info = env.step(a)
         states.append(obs[OBS_STATE])
         env_states.append(obs[OBS_ENV_STATE])
-    return np.asarray(states, np.float64), np.asarray(env_states, np.float64)
+        qpos.append(info["qpos"])
+    return np.asarray(states, np.float64), np.asarray(env_states, np.float64), np.asarray(qpos, np.float64)
 
 
 def trajectory_error(env, twin, episodes: list[dict], scale: np.ndarray, cubes: bool = True) -> dict:
@@ -84,7 +103,7 @@ def trajectory_error(env, twin, episodes: list[dict], scale: np.ndarray, cubes: 
     the hand's RMSE in mm."""
     arm, cube, ee = [], [], []
     for ep in episodes:
-        s, e = replay(env, twin, ep)
+        s, e, _ = replay(env, twin, ep)
         arm.append(np.mean(((s - ep[OBS_STATE]) / scale) ** 2))
         ee.append(np.mean(np.sum((s[:, 5:8] - ep[OBS_STATE][:, 5:8]) ** 2, axis=1)))
         if cubes and ep[OBS_ENV_STATE] is not None:
@@ -92,6 +111,41 @@ def trajectory_error(env, twin, episodes: list[dict], scale: np.ndarray, cubes: 
     total = float(np.mean(arm) + (np.mean(cube) if cube else 0.0))
     return {"objective": total, "arm": float(np.mean(arm)), "cubes": float(np.mean(cube)) if cube else None,
             "ee_rmse_mm": float(1000 * math.sqrt(np.mean(ee)))}
+
+
+def keyframes(env, twin, episodes: list[dict], stride: int) -> list[tuple[int, list[tuple[np.ndarray, np.ndarray]]]]:
+    """Per episode: its layout seed and (replayed qpos, logged front image) every `stride`-th frame."""
+    out = []
+    for ep in episodes:
+        _, _, qpos = replay(env, twin, ep)
+        out.append((ep["layout_seed"], [(qpos[t], ep[CAMERA][t]) for t in range(0, len(qpos), stride)]))
+    return out
+
+
+def image_error(env, twin, frames) -> float:
+    """Mean squared pixel error (intensities in [0, 1]) of the front camera re-rendered under `twin` at the
+    keyframes against the logged images."""
+    errs = []
+    for layout_seed, kf in frames:
+        env.reset(seed=layout_seed, options={"twin": twin})  # the layout (zones) and the camera/light of `twin`
+        for q, logged in kf:
+            img = env.render_at(q)[CAMERA]
+            errs.append(np.mean(((img.astype(np.float32) - logged.astype(np.float32)) / 255.0) ** 2))
+    return float(np.mean(errs))
+
+
+def project(env, twin, points: np.ndarray) -> np.ndarray:
+    """Pixel coordinates (u right, v down) of world `points` (N, 3) in the front camera of `env` under `twin`'s
+    camera parameters (pinhole; MuJoCo cameras look along their -z axis, y up). Compares camera fits by where they
+    put the workspace in the image, which is what matters when several poses explain the images equally well."""
+    import mujoco
+
+    env.reset(seed=0, options={"twin": twin})
+    cam = mujoco.mj_name2id(env.model, mujoco.mjtObj.mjOBJ_CAMERA, "front")
+    pos, rot = env.data.cam_xpos[cam], env.data.cam_xmat[cam].reshape(3, 3)
+    c = (np.asarray(points, np.float64) - pos) @ rot  # camera-frame coordinates
+    f = 0.5 * env.height / math.tan(math.radians(env.model.cam_fovy[cam]) / 2)
+    return np.stack([env.width / 2 + f * c[:, 0] / -c[:, 2], env.height / 2 - f * c[:, 1] / -c[:, 2]], axis=1)
 
 
 class ParamBox:
@@ -112,55 +166,89 @@ class ParamBox:
             out[n] = float(lo + xi * (hi - lo)) if lo <= 0 else float(math.exp(math.log(lo) + xi * math.log(hi / lo)))
         return out
 
-    def encode(self, values: dict[str, float]) -> np.ndarray:
+    def encode(self, twin) -> np.ndarray:
+        """The box coordinates of `twin`'s values (a `TwinParams`)."""
         x = []
         for n, (lo, hi) in zip(self.names, self.bounds):
-            v = float(np.clip(values[n], lo, hi))
+            v = float(np.clip(twin.get(n), lo, hi))
             x.append((v - lo) / (hi - lo) if lo <= 0 else math.log(v / lo) / math.log(hi / lo))
         return np.asarray(x)
 
 
-def calibrate(cfg: CalibrateConfig) -> dict:
+def _cmaes(box: ParamBox, start, objective, cfg: CalibrateConfig, generations: int, desc: str) -> tuple[dict, list[float], int]:
+    """Minimise objective(twin) over `box` from the twin `start`: (best values, best-so-far curve, evaluations)."""
     import cma
-    import yaml
     from tqdm.auto import tqdm
+
+    es = cma.CMAEvolutionStrategy(box.encode(start), cfg.sigma0,
+                                  {"bounds": [0, 1], "popsize": cfg.popsize, "seed": cfg.seed + 1, "verbose": -9})
+    curve = []
+    for _ in tqdm(range(generations), desc=desc, disable=not cfg.progress):
+        xs = es.ask()
+        es.tell(xs, [objective(start.with_values(box.decode(np.asarray(x)))) for x in xs])
+        curve.append(float(es.result.fbest))
+    return box.decode(np.asarray(es.result.xbest)), curve, int(es.result.evaluations)
+
+
+def calibrate(cfg: CalibrateConfig) -> dict:
+    import yaml
 
     from sim.tabletop.env import TabletopEnv
     from sim.tabletop.twin import TwinParams
     from wmrl.core.io import atomic_path, write_json
 
-    if cfg.generations < 1 or cfg.popsize < 2 or not 0 < cfg.sigma0 < 1:
-        raise ValueError(f"generations >= 1, popsize >= 2 and 0 < sigma0 < 1 needed; got {cfg.generations}, "
+    if min(cfg.generations, cfg.camera_generations, cfg.image_stride) < 1 or cfg.popsize < 2 or not 0 < cfg.sigma0 < 1:
+        raise ValueError(f"generations, camera_generations, image_stride >= 1, popsize >= 2 and 0 < sigma0 < 1 "
+                         f"needed; got {cfg.generations}, {cfg.camera_generations}, {cfg.image_stride}, "
                          f"{cfg.popsize}, {cfg.sigma0}")
-    box = ParamBox(tuple(cfg.params))
-    task, episodes = load_logs(cfg.logs, cfg.max_episodes)
+    params = tuple(cfg.params) or DEFAULT_PARAMS + (CAMERA_PARAMS if has_images(cfg.logs) else ())
+    ParamBox(params)  # validates the names
+    dynamics, camera = [n for n in params if n not in CAMERA_PARAMS], [n for n in params if n in CAMERA_PARAMS]
+    task, episodes = load_logs(cfg.logs, cfg.max_episodes, images=bool(camera))
     scale = np.concatenate([ep[OBS_STATE] for ep in episodes]).std(0) + 1e-3
-    env = TabletopEnv(task=task, control="joint", cameras=(), max_episode_steps=10**9)
     nominal = TwinParams()
     t0 = time.time()
-    cubes = any(n.startswith("cube_") for n in box.names)  # arm-only fits ignore what the cubes did
-    before = trajectory_error(env, nominal, episodes, scale, cubes)
-    objective = lambda x: trajectory_error(env, nominal.replace(**box.decode(x)), episodes, scale, cubes)["objective"]
-    es = cma.CMAEvolutionStrategy(box.encode(nominal.to_dict()), cfg.sigma0,
-                                  {"bounds": [0, 1], "popsize": cfg.popsize, "seed": cfg.seed + 1, "verbose": -9})
-    curve = []
-    for _ in tqdm(range(cfg.generations), desc="calibrating twin (CMA-ES)", disable=not cfg.progress):
-        xs = es.ask()
-        es.tell(xs, [objective(np.asarray(x)) for x in xs])
-        curve.append(float(es.result.fbest))
-    fitted = box.decode(np.asarray(es.result.xbest))
-    twin = nominal.replace(**fitted)
-    after = trajectory_error(env, twin, episodes, scale, cubes)
-    if after["objective"] > before["objective"]:  # never hand back a twin that replays the logs worse than nominal
-        fitted, twin, after = {n: float(getattr(nominal, n)) for n in box.names}, nominal, before
-    env.close()
+    report: dict = {"task": task, "episodes": len(episodes), "fitted": {}, "evaluations": 0}
+    twin = nominal
+    if dynamics:
+        env = TabletopEnv(task=task, control="joint", cameras=(), max_episode_steps=10**9)
+        box = ParamBox(tuple(dynamics))
+        cubes = any(n.startswith("cube_") for n in box.names)  # arm-only fits ignore what the cubes did
+        err = lambda tw: trajectory_error(env, tw, episodes, scale, cubes)
+        before = err(nominal)
+        fitted, curve, evals = _cmaes(box, nominal, lambda tw: err(tw)["objective"], cfg, cfg.generations,
+                                     "calibrating dynamics (CMA-ES)")
+        after = err(nominal.with_values(fitted))
+        if after["objective"] > before["objective"]:  # never hand back a twin that replays the logs worse than nominal
+            fitted, after = {n: nominal.get(n) for n in box.names}, before
+        twin = nominal.with_values(fitted)
+        env.close()
+        report.update(error_before=before, error_after=after, traj_error_before=before["objective"],
+                      traj_error_after=after["objective"], curve=curve)
+        report["fitted"].update(fitted)
+        report["evaluations"] += evals
+    if camera:
+        h, w = episodes[0][CAMERA].shape[1:3]
+        env = TabletopEnv(task=task, control="joint", cameras=("front",), image_size=(h, w), max_episode_steps=10**9)
+        frames = keyframes(env, twin, episodes, cfg.image_stride)  # replayed under the stage-1 dynamics
+        box = ParamBox(tuple(camera))
+        before = image_error(env, twin, frames)
+        fitted, curve, evals = _cmaes(box, twin, lambda tw: image_error(env, tw, frames), cfg,
+                                     cfg.camera_generations, "calibrating camera (CMA-ES)")
+        after = image_error(env, twin.with_values(fitted), frames)
+        if after > before:
+            fitted, after = {n: twin.get(n) for n in box.names}, before
+        twin = twin.with_values(fitted)
+        env.close()
+        report.update(image_error_before=before, image_error_after=after, image_curve=curve,
+                      keyframes=sum(len(kf) for _, kf in frames))
+        report["fitted"].update(fitted)
+        report["evaluations"] += evals
     out = Path(cfg.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(out) as tmp:
         tmp.write_text(yaml.safe_dump(json.loads(json.dumps(twin.to_dict())), sort_keys=False))
-    report = {"twin": str(out), "task": task, "episodes": len(episodes), "fitted": fitted, "error_before": before,
-              "error_after": after, "traj_error_before": before["objective"], "traj_error_after": after["objective"],
-              "evaluations": int(es.result.evaluations), "curve": curve, "seconds": time.time() - t0}
+    report.update(twin=str(out), params=list(params), seconds=time.time() - t0)
     write_json(out.with_name(out.stem + ".calibration.json"), report)
     return report
 
@@ -173,6 +261,7 @@ class SysIdConfig:
     steps: int = 50
     amplitude: float = 0.3  # rad of yaw sweep (pitch joints 0.4x)
     noise_std: float = 0.001
+    cameras: tuple[str, ...] = ("front",)  # front images let calibrate-twin fit the camera pose too
     seed: int = 0
 
 
@@ -182,22 +271,24 @@ def record_sysid(cfg: SysIdConfig) -> dict:
         raise FileExistsError(f"{cfg.out} already exists; choose another --out")
     if cfg.episodes < 1 or cfg.steps < 2:
         raise ValueError(f"episodes >= 1 and steps >= 2 needed, got {cfg.episodes}, {cfg.steps}")
-    collect_logs(cfg.out, cfg.task, cfg.episodes, cfg.steps, cfg.seed, cfg.noise_std, cfg.amplitude)
+    collect_logs(cfg.out, cfg.task, cfg.episodes, cfg.steps, cfg.seed, cfg.noise_std, cfg.amplitude,
+                 cameras=tuple(cfg.cameras))
     return {"logs": str(cfg.out), "episodes": cfg.episodes, "steps": cfg.steps}
 
 
 def collect_logs(out: Path, task: str = "reach-red", episodes: int = 6, steps: int = 50, seed: int = 0,
-                 noise_std: float = 0.001, amplitude: float = 0.3, twin="real") -> Path:
+                 noise_std: float = 0.001, amplitude: float = 0.3, twin="real", cameras: tuple[str, ...] = ()) -> Path:
     """System-identification logs from the real cell: multi-sine joint sweeps around the home pose, hand kept high
     above the cubes (free-space motion identifies the arm's gains, damping and latency), recorded as a calibration
-    dataset. Contact-rich logs (pushing) are what cube mass and friction would need."""
+    dataset, with the `cameras`' images (the camera stage of calibration needs the front camera). Contact-rich logs
+    (pushing) are what cube mass and friction would need."""
     from real_robot.sim_robot import SimRealRobot
     from sim.tabletop.env import HOME_EE
     from sim.tabletop.model import forward_kinematics, inverse_kinematics
     from wmrl.core.episode import build_episode, features_for
     from wmrl.datasets.lerobot_v3 import LeRobotV3Writer, write_episode
 
-    robot = SimRealRobot(task, cameras=(), noise_std=noise_std, seed=seed, twin=twin)
+    robot = SimRealRobot(task, cameras=tuple(cameras), noise_std=noise_std, seed=seed, twin=twin)
     robot.connect()
     rng = np.random.default_rng(seed)
     home = inverse_kinematics(np.asarray(HOME_EE) + np.array([0.05, 0.0, 0.0]))
@@ -218,7 +309,8 @@ def collect_logs(out: Path, task: str = "reach-red", episodes: int = 6, steps: i
             obs = robot.get_observation()
             observations.append(obs)
             actions.append(a.astype(np.float32))
-        keep = [{k: o[k] for k in (OBS_STATE, OBS_ENV_STATE, "task")} for o in observations]
+        keep = [{k: o[k] for k in (OBS_STATE, OBS_ENV_STATE, "task", *(f"observation.images.{c}" for c in cameras))}
+                for o in observations]
         ep = build_episode(keep, actions, [0.0] * steps, [False] * steps, [False] * (steps - 1) + [True],
                            [False] * steps, source="policy", policy_id="sysid",
                            extras={"layout_seed": [np.int64(seed + e)] * (steps + 1)})
@@ -231,4 +323,5 @@ def collect_logs(out: Path, task: str = "reach-red", episodes: int = 6, steps: i
     return Path(out)
 
 
-__all__ = ["CalibrateConfig", "calibrate", "SysIdConfig", "record_sysid", "collect_logs", "load_logs", "replay", "trajectory_error", "ParamBox", "REQUIRED"]
+__all__ = ["CalibrateConfig", "calibrate", "SysIdConfig", "record_sysid", "collect_logs", "load_logs", "replay", "trajectory_error",
+           "keyframes", "image_error", "project", "has_images", "ParamBox", "REQUIRED", "DEFAULT_PARAMS", "CAMERA_PARAMS"]

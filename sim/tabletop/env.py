@@ -235,6 +235,16 @@ class TabletopEnv(gym.Env):
             out[image_key(cam)] = self._renderer.render().copy()
         return out
 
+    def render_at(self, qpos: np.ndarray) -> dict[str, np.ndarray]:
+        """The cameras' images with the simulator set to `qpos` (image-based twin calibration re-renders logged
+        configurations under candidate camera parameters). Leaves the simulator at `qpos`, velocities unchanged."""
+        qpos = np.asarray(qpos, np.float64)
+        if qpos.shape != (self.model.nq,) or not np.isfinite(qpos).all():
+            raise ValueError(f"qpos: expected {self.model.nq} finite values, got shape {qpos.shape}")
+        self.data.qpos[:] = qpos
+        mujoco.mj_forward(self.model, self.data)
+        return self._render_cameras()
+
     def _obs(self) -> dict:
         obs = self._render_cameras()
         q = self.data.qpos[self._arm_qpos]

@@ -58,7 +58,28 @@ class TwinParams:
         "arm_damping": (0.3, 3.0),
         "arm_kp": (0.3, 3.0),
         "latency_s": (0.0, 0.08),
+        # identified from camera images: the front camera's position offset (m), field of view (deg), key light
+        "camera_x": (-0.05, 0.05),
+        "camera_y": (-0.05, 0.05),
+        "camera_z": (-0.05, 0.05),
+        "camera_fovy": (30.0, 55.0),
+        "light_intensity": (0.2, 1.0),
     }
+    OFFSET_AXES = {"camera_x": 0, "camera_y": 1, "camera_z": 2}  # identifiable names that index camera_offset
+
+    def get(self, name: str) -> float:
+        """An identifiable parameter's value (camera_x/y/z read `camera_offset`)."""
+        return float(self.camera_offset[self.OFFSET_AXES[name]]) if name in self.OFFSET_AXES else float(getattr(self, name))
+
+    def with_values(self, values: dict[str, float]) -> "TwinParams":
+        """A copy with identifiable parameters set by name (camera_x/y/z write `camera_offset`)."""
+        offset, plain = list(self.camera_offset), {}
+        for k, v in values.items():
+            if k in self.OFFSET_AXES:
+                offset[self.OFFSET_AXES[k]] = float(v)
+            else:
+                plain[k] = v
+        return self.replace(camera_offset=tuple(offset), **plain)
 
     def replace(self, **changes) -> "TwinParams":
         return dataclasses.replace(self, **changes)

@@ -35,4 +35,43 @@ def test_logs_without_the_needed_fields_are_refused(tmp_path):
     with pytest.raises(ValueError, match="not identifiable"):
         from real_robot.calibration import ParamBox
 
-        ParamBox(("light_intensity",))
+        ParamBox(("cube_half_size",))
+
+
+def test_camera_stage_recovers_a_known_camera_shift_from_images(tmp_path):
+    """Logs with front-camera images: the camera stage re-renders the replay and recovers a lateral camera shift and
+    the light's intensity; logs without images are refused when camera parameters are asked for."""
+    from real_robot.calibration import CalibrateConfig, calibrate, collect_logs, load_logs
+    from sim.tabletop.twin import TwinParams
+
+    truth = TwinParams().with_values({"camera_y": 0.02, "light_intensity": 0.5})
+    collect_logs(tmp_path / "logs", episodes=1, steps=16, noise_std=0.0, twin=truth, cameras=("front",))
+    r = calibrate(CalibrateConfig(logs=tmp_path / "logs", out=tmp_path / "twin.yaml", params=("camera_y", "light_intensity"),
+                                  camera_generations=8, popsize=6, image_stride=4, progress=False))
+    assert abs(r["fitted"]["camera_y"] - 0.02) < 0.004 and abs(r["fitted"]["light_intensity"] - 0.5) < 0.05
+    assert r["image_error_after"] < 0.2 * r["image_error_before"] and r["keyframes"] == 5
+    twin = TwinParams.from_dict(yaml.safe_load((tmp_path / "twin.yaml").read_text()))
+    assert twin.camera_offset[1] == pytest.approx(r["fitted"]["camera_y"])
+    collect_logs(tmp_path / "blind", episodes=1, steps=3, noise_std=0.0)
+    with pytest.raises(ValueError, match="missing: observation.images.front"):
+        load_logs(tmp_path / "blind", images=True)
+
+
+def test_projection_matches_the_rendered_image():
+    """`project` puts the look target at the image centre and the red cube where the renderer draws it, under the
+    nominal and a shifted, wider camera."""
+    from real_robot.calibration import project
+    from sim.tabletop.env import TabletopEnv
+    from sim.tabletop.twin import TwinParams
+
+    env = TabletopEnv("reach-red", control="joint", cameras=("front",), image_size=64)
+    for twin in (TwinParams(), TwinParams(camera_fovy=50.0, camera_offset=(0.03, 0.02, -0.02))):
+        assert np.allclose(project(env, twin, np.array([[0.42, 0.0, 0.02]]))[0], [32, 32], atol=1e-6)
+        for seed in range(3):
+            obs, _ = env.reset(seed=seed, options={"twin": twin})
+            img = obs["observation.images.front"].astype(int)
+            v, u = np.nonzero((img[..., 0] > 150) & (img[..., 1] < 80) & (img[..., 2] < 80))
+            cube = obs["observation.environment_state"][:3]
+            # the visible pixels are mostly the top face, which sits above the centre: allow 2 px
+            assert np.linalg.norm(project(env, twin, cube[None])[0] - [u.mean() + 0.5, v.mean() + 0.5]) < 2.0
+    env.close()
