@@ -84,7 +84,7 @@ class TabletopEnv(gym.Env):
         self.data = mujoco.MjData(self.model)
         self.nominal = read_nominal(self.model)
         self.twin = self.base_twin
-        apply_twin_params(self.model, self.nominal, self.twin)
+        apply_twin_params(self.model, self.data, self.nominal, self.twin)
         self.n_substeps = max(1, int(round(1.0 / (control_hz * self.model.opt.timestep))))
         self._renderer: mujoco.Renderer | None = None
         self._big_renderer: mujoco.Renderer | None = None
@@ -164,7 +164,7 @@ class TabletopEnv(gym.Env):
         if self.domain_randomization > 0:
             twin = twin.randomize(self.np_random, self.domain_randomization)
         self.twin = twin
-        apply_twin_params(self.model, self.nominal, twin)
+        apply_twin_params(self.model, self.data, self.nominal, twin)
         self.layout = options.get("layout") or sample_layout(self.spec_, self.np_random, twin)
         self.task_text = instruction(self.spec_, self.layout.zone)
 
@@ -227,6 +227,8 @@ class TabletopEnv(gym.Env):
                 "qpos": self.data.qpos.astype(np.float32), "qvel": self.data.qvel.astype(np.float32)}
 
     def _render_cameras(self) -> dict[str, np.ndarray]:
+        if not self.cameras:  # state-only envs need no GL context
+            return {}
         if self._renderer is None:
             self._renderer = mujoco.Renderer(self.model, self.height, self.width)
         out = {}

@@ -160,8 +160,11 @@ def read_nominal(model: mujoco.MjModel) -> NominalModelValues:
     )
 
 
-def apply_twin_params(model: mujoco.MjModel, nominal: NominalModelValues, p: TwinParams) -> None:
-    """Write `p` into the compiled model in place."""
+def apply_twin_params(model: mujoco.MjModel, data: mujoco.MjData, nominal: NominalModelValues, p: TwinParams) -> None:
+    """Write `p` into the compiled model in place, then recompute the model's derived constants (mj_setConst; it
+    uses and overwrites `data`, so call it before resetting the state). Without that, the constraint solver keeps
+    the compile-time inverse weights of the cubes: a cube heavier than nominal (0.08 kg) then makes contacts
+    unstable (MuJoCo's "Nan, Inf or huge value in QVEL" reset) in ~1 of 10 fast sweeps, 0 after."""
     for colour in CUBE_COLOURS:
         gid = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_GEOM, f"cube_{colour}")
         bid = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_BODY, f"cube_{colour}")
@@ -190,3 +193,4 @@ def apply_twin_params(model: mujoco.MjModel, nominal: NominalModelValues, p: Twi
     model.cam_pos[cam] = nominal.cam_pos[cam] + np.asarray(p.camera_offset)
     model.cam_fovy[cam] = p.camera_fovy
     model.light_diffuse[0] = (p.light_intensity,) * 3
+    mujoco.mj_setConst(model, data)
