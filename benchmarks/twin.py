@@ -4,7 +4,8 @@ Logs: `episodes` system-identification episodes on `tabletop-real` (multi-sine j
 sensor noise, 64x64 front-camera video; `real_robot.calibration.collect_logs`). Calibration, CMA-ES from the nominal
 twin, never reading the hidden values (they are used here only to score the result): arm damping, arm gain and
 actuation latency by state replay error, then the front camera's position, field of view and the light by image
-error. Reports each parameter's relative error (the camera's position as a distance, and the mean reprojection error
+error; then the cubes' mass and friction from push-expert episodes (contact-rich), on top of that twin. Reports
+each parameter's relative error (the camera's position as a distance, and the mean reprojection error
 of a workspace grid against the hidden camera, in pixels), and the replay error of the logs under the nominal and
 the calibrated twin (standardised arm-state MSE; the hand's RMSE in mm; mean squared pixel error).
 
@@ -66,19 +67,24 @@ def _workspace_points() -> np.ndarray:
     return np.stack([a.ravel() for a in g], axis=1)
 
 
-def main(quick: bool = False, episodes: int = 8, steps: int = 50, generations: int = 30, camera_generations: int = 60,
-         popsize: int = 10, twinrl_seeds: int = 3, target_success: float = 0.4) -> dict:
+def main(quick: bool = False, episodes: int = 8, push_episodes: int = 6, steps: int = 50, generations: int = 30,
+         camera_generations: int = 60, popsize: int = 10, twinrl_seeds: int = 3, target_success: float = 0.4) -> dict:
     from real_robot.calibration import CalibrateConfig, calibrate, collect_logs, project
     from sim.tabletop.env import TabletopEnv
     from sim.tabletop.twin import REAL_WORLD, TwinParams
 
     if quick:
-        episodes, steps, generations, camera_generations, popsize, twinrl_seeds = 2, 20, 3, 3, 4, 1
+        episodes, push_episodes, steps, generations, camera_generations, popsize, twinrl_seeds = 2, 1, 20, 3, 3, 4, 1
     t0 = time.time()
     work = Path(tempfile.mkdtemp(prefix="wmrl-bench-twin-"))
     collect_logs(work / "logs", episodes=episodes, steps=steps, cameras=("front",))
     r = calibrate(CalibrateConfig(logs=work / "logs", out=work / "twin.yaml", generations=generations,
                                   camera_generations=camera_generations, popsize=popsize, progress=False))
+    # contact-rich logs (the push expert) for the cubes, calibrated on top of the arm/camera twin
+    collect_logs(work / "push", task="push-red", episodes=push_episodes, steps=steps, motion="push")
+    rc = calibrate(CalibrateConfig(logs=work / "push", out=work / "twin_cubes.yaml", init=work / "twin.yaml",
+                                   generations=generations, popsize=popsize, progress=False))
+    r["fitted"].update(rc["fitted"])
     fitted = TwinParams().with_values(r["fitted"])
     truth = {k: REAL_WORLD.get(k) for k in r["fitted"]}
     # relative error where the hidden value is a scale or an angle; camera offsets (hidden values near 0) as a
@@ -98,10 +104,14 @@ def main(quick: bool = False, episodes: int = 8, steps: int = 50, generations: i
            "traj_error_before": r["traj_error_before"], "traj_error_after": r["traj_error_after"],
            "traj_error_ratio": r["traj_error_after"] / r["traj_error_before"],
            "ee_rmse_mm_before": r["error_before"]["ee_rmse_mm"], "ee_rmse_mm_after": r["error_after"]["ee_rmse_mm"],
-           "evaluations": r["evaluations"], "curve": r["curve"], "image_curve": r["image_curve"],
-           "budgets": {"episodes": episodes, "steps": steps, "generations": generations,
+           "push_traj_error_before": rc["traj_error_before"], "push_traj_error_after": rc["traj_error_after"],
+           "push_cube_error_cm2_before": rc["error_before"]["cubes"], "push_cube_error_cm2_after": rc["error_after"]["cubes"],
+           "evaluations": r["evaluations"] + rc["evaluations"], "curve": r["curve"], "image_curve": r["image_curve"],
+           "push_curve": rc["curve"],
+           "budgets": {"episodes": episodes, "push_episodes": push_episodes, "steps": steps, "generations": generations,
                        "camera_generations": camera_generations, "popsize": popsize, "noise_std_m": 0.001,
-                       "image_size": 64, "logs": "free-space multi-sine joint sweeps, front camera (mp4)"},
+                       "image_size": 64, "logs": "free-space multi-sine joint sweeps with front camera (mp4); push-expert episodes "
+                               "(cube tracked with 1 mm noise)"},
            "minutes": (time.time() - t0) / 60}
     tr = _twinrl(fitted, twinrl_seeds, quick, target_success)
     out.update({k: v for k, v in tr.items() if k != "curves"}, twinrl_curves=tr["curves"],

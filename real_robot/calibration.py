@@ -31,7 +31,9 @@ from wmrl.core.features import ACTION, OBS_ENV_STATE, OBS_STATE
 
 REQUIRED = (OBS_STATE, ACTION, "layout_seed")
 CUBE_SCALE = 0.01  # m: cube positions count in centimetres
-DEFAULT_PARAMS = ("arm_damping", "arm_kp", "latency_s")  # cube_mass, cube_friction need contact-rich logs
+CUBE_CAP = 25.0  # cm^2: a cube that went elsewhere counts 5 cm off at most (contact replay is chaotic; keep it robust)
+DEFAULT_PARAMS = ("arm_damping", "arm_kp", "latency_s")
+CUBE_PARAMS = ("cube_mass", "cube_friction")  # from contact-rich (push) logs
 CAMERA_PARAMS = ("camera_x", "camera_y", "camera_z", "camera_fovy", "light_intensity")
 CAMERA = "observation.images.front"
 
@@ -41,7 +43,11 @@ class CalibrateConfig:
     logs: Path = Path("runs/deploy/dataset")
     out: Path = Path("twin.yaml")
     params: tuple[str, ...] = ()
-    """Parameters to fit; empty: the arm's (DEFAULT_PARAMS), plus the camera's when the logs hold front images."""
+    """Parameters to fit; empty: chosen from the logs: push logs fit the cube's (CUBE_PARAMS); others the arm's
+    (DEFAULT_PARAMS), plus the camera's when they hold front images."""
+    init: Path | None = None
+    """Start from this twin (a calibrate-twin output) instead of nominal; parameters not fitted keep its values, so
+    a push calibration builds on an arm/camera calibration."""
     generations: int = 30
     camera_generations: int = 60  # the camera stage's objective is rougher (pixels) but far cheaper per evaluation
     popsize: int = 10
@@ -85,6 +91,13 @@ def has_images(path: Path) -> bool:
     return info.exists() and CAMERA in json.loads(info.read_text()).get("features", {})
 
 
+def default_params(path: Path) -> tuple[str, ...]:
+    meta = Path(path) / "meta" / "wmrl.json"
+    if meta.exists() and json.loads(meta.read_text()).get("motion") == "push":
+        return CUBE_PARAMS
+    return DEFAULT_PARAMS + (CAMERA_PARAMS if has_images(path) else ())
+
+
 def replay(env, twin, ep: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Replay the logged commands in `env` (control="joint") from the logged layout under `twin`: arm states, cube
     states and the simulator's qpos per frame."""
@@ -99,15 +112,15 @@ def replay(env, twin, ep: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def trajectory_error(env, twin, episodes: list[dict], scale: np.ndarray, cubes: bool = True) -> dict:
-    """Mean squared replay error (arm state in units of its logged std; cubes in cm, when `cubes` and tracked) and
-    the hand's RMSE in mm."""
+    """Mean squared replay error (arm state in units of its logged std; cubes in cm, each coordinate capped at
+    CUBE_CAP, when `cubes` and tracked) and the hand's RMSE in mm."""
     arm, cube, ee = [], [], []
     for ep in episodes:
         s, e, _ = replay(env, twin, ep)
         arm.append(np.mean(((s - ep[OBS_STATE]) / scale) ** 2))
         ee.append(np.mean(np.sum((s[:, 5:8] - ep[OBS_STATE][:, 5:8]) ** 2, axis=1)))
         if cubes and ep[OBS_ENV_STATE] is not None:
-            cube.append(np.mean(((e[:, :9] - ep[OBS_ENV_STATE][:, :9]) / CUBE_SCALE) ** 2))
+            cube.append(np.mean(np.minimum(((e[:, :9] - ep[OBS_ENV_STATE][:, :9]) / CUBE_SCALE) ** 2, CUBE_CAP)))
     total = float(np.mean(arm) + (np.mean(cube) if cube else 0.0))
     return {"objective": total, "arm": float(np.mean(arm)), "cubes": float(np.mean(cube)) if cube else None,
             "ee_rmse_mm": float(1000 * math.sqrt(np.mean(ee)))}
@@ -201,12 +214,14 @@ def calibrate(cfg: CalibrateConfig) -> dict:
         raise ValueError(f"generations, camera_generations, image_stride >= 1, popsize >= 2 and 0 < sigma0 < 1 "
                          f"needed; got {cfg.generations}, {cfg.camera_generations}, {cfg.image_stride}, "
                          f"{cfg.popsize}, {cfg.sigma0}")
-    params = tuple(cfg.params) or DEFAULT_PARAMS + (CAMERA_PARAMS if has_images(cfg.logs) else ())
+    params = tuple(cfg.params) or default_params(cfg.logs)
     ParamBox(params)  # validates the names
     dynamics, camera = [n for n in params if n not in CAMERA_PARAMS], [n for n in params if n in CAMERA_PARAMS]
     task, episodes = load_logs(cfg.logs, cfg.max_episodes, images=bool(camera))
     scale = np.concatenate([ep[OBS_STATE] for ep in episodes]).std(0) + 1e-3
-    nominal = TwinParams()
+    if cfg.init is not None and not Path(cfg.init).is_file():
+        raise FileNotFoundError(f"init: no twin file {cfg.init}")
+    nominal = TwinParams.from_dict(yaml.safe_load(Path(cfg.init).read_text())) if cfg.init else TwinParams()
     t0 = time.time()
     report: dict = {"task": task, "episodes": len(episodes), "fitted": {}, "evaluations": 0}
     twin = nominal
@@ -262,6 +277,7 @@ class SysIdConfig:
     amplitude: float = 0.3  # rad of yaw sweep (pitch joints 0.4x)
     noise_std: float = 0.001
     cameras: tuple[str, ...] = ("front",)  # front images let calibrate-twin fit the camera pose too
+    motion: str = "sweep"  # sweep (free space: arm, camera) | push (with --task push-*: cube friction and mass)
     seed: int = 0
 
 
@@ -272,51 +288,82 @@ def record_sysid(cfg: SysIdConfig) -> dict:
     if cfg.episodes < 1 or cfg.steps < 2:
         raise ValueError(f"episodes >= 1 and steps >= 2 needed, got {cfg.episodes}, {cfg.steps}")
     collect_logs(cfg.out, cfg.task, cfg.episodes, cfg.steps, cfg.seed, cfg.noise_std, cfg.amplitude,
-                 cameras=tuple(cfg.cameras))
-    return {"logs": str(cfg.out), "episodes": cfg.episodes, "steps": cfg.steps}
+                 cameras=tuple(cfg.cameras), motion=cfg.motion)
+    return {"logs": str(cfg.out), "episodes": cfg.episodes, "steps": cfg.steps, "motion": cfg.motion}
+
+
+MOTIONS = ("sweep", "push")
+
+
+def _sweep(rng: np.random.Generator, steps: int, amplitude: float):
+    """Multi-sine joint sweeps around the home pose, the hand kept at least 12 cm above the table: free-space motion
+    that identifies the arm's gains, damping and latency. Yields joint commands; ignores observations."""
+    from sim.tabletop.env import HOME_EE
+    from sim.tabletop.model import forward_kinematics, inverse_kinematics
+
+    home = inverse_kinematics(np.asarray(HOME_EE) + np.array([0.05, 0.0, 0.0]))
+    freq = rng.uniform(0.3, 1.2, 4)  # rad per control step: different per joint, so their effects separate
+    phase = rng.uniform(0, 2 * np.pi, 4)
+    for t in range(steps):
+        q = home + amplitude * np.array([1.0, 0.4, 0.4, 0.4]) * np.sin(freq * t + phase)
+        for _ in range(10):  # shrink the excursion until the hand clears the cubes
+            if forward_kinematics(q)[2] > 0.12:
+                break
+            q = home + 0.7 * (q - home)
+        yield np.concatenate([q, [1.0 if (t // 10) % 2 else -1.0]])
+
+
+def _push(robot, task: str, steps: int):
+    """The scripted push expert, closed loop on the robot's observations, as joint commands: contact-rich motion
+    (the cube slides under the finger) that identifies the cube's friction and mass."""
+    from real_robot.adapters import joint_command, step_hand
+    from sim.tabletop.env import EE_STEP
+    from sim.tabletop.experts import ScriptedExpert
+
+    expert = ScriptedExpert()
+    for _ in range(steps):
+        obs = robot.get_observation()
+        a = expert.select_action({OBS_STATE: obs[OBS_STATE][None], OBS_ENV_STATE: obs[OBS_ENV_STATE][None], "task": [obs["task"]]})[0]
+        yield joint_command(step_hand(np.asarray(obs[OBS_STATE], np.float64)[5:8], a, EE_STEP), a[3])
 
 
 def collect_logs(out: Path, task: str = "reach-red", episodes: int = 6, steps: int = 50, seed: int = 0,
-                 noise_std: float = 0.001, amplitude: float = 0.3, twin="real", cameras: tuple[str, ...] = ()) -> Path:
-    """System-identification logs from the real cell: multi-sine joint sweeps around the home pose, hand kept high
-    above the cubes (free-space motion identifies the arm's gains, damping and latency), recorded as a calibration
-    dataset, with the `cameras`' images (the camera stage of calibration needs the front camera). Contact-rich logs
-    (pushing) are what cube mass and friction would need."""
+                 noise_std: float = 0.001, amplitude: float = 0.3, twin="real", cameras: tuple[str, ...] = (),
+                 motion: str = "sweep") -> Path:
+    """System-identification logs from the real cell, recorded as a calibration dataset with the `cameras`' images
+    (the camera stage needs the front camera). `motion`: `sweep` (free space: arm parameters, camera) or `push`
+    (a push task's expert: cube friction and mass)."""
     from real_robot.sim_robot import SimRealRobot
-    from sim.tabletop.env import HOME_EE
-    from sim.tabletop.model import forward_kinematics, inverse_kinematics
+    from sim.tabletop.tasks import parse_task
     from wmrl.core.episode import build_episode, features_for
     from wmrl.datasets.lerobot_v3 import LeRobotV3Writer, write_episode
 
+    if motion not in MOTIONS:
+        raise ValueError(f"motion: expected one of {', '.join(MOTIONS)}, got {motion!r}")
+    if motion == "push" and parse_task(task).family != "push":
+        raise ValueError(f"motion=push needs a push task (e.g. push-red), got {task!r}")
     robot = SimRealRobot(task, cameras=tuple(cameras), noise_std=noise_std, seed=seed, twin=twin)
     robot.connect()
-    rng = np.random.default_rng(seed)
-    home = inverse_kinematics(np.asarray(HOME_EE) + np.array([0.05, 0.0, 0.0]))
+    rng, tracker = np.random.default_rng(seed), np.random.default_rng(seed + 1)
     writer = None
     for e in range(episodes):
         obs = robot.reset_episode(seed + e)
-        freq = rng.uniform(0.3, 1.2, 4)  # rad per control step: different per joint, so their effects separate
-        phase = rng.uniform(0, 2 * np.pi, 4)
         observations, actions = [obs], []
-        for t in range(steps):
-            q = home + amplitude * np.array([1.0, 0.4, 0.4, 0.4]) * np.sin(freq * t + phase)
-            for _ in range(10):  # keep the hand at least 12 cm above the table: shrink the excursion
-                if forward_kinematics(q)[2] > 0.12:
-                    break
-                q = home + 0.7 * (q - home)
-            a = np.concatenate([q, [1.0 if (t // 10) % 2 else -1.0]])
+        for a in (_sweep(rng, steps, amplitude) if motion == "sweep" else _push(robot, task, steps)):
             robot.send_action(a)
-            obs = robot.get_observation()
-            observations.append(obs)
-            actions.append(a.astype(np.float32))
+            observations.append(robot.get_observation())
+            actions.append(np.asarray(a, np.float32))
         keep = [{k: o[k] for k in (OBS_STATE, OBS_ENV_STATE, "task", *(f"observation.images.{c}" for c in cameras))}
                 for o in observations]
+        for o in keep:  # a cube tracker is noisy too (the robot adds noise to the arm's own state only)
+            o[OBS_ENV_STATE] = o[OBS_ENV_STATE].copy()
+            o[OBS_ENV_STATE][:9] += tracker.normal(0, noise_std, 9).astype(np.float32)
         ep = build_episode(keep, actions, [0.0] * steps, [False] * steps, [False] * (steps - 1) + [True],
-                           [False] * steps, source="policy", policy_id="sysid",
+                           [False] * steps, source="policy", policy_id=f"sysid-{motion}",
                            extras={"layout_seed": [np.int64(seed + e)] * (steps + 1)})
         if writer is None:
             writer = LeRobotV3Writer(out, fps=10, features=features_for(ep), robot_type="wmrl_tabletop_real",
-                                     extra_meta={"task": task, "purpose": "twin calibration logs"})
+                                     extra_meta={"task": task, "purpose": "twin calibration logs", "motion": motion})
         write_episode(writer, ep)
     writer.finalize()
     robot.disconnect()
@@ -324,4 +371,5 @@ def collect_logs(out: Path, task: str = "reach-red", episodes: int = 6, steps: i
 
 
 __all__ = ["CalibrateConfig", "calibrate", "SysIdConfig", "record_sysid", "collect_logs", "load_logs", "replay", "trajectory_error",
-           "keyframes", "image_error", "project", "has_images", "ParamBox", "REQUIRED", "DEFAULT_PARAMS", "CAMERA_PARAMS"]
+           "keyframes", "image_error", "has_images", "ParamBox", "REQUIRED", "DEFAULT_PARAMS", "CAMERA_PARAMS",
+           "CUBE_PARAMS", "MOTIONS", "project"]

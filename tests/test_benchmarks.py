@@ -79,8 +79,12 @@ def test_deploy_benchmark_reports_timing_and_a_clean_fuzz():
 
 def test_twin_benchmark_reports_parameter_recovery():
     r = _run("twin")
-    assert set(r["param_rel_error"]) == {"arm_damping", "arm_kp", "latency_s"}
-    assert r["traj_error_after"] <= r["traj_error_before"]  # never worse than the nominal twin
+    assert set(r["param_rel_error"]) == {"arm_damping", "arm_kp", "latency_s", "camera_fovy", "light_intensity",
+                                         "cube_mass", "cube_friction"}
+    for stage in ("traj_error", "image_error", "push_traj_error"):  # never worse than the starting twin
+        assert r[f"{stage}_after"] <= r[f"{stage}_before"], stage
+    assert r["reprojection_px_before"] > 0 and r["camera_position_error_mm"] >= 0
     for k in ("real_success_nominal", "real_success_twin", "real_success_twin_guided"):
         assert 0.0 <= r[k] <= 1.0, k
     assert [c["real_steps"] for c in r["twinrl_curves"]["guided"][0]][0] == 0
+    assert set(r["twinrl_curves"]) == {"guided", "uniform", "corrections"} and 0 <= r["final_real_success_corrections"] <= 1

@@ -75,3 +75,23 @@ def test_projection_matches_the_rendered_image():
             # the visible pixels are mostly the top face, which sits above the centre: allow 2 px
             assert np.linalg.norm(project(env, twin, cube[None])[0] - [u.mean() + 0.5, v.mean() + 0.5]) < 2.0
     env.close()
+
+
+def test_push_logs_identify_the_cube_friction(tmp_path):
+    """Contact-rich logs (the push expert as joint commands): calibration from a given twin recovers the cube's
+    friction, and the logs choose the cube parameters by default."""
+    from real_robot.calibration import CalibrateConfig, calibrate, collect_logs, default_params
+    from sim.tabletop.twin import TwinParams
+
+    truth = TwinParams(cube_friction=0.75)
+    collect_logs(tmp_path / "push", task="push-red", episodes=2, steps=30, noise_std=0.0, twin=truth, motion="push")
+    assert default_params(tmp_path / "push") == ("cube_mass", "cube_friction")
+    (tmp_path / "start.yaml").write_text(yaml.safe_dump({"cube_mass": 0.05}))
+    r = calibrate(CalibrateConfig(logs=tmp_path / "push", out=tmp_path / "twin.yaml", params=("cube_friction",),
+                                  init=tmp_path / "start.yaml", generations=6, popsize=6, progress=False))
+    assert abs(r["fitted"]["cube_friction"] - 0.75) / 0.75 < 0.1
+    assert r["traj_error_after"] < 0.5 * r["traj_error_before"] and r["error_after"]["cubes"] is not None
+    with pytest.raises(ValueError, match="needs a push task"):
+        collect_logs(tmp_path / "bad", task="reach-red", episodes=1, steps=2, motion="push")
+    with pytest.raises(FileNotFoundError, match="no twin file"):
+        calibrate(CalibrateConfig(logs=tmp_path / "push", out=tmp_path / "t2.yaml", init=tmp_path / "nope.yaml"))
