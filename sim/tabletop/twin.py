@@ -54,7 +54,9 @@ class TwinParams:
     # Parameters a calibration can identify from logs (name -> bounds); used by twin calibration.
     IDENTIFIABLE = {
         "cube_mass": (0.01, 0.3),
-        "cube_friction": (0.2, 2.0),
+        # MuJoCo uses the larger friction of two touching geoms: below the table's (0.6) the cube's friction has no
+        # effect on sliding, so a search below it would only wander on a plateau
+        "cube_friction": (0.6, 2.0),
         "arm_damping": (0.3, 3.0),
         "arm_kp": (0.3, 3.0),
         "latency_s": (0.0, 0.08),
