@@ -23,12 +23,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from wmrl.core.features import OBS_ENV_STATE, OBS_STATE, TASK
+from wmrl.core.features import ACTION, OBS_ENV_STATE, OBS_STATE, TASK
 
 
 @dataclass
 class TwinRLConfig:
-    task: str = "reach-red"  # the scripted push expert itself fails in tabletop-real (see the README's notes)
+    task: str = "reach-red"  # the benchmark's task; push-red also works in the real cell since the contact fix
     pool: int = 24  # configurations (layout seeds 0 .. pool-1)
     twin_demos: int = 2
     rounds: int = 8
@@ -128,7 +128,7 @@ def correct(env, policy: BCPolicy, layout_seed: int, operator=None) -> tuple[lis
     steps = len(ep[INTERVENTION]) - 1
     keep = np.flatnonzero(ep[INTERVENTION][:steps])
     xs = [_features({OBS_STATE: ep[OBS_STATE][t], OBS_ENV_STATE: ep[OBS_ENV_STATE][t]}) for t in keep]
-    return xs, [ep["action"][t] for t in keep], steps
+    return xs, [ep[ACTION][t] for t in keep], steps
 
 
 def success_rate(env, policy: BCPolicy, seeds, stochastic: bool = False, repeats: int = 1) -> np.ndarray:
