@@ -193,14 +193,18 @@ def _cmaes(box: ParamBox, start, objective, cfg: CalibrateConfig, generations: i
     import cma
     from tqdm.auto import tqdm
 
-    es = cma.CMAEvolutionStrategy(box.encode(start), cfg.sigma0,
+    d = len(box.names)
+    # the cma package does not support one dimension (it fails inside its scaling on some runs): search a single
+    # parameter with one ignored extra coordinate
+    x0 = np.append(box.encode(start), [0.5] * (d == 1))
+    es = cma.CMAEvolutionStrategy(x0, cfg.sigma0,
                                   {"bounds": [0, 1], "popsize": cfg.popsize, "seed": cfg.seed + 1, "verbose": -9})
     curve = []
     for _ in tqdm(range(generations), desc=desc, disable=not cfg.progress):
         xs = es.ask()
-        es.tell(xs, [objective(start.with_values(box.decode(np.asarray(x)))) for x in xs])
+        es.tell(xs, [objective(start.with_values(box.decode(np.asarray(x)[:d]))) for x in xs])
         curve.append(float(es.result.fbest))
-    return box.decode(np.asarray(es.result.xbest)), curve, int(es.result.evaluations)
+    return box.decode(np.asarray(es.result.xbest)[:d]), curve, int(es.result.evaluations)
 
 
 def calibrate(cfg: CalibrateConfig) -> dict:

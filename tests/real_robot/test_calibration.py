@@ -88,7 +88,8 @@ def test_push_logs_identify_the_cube_friction(tmp_path):
     assert default_params(tmp_path / "push") == ("cube_mass", "cube_friction")
     (tmp_path / "start.yaml").write_text(yaml.safe_dump({"cube_mass": 0.05}))
     r = calibrate(CalibrateConfig(logs=tmp_path / "push", out=tmp_path / "twin.yaml", params=("cube_friction",),
-                                  init=tmp_path / "start.yaml", generations=6, popsize=6, progress=False))
+                                  init=tmp_path / "start.yaml", generations=8, popsize=16, sigma0=0.5, progress=False))
+    # contact replay is rugged (a local minimum near 1.17 holds a 6x6 search): hence the wider population
     assert abs(r["fitted"]["cube_friction"] - 0.75) / 0.75 < 0.1
     assert r["traj_error_after"] < 0.5 * r["traj_error_before"] and r["error_after"]["cubes"] is not None
     with pytest.raises(ValueError, match="needs a push task"):
