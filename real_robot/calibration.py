@@ -207,6 +207,17 @@ def _cmaes(box: ParamBox, start, objective, cfg: CalibrateConfig, generations: i
     return box.decode(np.asarray(es.result.xbest)[:d]), curve, int(es.result.evaluations)
 
 
+def _fit(box: ParamBox, start, objective, cfg: CalibrateConfig, generations: int, desc: str):
+    """One calibration stage: CMA-ES from `start`, never handing back values that score worse than `start`'s.
+    Returns (values, objective before, objective after, curve, evaluations)."""
+    before = objective(start)
+    fitted, curve, evals = _cmaes(box, start, objective, cfg, generations, desc)
+    after = objective(start.with_values(fitted))
+    if after > before:
+        fitted, after = {n: start.get(n) for n in box.names}, before
+    return fitted, before, after, curve, evals
+
+
 def calibrate(cfg: CalibrateConfig) -> dict:
     import yaml
 
@@ -234,13 +245,10 @@ def calibrate(cfg: CalibrateConfig) -> dict:
         box = ParamBox(tuple(dynamics))
         cubes = any(n.startswith("cube_") for n in box.names)  # arm-only fits ignore what the cubes did
         err = lambda tw: trajectory_error(env, tw, episodes, scale, cubes)
-        before = err(nominal)
-        fitted, curve, evals = _cmaes(box, nominal, lambda tw: err(tw)["objective"], cfg, cfg.generations,
-                                     "calibrating dynamics (CMA-ES)")
-        after = err(nominal.with_values(fitted))
-        if after["objective"] > before["objective"]:  # never hand back a twin that replays the logs worse than nominal
-            fitted, after = {n: nominal.get(n) for n in box.names}, before
+        fitted, _, _, curve, evals = _fit(box, nominal, lambda tw: err(tw)["objective"], cfg, cfg.generations,
+                                          "calibrating dynamics (CMA-ES)")
         twin = nominal.with_values(fitted)
+        before, after = err(nominal), err(twin)  # the error's parts (arm, cubes, hand RMSE) for the report
         env.close()
         report.update(error_before=before, error_after=after, traj_error_before=before["objective"],
                       traj_error_after=after["objective"], curve=curve)
@@ -251,12 +259,8 @@ def calibrate(cfg: CalibrateConfig) -> dict:
         env = TabletopEnv(task=task, control="joint", cameras=("front",), image_size=(h, w), max_episode_steps=10**9)
         frames = keyframes(env, twin, episodes, cfg.image_stride)  # replayed under the stage-1 dynamics
         box = ParamBox(tuple(camera))
-        before = image_error(env, twin, frames)
-        fitted, curve, evals = _cmaes(box, twin, lambda tw: image_error(env, tw, frames), cfg,
-                                     cfg.camera_generations, "calibrating camera (CMA-ES)")
-        after = image_error(env, twin.with_values(fitted), frames)
-        if after > before:
-            fitted, after = {n: twin.get(n) for n in box.names}, before
+        fitted, before, after, curve, evals = _fit(box, twin, lambda tw: image_error(env, tw, frames), cfg,
+                                                   cfg.camera_generations, "calibrating camera (CMA-ES)")
         twin = twin.with_values(fitted)
         env.close()
         report.update(image_error_before=before, image_error_after=after, image_curve=curve,
@@ -317,7 +321,7 @@ def _sweep(rng: np.random.Generator, steps: int, amplitude: float):
         yield np.concatenate([q, [1.0 if (t // 10) % 2 else -1.0]])
 
 
-def _push(robot, task: str, steps: int):
+def _push(robot, steps: int):
     """The scripted push expert, closed loop on the robot's observations, as joint commands: contact-rich motion
     (the cube slides under the finger) that identifies the cube's friction and mass."""
     from real_robot.adapters import joint_command, step_hand
@@ -353,7 +357,7 @@ def collect_logs(out: Path, task: str = "reach-red", episodes: int = 6, steps: i
     for e in range(episodes):
         obs = robot.reset_episode(seed + e)
         observations, actions = [obs], []
-        for a in (_sweep(rng, steps, amplitude) if motion == "sweep" else _push(robot, task, steps)):
+        for a in (_sweep(rng, steps, amplitude) if motion == "sweep" else _push(robot, steps)):
             robot.send_action(a)
             observations.append(robot.get_observation())
             actions.append(np.asarray(a, np.float32))
