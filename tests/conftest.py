@@ -29,7 +29,7 @@ def episode_factory():
 def tiny_wm_config(data, out, **kw):
     from world_models.video.train import TrainWMConfig
 
-    base = dict(data=data, out=out, size="tiny", ae_steps=30, dyn_steps=30, cls_steps=6, batch_size=8,
+    base = dict(data=data, out=out, size="tiny", ae_steps=30, state_steps=20, dyn_steps=30, unroll_steps=6, batch_size=8,
                 log_every=1, ckpt_every=1000, videos=0, holdout=0.25, overwrite=True)
     return TrainWMConfig(**{**base, **kw})
 

@@ -8,12 +8,13 @@ from wmrl.core.registry import POLICIES, WORLD_MODELS
 
 
 @POLICIES.register("scripted")
-def _scripted(action_space: gym.spaces.Box, seed: int = 0, noise: float = 0.0, failure_prob: float = 0.0, **_):
+def _scripted(action_space: gym.spaces.Box, seed: int = 0, noise: float = 0.0, failure_prob: float = 0.0,
+              perturb_prob: float = 0.0, **_):
     from sim.tabletop.experts import ScriptedExpert
 
     if action_space.shape != (4,):
         raise ValueError("the scripted expert drives the end-effector delta control (4-D actions)")
-    return ScriptedExpert(noise=noise, failure_prob=failure_prob, seed=seed)
+    return ScriptedExpert(noise=noise, failure_prob=failure_prob, seed=seed, perturb_prob=perturb_prob)
 
 
 @POLICIES.register("random")

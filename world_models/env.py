@@ -5,8 +5,13 @@ imagination unchanged (RLinf's BaseWorldEnv / DIAMOND's WorldModelEnv, with WoVR
   `keyframe_prob` a real mid-episode keyframe with its real preceding frames (WoVR's KIR). WoVR's keyframe rule is not
   public; here keyframes are drawn uniformly from the frames that have a full real context.
 - `step` takes one action (B, A) or a whole chunk (B, h, A), h <= the model's chunk.
-- Reward: `relative_success` (WoVR: the change in success probability) or `head` (the reward head's prediction).
-  Success is declared when the success probability reaches `success_threshold` (0.9); that terminates the episode.
+- Success: with a state channel and the task's `rules` (e.g. `sim.tabletop.tasks.success_and_reward`), the task's
+  own definition applied to the predicted state (`success_source == "state"`); otherwise the success head on the
+  generated latents reaching `success_threshold` (0.9) (`"frames"`). Success terminates the episode.
+- Reward: `relative_success` (WoVR: the change in success probability, 0/1 on the state path) or `head` (the
+  reward head's prediction; on the state path the task's shaped reward on predicted state).
+- `info["disagreement"]`: the state channel's ensemble spread of object positions (cm, max over the chunk): a
+  hallucination flag that RL and ranking can use to discount or stop uncertain imagined episodes.
 - Images are decoded only when `decode_images` is set (decoding is the costly part); otherwise observations carry
   `observation.state` and `task` only.
 - Autoreset follows gymnasium's NEXT_STEP mode, like the true simulator's vector envs.
@@ -25,7 +30,7 @@ import torch
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
-from world_models.video.model import VideoWorldModel
+from world_models.video.model import VideoWorldModel, imagined_success
 
 STATE = "observation.state"
 ENV_STATE = "observation.environment_state"
@@ -38,7 +43,7 @@ class WorldModelEnv(gym.vector.VectorEnv):
     def __init__(self, model: VideoWorldModel, starts, num_envs: int = 8, keyframe_prob: float = 0.0,
                  reward: str = "relative_success", success_threshold: float = 0.9, max_episode_steps: int = 80,
                  decode_images: bool = True, sampling_steps: int | None = None, action_low: float = -1.0,
-                 action_high: float = 1.0):
+                 action_high: float = 1.0, rules=None):
         if reward not in ("relative_success", "head"):
             raise ValueError(f"reward: expected 'relative_success' or 'head', got {reward!r}")
         if not 0.0 <= keyframe_prob <= 1.0:
@@ -46,6 +51,8 @@ class WorldModelEnv(gym.vector.VectorEnv):
         if num_envs <= 0:
             raise ValueError(f"num_envs must be positive, got {num_envs}")
         self.model = model.eval()
+        self.rules = rules if model.state_channel is not None else None
+        self.success_source = "state" if self.rules is not None else "frames"
         self.starts = starts  # an EpisodeReplay of real episodes
         if not starts.episodes:
             raise ValueError("starts: the replay of real episodes is empty")
@@ -59,7 +66,7 @@ class WorldModelEnv(gym.vector.VectorEnv):
             for c in cfg.cameras:
                 obs[f"observation.images.{c}"] = spaces.Box(0, 255, (cfg.image_size, cfg.image_size, 3), np.uint8)
         obs[STATE] = spaces.Box(-np.inf, np.inf, (cfg.state_dim,), np.float32)
-        if cfg.env_state_dim:  # predicted by the model's head (scripted policies act on it)
+        if model.state_channel is not None:  # predicted by the state channel (scripted policies act on it)
             obs[ENV_STATE] = spaces.Box(-np.inf, np.inf, (cfg.env_state_dim,), np.float32)
         obs["task"] = spaces.Text(max_length=64, min_length=1, charset=TEXT_CHARSET)
         self.single_observation_space = spaces.Dict(obs)
@@ -88,7 +95,11 @@ class WorldModelEnv(gym.vector.VectorEnv):
         d = self.starts.data
         obs = {f"observation.images.{c}": d[f"observation.images.{c}"][idx] for c in self.model.cfg.cameras}
         obs[STATE] = d[STATE][lo + t]
+        if ENV_STATE in d:
+            obs[ENV_STATE] = d[ENV_STATE][lo + t]
         obs["task"] = self.starts.vocab["task"][d["task"][lo + t]]
+        for c in self.model.cfg.cameras:  # the scene anchor: the episode's first frame
+            obs[f"anchor.{c}"] = d[f"observation.images.{c}"][lo]
         return obs, {"episode": int(e), "frame": t, "keyframe": bool(keyframe)}
 
     def _given_starts(self, obs: dict) -> list[tuple[dict, dict]]:
@@ -101,6 +112,8 @@ class WorldModelEnv(gym.vector.VectorEnv):
                 img = np.asarray(obs[f"observation.images.{c}"][i])
                 o[f"observation.images.{c}"] = np.repeat(img[None], K, 0) if img.ndim == 3 else img[-K:]
             o[STATE] = np.asarray(obs[STATE][i], np.float32)
+            if ENV_STATE in obs:
+                o[ENV_STATE] = np.asarray(obs[ENV_STATE][i], np.float32)
             o["task"] = obs["task"][i] if not isinstance(obs["task"], str) else obs["task"]
             out.append((o, {"episode": -1, "frame": 0, "keyframe": False}))
         return out
@@ -108,22 +121,32 @@ class WorldModelEnv(gym.vector.VectorEnv):
     @torch.no_grad()
     def _reset_envs(self, ids: np.ndarray, starts: list | None = None) -> None:
         starts = starts if starts is not None else [self._draw_start() for _ in ids]
-        batch = {k: np.stack([s[0][k] for s in starts]) for k in starts[0][0] if k != "task"}
+        batch = {k: np.stack([s[0][k] for s in starts]) for k in starts[0][0] if k != "task" and not k.startswith("anchor.")}
         batch["task"] = [s[0]["task"] for s in starts]
-        new = self.model.encode(batch)
+        anchor = None
+        if all(f"anchor.{c}" in s[0] for s in starts for c in self.model.cfg.cameras):
+            anchor = {f"observation.images.{c}": np.stack([s[0][f"anchor.{c}"] for s in starts]) for c in self.model.cfg.cameras}
+        new = self.model.encode(batch, anchor=anchor)
         if self._state is None:
             self._state = new
         else:
             idx = torch.as_tensor(ids)
-            self._state["ctx"][idx] = new["ctx"]
-            self._state["proprio"][idx] = new["proprio"]
-            for j, i in enumerate(ids):
-                self._state["task"][i] = new["task"][j]
+            for k, v in new.items():
+                if k == "task":
+                    for j, i in enumerate(ids):
+                        self._state["task"][i] = v[j]
+                elif k == "x":  # (members, B, D)
+                    self._state[k][:, idx] = v
+                else:
+                    self._state[k][idx] = v
         with torch.no_grad():
             heads = self.model.heads(new["ctx"][:, -1], self.model.task(new["task"]))
         self._p[ids] = torch.sigmoid(heads["success_logit"]).cpu().numpy()
-        if "env_state" in heads:
-            self._env_state[ids] = heads["env_state"].cpu().numpy()
+        if self.model.state_channel is not None:
+            self._env_state[ids] = np.asarray(batch[ENV_STATE], np.float32)
+            if self.rules is not None:
+                self._p[ids] = self.rules(batch["task"], batch[STATE][:, list(self.model.cfg.ee_index)],
+                                          batch[STATE][:, self.model.cfg.gripper_index], batch[ENV_STATE])[0]
         self._t[ids] = 0
         for j, i in enumerate(ids):
             self.start_info[i] = starts[j][1]
@@ -177,12 +200,19 @@ class WorldModelEnv(gym.vector.VectorEnv):
         a = np.clip(a, self.single_action_space.low, self.single_action_space.high)
         resetting = np.flatnonzero(self._needs_reset)
         self._state, preds = self.model.step(self._state, torch.from_numpy(a), steps=self.sampling_steps, generator=self._gen)
-        p = preds["success"].cpu().numpy()  # (B, h)
+        ok = imagined_success(self.model, preds, self._state["task"], self.rules, self.success_threshold)  # (B, h)
+        p = ok.astype(np.float64) if self.rules is not None else preds["success"].cpu().numpy()
         if self.reward_mode == "relative_success":
             reward = p[:, -1] - self._p
+        elif self.rules is not None:
+            B, h = ok.shape
+            rew = self.rules([t for t in self._state["task"] for _ in range(h)], preds["ee"].cpu().numpy().reshape(B * h, 3),
+                             preds["gripper_opening"].cpu().numpy().reshape(-1),
+                             preds[ENV_STATE].cpu().numpy().reshape(B * h, -1))[1]
+            reward = rew.reshape(B, h).sum(axis=1)
         else:
             reward = preds["reward"].sum(dim=1).cpu().numpy()
-        success = p.max(axis=1) >= self.success_threshold
+        success = ok.any(axis=1)
         self._p = p[:, -1].copy()
         if ENV_STATE in preds:
             self._env_state = preds[ENV_STATE][:, -1].cpu().numpy().astype(np.float32)
@@ -198,6 +228,8 @@ class WorldModelEnv(gym.vector.VectorEnv):
             reward[resetting], terminated[resetting], truncated[resetting], success[resetting] = 0.0, False, False, False
         self._needs_reset = terminated | truncated
         info = {"success": success, "success_prob": p[:, -1], "step": self._t.copy()}
+        if "disagreement" in preds:
+            info["disagreement"] = preds["disagreement"].max(dim=1).values.cpu().numpy()
         return self._obs(), reward.astype(np.float64), terminated, truncated, info
 
 

@@ -88,6 +88,7 @@ class TabletopEnv(gym.Env):
         self.n_substeps = max(1, int(round(1.0 / (control_hz * self.model.opt.timestep))))
         self._renderer: mujoco.Renderer | None = None
         self._big_renderer: mujoco.Renderer | None = None
+        self._seg_renderer: mujoco.Renderer | None = None
         self._ids()
 
         obs = {image_key(c): spaces.Box(0, 255, (self.height, self.width, 3), np.uint8) for c in self.cameras}
@@ -247,6 +248,22 @@ class TabletopEnv(gym.Env):
         mujoco.mj_forward(self.model, self.data)
         return self._render_cameras()
 
+    def moving_mask_at(self, qpos: np.ndarray) -> dict[str, np.ndarray]:
+        """Per camera, a bool (H, W) mask of the pixels that show the arm or a cube (every geom not on the world
+        body: table, floor and zones are excluded), from a MuJoCo segmentation render at `qpos`. World-model
+        evaluation scores fidelity on these pixels, where the task happens."""
+        self.render_at(qpos)
+        if self._seg_renderer is None:
+            self._seg_renderer = mujoco.Renderer(self.model, self.height, self.width)
+            self._seg_renderer.enable_segmentation_rendering()
+        moving = np.flatnonzero(self.model.geom_bodyid != 0)
+        out = {}
+        for cam in self.cameras:
+            self._seg_renderer.update_scene(self.data, camera=cam)
+            seg = self._seg_renderer.render()
+            out[image_key(cam)] = (seg[..., 1] == mujoco.mjtObj.mjOBJ_GEOM) & np.isin(seg[..., 0], moving)
+        return out
+
     def _obs(self) -> dict:
         obs = self._render_cameras()
         q = self.data.qpos[self._arm_qpos]
@@ -265,7 +282,7 @@ class TabletopEnv(gym.Env):
         return self._big_renderer.render().copy()
 
     def close(self):
-        for r in (self._renderer, self._big_renderer):
+        for r in (self._renderer, self._big_renderer, self._seg_renderer):
             if r is not None:
                 r.close()
-        self._renderer = self._big_renderer = None
+        self._renderer = self._big_renderer = self._seg_renderer = None

@@ -120,26 +120,51 @@ class ScriptedExpert(torch.nn.Module):
     """Policy (see `wmrl.core.protocols.Policy`) wrapping `expert_action` for batched observations.
 
     noise: std of Gaussian noise on the translational action dims. failure_prob: chance that an episode runs in
-    near-success failure mode, redrawn per batch entry at every `reset()`.
+    near-success failure mode, redrawn per batch entry at every `reset()`. perturb_prob: chance that an episode is
+    perturbed the way a learning policy behaves (world-model training data that covers what RL and ranking visit):
+    translational noise `PERTURB_NOISE` and, at each step with probability `PERTURB_SEGMENT_PROB`, a segment of
+    3-8 uniformly random actions (gripper included); the reactive expert then recovers from wherever it is.
     """
 
     chunk_size = 1
+    PERTURB_NOISE = 0.3
+    PERTURB_SEGMENT_PROB = 0.1
 
-    def __init__(self, noise: float = 0.0, failure_prob: float = 0.0, seed: int = 0):
+    def __init__(self, noise: float = 0.0, failure_prob: float = 0.0, seed: int = 0, perturb_prob: float = 0.0):
         super().__init__()
-        if noise < 0 or not 0.0 <= failure_prob <= 1.0:
-            raise ValueError(f"noise must be >= 0 and failure_prob in [0, 1]; got {noise}, {failure_prob}")
-        self.noise, self.failure_prob = noise, failure_prob
+        if noise < 0 or not 0.0 <= failure_prob <= 1.0 or not 0.0 <= perturb_prob <= 1.0:
+            raise ValueError(f"noise must be >= 0, failure_prob and perturb_prob in [0, 1]; got {noise}, "
+                             f"{failure_prob}, {perturb_prob}")
+        self.noise, self.failure_prob, self.perturb_prob = noise, failure_prob, perturb_prob
         self.rng = np.random.default_rng(seed)
         self.failure: np.ndarray | None = None
+        self.perturbed: np.ndarray | None = None
+        self.segment: np.ndarray | None = None  # steps left in each entry's random segment, and its action
+        self.segment_action: np.ndarray | None = None
 
     def reset(self) -> None:
-        self.failure = None
+        self.failure = self.perturbed = None
 
     def _failures(self, batch: int) -> np.ndarray:
         if self.failure is None or len(self.failure) != batch:
             self.failure = self.rng.random(batch) < self.failure_prob
+            self.perturbed = self.rng.random(batch) < self.perturb_prob
+            self.segment = np.zeros(batch, np.int64)
+            self.segment_action = np.zeros((batch, 4), np.float32)
         return self.failure
+
+    def _perturb(self, actions: np.ndarray) -> np.ndarray:
+        p = self.perturbed
+        if not p.any():
+            return actions
+        actions[p, :3] += self.rng.normal(0.0, self.PERTURB_NOISE, size=(int(p.sum()), 3))
+        start = p & (self.segment == 0) & (self.rng.random(len(p)) < self.PERTURB_SEGMENT_PROB)
+        self.segment[start] = self.rng.integers(3, 9, int(start.sum()))
+        self.segment_action[start] = self.rng.uniform(-1, 1, (int(start.sum()), actions.shape[1]))
+        on = self.segment > 0
+        actions[on] = self.segment_action[on]
+        self.segment[on] -= 1
+        return actions
 
     @torch.no_grad()
     def select_action(self, obs: dict) -> np.ndarray:
@@ -152,6 +177,7 @@ class ScriptedExpert(torch.nn.Module):
         actions = np.stack([expert_action(t, s, e, f) for t, s, e, f in zip(tasks, state, env_state, failure)])
         if self.noise > 0:
             actions[:, :3] += self.rng.normal(0.0, self.noise, size=(len(tasks), 3))
+        actions = self._perturb(actions)
         return np.clip(actions, -1.0, 1.0).astype(np.float32)
 
     def predict_action_chunk(self, obs: dict) -> np.ndarray:

@@ -167,3 +167,34 @@ def reward(family: str, s: SceneState) -> float:
     if family == "place":
         return float(0.2 * near + 0.2 * s.grasped + 0.5 * (1.0 - np.tanh(5.0 * d_zone)))
     raise ValueError(family)
+
+
+def scene_from_state(task_text: str, ee: np.ndarray, opening: float, env_state: np.ndarray,
+                     half_size: float = 0.02) -> tuple[str, SceneState]:
+    """The task family and the `SceneState` that `success` and `reward` read, from observation-level quantities:
+    end-effector xyz, gripper opening and `observation.environment_state` (cube centres, then zone centres, in
+    `CUBE_COLOURS` and `ZONE_COLOURS` order). A world model's state channel predicts exactly these, so imagined
+    success is the task's own definition applied to predicted state. `grasped` (contacts) is not observable here;
+    it is approximated by "closed on the cube" (it enters only the lift and place rewards, never success)."""
+    from sim.tabletop.twin import CUBE_COLOURS, ZONE_COLOURS
+
+    family, colour, zone = parse_instruction(task_text)
+    env_state = np.asarray(env_state, np.float64)
+    cube = env_state[3 * CUBE_COLOURS.index(colour) : 3 * CUBE_COLOURS.index(colour) + 3]
+    zones = env_state[3 * len(CUBE_COLOURS) :].reshape(-1, 2)
+    zone_xy = zones[ZONE_COLOURS.index(zone)] if zone else np.zeros(2)
+    ee = np.asarray(ee, np.float64)
+    grasped = bool(np.linalg.norm(ee - cube) < 0.03 and opening < 2 * half_size + 0.012)
+    return family, SceneState(ee=ee, gripper_opening=float(opening), cube=cube, zone_xy=zone_xy, grasped=grasped,
+                              half_size=half_size)
+
+
+def success_and_reward(tasks, ee: np.ndarray, opening: np.ndarray, env_state: np.ndarray,
+                       half_size: float = 0.02) -> tuple[np.ndarray, np.ndarray]:
+    """Batched `success` and `reward` on observation-level state (B rows); see `scene_from_state`."""
+    tasks = [tasks] * len(ee) if isinstance(tasks, str) else list(tasks)
+    ok, rew = np.zeros(len(tasks), bool), np.zeros(len(tasks))
+    for i, t in enumerate(tasks):
+        family, s = scene_from_state(t, ee[i], float(opening[i]), env_state[i], half_size)
+        ok[i], rew[i] = success(family, s), reward(family, s)
+    return ok, rew

@@ -29,14 +29,14 @@ def test_imagined_rollouts_stop_at_success_and_record_every_step(trained, tiny_p
     assert all(len(a) == 10 for a, s in zip(r["actions"], r["success"]) if not s)
     assert all(len(f) == len(a) + 1 for f, a in zip(r["frames"], r["actions"]))
     assert r["frames"][0][3]["observation.images.front"].shape == (64, 64, 3)
-    r0 = imagine_from(policy, model, starts, max_steps=10, success_threshold=0.0)
+    r0 = imagine_from(policy, model, starts, max_steps=10, success_threshold=0.0, rules=None)  # frames path
     assert r0["success"].all() and all(len(a) == 1 for a in r0["actions"])  # success on the first imagined frame
 
 
 def test_hallucination_rate_counts_imagined_successes_that_fail_in_the_true_sim(trained, tiny_policy):
     model = VideoWorldModel.load(resolve_checkpoint(trained))
     policy = VLAPolicy.load(resolve_checkpoint(tiny_policy)).eval()
-    h = hallucination_rate(policy, model, "push-red", n=3, success_threshold=0.0)
+    h = hallucination_rate(policy, model, "push-red", n=3, success_threshold=0.0, rules=None)
     # every rollout "succeeds" after one imagined step; one action never solves a push in the true simulator
     assert h["imagined_success"] == 1.0 and h["replayed_true_success"] == 0.0 and h["hallucinated_success"] == 1.0
 
@@ -46,10 +46,10 @@ def test_imagined_success_sft_clones_the_kept_trajectories(trained, tiny_policy,
     policy = VLAPolicy.load(resolve_checkpoint(tiny_policy))
     before = [p.detach().clone() for p in policy.parameters()]
     r = imagined_success_sft(policy, model, "push-red", n=3, steps=3, batch_size=4, success_threshold=0.0,
-                             progress=False)
+                             progress=False, rules=None)
     assert r["imagined_successes"] == 3 and r["steps"] == 3 and np.isfinite(r["loss_last"])
     assert any(not torch.equal(a, b) for a, b in zip(before, policy.parameters()))
-    r = imagined_success_sft(policy, model, "push-red", n=2, steps=3, success_threshold=1.01, progress=False)
+    r = imagined_success_sft(policy, model, "push-red", n=2, steps=3, success_threshold=1.01, progress=False, rules=None)
     assert r["imagined_successes"] == 0 and r["steps"] == 0
 
 

@@ -19,6 +19,9 @@ class CollectConfig:
     """Std of Gaussian noise on the expert's translational actions."""
     failures: float = 0.0
     """Share of episodes recorded in near-success failure mode (missed grasps, pushes that stop short)."""
+    perturbed: float = 0.0
+    """Share of episodes perturbed like a learning policy (extra noise, random-action segments, then recovery), so a
+    world model trained on the data sees the states RL in imagination and ranking visit."""
     seed: int = 0
     num_envs: int = 2
     """Parallel simulator processes (gymnasium AsyncVectorEnv)."""
@@ -43,6 +46,8 @@ def collect(cfg: CollectConfig, progress: bool = True) -> dict:
         raise ValueError(f"--episodes must be positive, got {cfg.episodes}")
     if not 0.0 <= cfg.failures <= 1.0:
         raise ValueError(f"--failures must be in [0, 1], got {cfg.failures}")
+    if not 0.0 <= cfg.perturbed <= 1.0:
+        raise ValueError(f"--perturbed must be in [0, 1], got {cfg.perturbed}")
     mode = "overwrite" if cfg.overwrite else ("resume" if cfg.resume else "create")
     if mode == "create" and cfg.out.exists() and any(cfg.out.iterdir()):
         raise FileExistsError(f"{cfg.out} already exists; pass --overwrite to replace it or --resume to append")
@@ -54,7 +59,7 @@ def collect(cfg: CollectConfig, progress: bool = True) -> dict:
                                  observation_space=env.single_observation_space)
         else:
             policy = make_policy("scripted", env.single_action_space, seed=cfg.seed, noise=cfg.noise,
-                                 failure_prob=cfg.failures)
+                                 failure_prob=cfg.failures, perturb_prob=cfg.perturbed)
         writer: list[LeRobotV3Writer] = []
 
         def on_episode(ep: dict) -> None:

@@ -103,7 +103,8 @@ def run_demo(cfg: DemoConfig, progress: bool = True) -> dict:
         num_envs=cfg.num_envs, post_success_steps=3, overwrite=True), progress=progress))
     wm = stage("world_model", lambda: {k: v for k, v in train_world_model(TrainWMConfig(
         data=run / "dataset", out=run / "world_model", size=cfg.wm_size, ae_steps=cfg.wm_ae_steps,
-        dyn_steps=cfg.wm_dyn_steps, cls_steps=max(2, cfg.wm_dyn_steps // 8), batch_size=8 if cfg.quick else 32,
+        dyn_steps=cfg.wm_dyn_steps, unroll_steps=max(2, cfg.wm_dyn_steps // 4),
+        state_steps=max(10, cfg.wm_dyn_steps // 2), batch_size=8 if cfg.quick else 32,
         holdout=0.1, videos=2, overwrite=True, seed=cfg.seed), progress=progress).items() if k != "videos"})
     keep = max(1, cfg.bc_steps // 3)
     bc = stage("bc", lambda: train_policy(TrainPolicyConfig(

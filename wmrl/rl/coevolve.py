@@ -17,7 +17,9 @@ import numpy as np
 import torch
 
 import sim
-from wmrl.core.features import ACTION, OBS_STATE, TASK, image_key
+from sim.tabletop.tasks import success_and_reward
+from wmrl.core.features import ACTION, OBS_ENV_STATE, OBS_STATE, TASK, image_key
+from world_models.video.model import imagined_success
 
 
 def _true_starts(task: str, seeds: list[int], **env_kwargs) -> tuple[dict, list]:
@@ -32,13 +34,15 @@ def _true_starts(task: str, seeds: list[int], **env_kwargs) -> tuple[dict, list]
 
 @torch.no_grad()
 def imagine_from(policy, model, starts: dict, max_steps: int, success_threshold: float = 0.9, record: bool = False,
-                 seed: int = 0) -> dict:
+                 seed: int = 0, rules=success_and_reward) -> dict:
     """Run `policy` chunk by chunk in the world model from given start observations (B of them). Returns per rollout
     the executed actions and the imagined success; with `record`, the imagined observation after every control step
     (all frames of each chunk decoded), so that rollouts become episodes."""
     n = len(starts[TASK])
     obs = {**{image_key(c): starts[image_key(c)] for c in model.cfg.cameras}, OBS_STATE: starts[OBS_STATE],
            TASK: list(starts[TASK])}
+    if model.state_channel is not None:
+        obs[OBS_ENV_STATE] = starts[OBS_ENV_STATE]
     state = model.encode(obs)
     g = torch.Generator(device=model.device).manual_seed(seed)
     alive = np.ones(n, bool)
@@ -50,11 +54,11 @@ def imagine_from(policy, model, starts: dict, max_steps: int, success_threshold:
         h = min(model.cfg.chunk, policy.cfg.chunk_size, max_steps - t)
         chunk = np.clip(np.asarray(policy.predict_action_chunk(obs), np.float32)[:, :h], -1, 1)
         state, preds = model.step(state, torch.from_numpy(chunk), steps=1, generator=g)
-        p = preds["success"].cpu().numpy()  # (B, h)
+        ok = imagined_success(model, preds, obs[TASK], rules, success_threshold)  # (B, h)
         imgs = model.decode(preds["latents"] if record else preds["latents"][:, -1:])
         st = preds[OBS_STATE].cpu().numpy()
         for i in np.flatnonzero(alive):
-            hit = np.flatnonzero(p[i] >= success_threshold)
+            hit = np.flatnonzero(ok[i])
             k = int(hit[0]) + 1 if len(hit) else h  # steps of this chunk taken until success
             acts[i].extend(chunk[i, :k])
             if record:
@@ -63,6 +67,8 @@ def imagine_from(policy, model, starts: dict, max_steps: int, success_threshold:
             if len(hit):
                 success[i], alive[i] = True, False
         obs = {**{c: v[:, -1] for c, v in imgs.items()}, OBS_STATE: st[:, -1], TASK: obs[TASK]}
+        if OBS_ENV_STATE in preds:
+            obs[OBS_ENV_STATE] = preds[OBS_ENV_STATE][:, -1].cpu().numpy()
         t += h
     return {"actions": [np.stack(a) for a in acts], "success": success, "frames": frames}
 
@@ -81,12 +87,13 @@ def replay_in_true_sim(task: str, seed: int, actions: np.ndarray) -> bool:
     return ok
 
 
-def hallucination_rate(policy, model, task: str, n: int, seed: int = 30_000, success_threshold: float = 0.9) -> dict:
+def hallucination_rate(policy, model, task: str, n: int, seed: int = 30_000, success_threshold: float = 0.9,
+                       rules=success_and_reward) -> dict:
     """Imagined successes whose action replay fails in the true simulator, as a share of imagined successes."""
     seeds = [seed + i for i in range(n)]
     starts, _ = _true_starts(task, seeds)
     max_steps = sim.make_env(task).unwrapped.max_episode_steps
-    r = imagine_from(policy, model, starts, max_steps, success_threshold, seed=seed)
+    r = imagine_from(policy, model, starts, max_steps, success_threshold, seed=seed, rules=rules)
     true = np.array([replay_in_true_sim(task, s, a) for s, a in zip(seeds, r["actions"])])
     imagined = r["success"]
     n_imag = int(imagined.sum())
@@ -107,7 +114,8 @@ def evolve_world_model(wm_run: Path, policy_path: Path, task: str, budget: int, 
                                  overwrite=True, num_envs=1, post_success_steps=3), progress=progress)
     base = yaml.safe_load((Path(wm_run) / "config.yaml").read_text())
     cfg = TrainWMConfig(data=Path(base["data"]), extra_data=(out / "rollouts",), out=out / "world_model",
-                        size=base["size"], init_from=Path(wm_run), ae_steps=0, dyn_steps=steps, cls_steps=steps // 5,
+                        size=base["size"], init_from=Path(wm_run), ae_steps=0, state_steps=steps // 2, dyn_steps=steps,
+                        unroll_steps=steps // 5,
                         batch_size=base["batch_size"], lr=base["lr"] / 3, context=base["context"], chunk=base["chunk"],
                         holdout=base["holdout"], videos=2, overwrite=True, seed=seed)
     train_world_model(cfg, progress=progress)
@@ -116,7 +124,7 @@ def evolve_world_model(wm_run: Path, policy_path: Path, task: str, budget: int, 
 
 def imagined_success_sft(policy, model, task: str, n: int, steps: int, out: Path | None = None, seed: int = 50_000,
                          batch_size: int = 32, lr: float = 1e-4, success_threshold: float = 0.9,
-                         progress: bool = True) -> dict:
+                         progress: bool = True, rules=success_and_reward) -> dict:
     """Ctrl-World's recipe: keep the imagined trajectories the world model judges successful and behaviour-clone
     them (from true-simulator start frames, with the policy sampling so that trajectories differ)."""
     from wmrl.commands.train_policy import bc_train
@@ -126,7 +134,7 @@ def imagined_success_sft(policy, model, task: str, n: int, steps: int, out: Path
     starts, _ = _true_starts(task, [seed + i for i in range(n)])
     max_steps = sim.make_env(task).unwrapped.max_episode_steps
     stochastic, policy.stochastic = policy.stochastic, True
-    r = imagine_from(policy, model, starts, max_steps, success_threshold, record=True, seed=seed)
+    r = imagine_from(policy, model, starts, max_steps, success_threshold, record=True, seed=seed, rules=rules)
     policy.stochastic = stochastic
     keep = np.flatnonzero(r["success"])
     info = {"imagined_rollouts": n, "imagined_successes": int(len(keep))}

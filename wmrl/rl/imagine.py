@@ -251,13 +251,15 @@ def world_model_data(wm_path: Path) -> Path:
 
 def make_imagination_env(model, data: Path, num_envs: int, max_steps: int, keyframe_prob: float = 0.0,
                          success_threshold: float = 0.9, sampling_steps: int | None = 1):
+    from sim.tabletop.tasks import success_and_reward
     from world_models.env import WorldModelEnv
     from world_models.video.train import load_split
 
     require_success_head(model)
     _, train, _ = load_split(data, holdout=0.0)
     return WorldModelEnv(model, train, num_envs=num_envs, keyframe_prob=keyframe_prob, max_episode_steps=max_steps,
-                         success_threshold=success_threshold, sampling_steps=sampling_steps, decode_images=True)
+                         success_threshold=success_threshold, sampling_steps=sampling_steps, decode_images=True,
+                         rules=success_and_reward)  # success from the task's rules where the model has a state channel
 
 
 def imagine(cfg: ImagineConfig, progress: bool = True) -> dict:

@@ -1,6 +1,8 @@
-"""Measuring a video world model honestly: open-loop rollouts of held-out episodes under their recorded actions,
-PSNR/SSIM per camera against the real frames, action controllability (Genie's Delta-t PSNR), proprioceptive error,
-and side-by-side real/imagined videos."""
+"""Measuring a video world model honestly: a fixed set of held-out windows split into motion and static, open-loop
+rollouts under the recorded actions, PSNR/SSIM (whole frame and masked to the arm and objects) paired per window
+against copy-last-frame with bootstrap confidence intervals, action controllability (Genie's Delta-t PSNR), state
+errors in cm, success AUROC over pairs scored on the same number of steps, and side-by-side real/imagined videos.
+"""
 
 from __future__ import annotations
 
@@ -11,12 +13,19 @@ import torch
 
 from world_models.video.model import VideoWorldModel
 
-STATE, ACTION = "observation.state", "action"
+STATE, ACTION, ENV_STATE = "observation.state", "action", "observation.environment_state"
 
 
-def psnr(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Per-image PSNR (dB) of uint8 images (..., H, W, 3)."""
-    mse = ((a.astype(np.float64) - b.astype(np.float64)) ** 2).mean(axis=(-3, -2, -1))
+def psnr(a: np.ndarray, b: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
+    """Per-image PSNR (dB) of uint8 images (..., H, W, 3); with `mask` (..., H, W) only over the masked pixels
+    (images with an empty mask give NaN)."""
+    se = ((a.astype(np.float64) - b.astype(np.float64)) ** 2).mean(axis=-1)
+    if mask is None:
+        mse = se.mean(axis=(-2, -1))
+    else:
+        m = mask.astype(np.float64)
+        n = m.sum(axis=(-2, -1))
+        mse = np.where(n > 0, (se * m).sum(axis=(-2, -1)) / np.maximum(n, 1), np.nan)
     return 10 * np.log10(255.0**2 / np.maximum(mse, 1e-10))
 
 
@@ -38,56 +47,115 @@ def ssim(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return s.mean(axis=(-2, -1)).reshape(lead)
 
 
-def windows(held, n: int, length: int, K: int, seed: int = 0) -> list[tuple[int, int]]:
-    """(episode id, start frame) pairs whose K context frames and `length` next frames all lie in the episode."""
+def bootstrap_ci(x: np.ndarray, n: int = 2000, seed: int = 0, stat=np.mean) -> tuple[float, float]:
+    """95% percentile-bootstrap interval of `stat` over the entries of x (NaNs dropped)."""
+    x = np.asarray(x, np.float64)
+    x = x[np.isfinite(x)]
+    if len(x) == 0:
+        return float("nan"), float("nan")
     rng = np.random.default_rng(seed)
-    eids = [e for e, (lo, T) in held.episodes.items() if T >= K + length]
+    boots = stat(x[rng.integers(0, len(x), (n, len(x)))], axis=1)
+    return float(np.percentile(boots, 2.5)), float(np.percentile(boots, 97.5))
+
+
+def auroc(scores: np.ndarray, labels: np.ndarray) -> float:
+    """Probability that a positive outscores a negative (ties count half)."""
+    scores, labels = np.asarray(scores, np.float64), np.asarray(labels, bool)
+    pos, neg = scores[labels], scores[~labels]
+    if len(pos) == 0 or len(neg) == 0:
+        return float("nan")
+    return float(((pos[:, None] > neg[None, :]) + 0.5 * (pos[:, None] == neg[None, :])).mean())
+
+
+def matched_max(per_step: list[np.ndarray], n_steps) -> np.ndarray:
+    """Each episode's score: the max of its per-step scores over its first n_steps[i] steps. Scoring both episodes
+    of a success / near-success pair on the same number of steps keeps the score from reading episode length
+    (success episodes end early; with whole-episode maxima a scorer of pure noise gets an AUROC well below 0.5)."""
+    return np.array([np.max(x[:n]) for x, n in zip(per_step, n_steps)])
+
+
+def fixed_windows(held, n: int, length: int, K: int, seed: int = 0, motion_cm: float = 2.0) -> list[dict]:
+    """`n` (episode, start frame) windows whose `length` next frames lie in the episode, drawn by `seed` and sorted,
+    so every run and baseline sees the same ones. A window is `motion` when the end-effector or any object moves
+    more than `motion_cm` over it (from the recorded state), else `static`."""
+    rng = np.random.default_rng(seed)
+    eids = sorted(e for e, (lo, T) in held.episodes.items() if T >= length + 1)
     if not eids:
         raise ValueError(f"no held-out episode is long enough for horizon {length}")
-    out = []
-    for _ in range(n):
+    chosen = set()
+    while len(chosen) < n:
         e = eids[rng.integers(len(eids))]
         T = held.episodes[e][1]
-        out.append((e, int(rng.integers(K - 1, T - length))))
+        chosen.add((int(e), int(rng.integers(0, T - length))))
+        if len(chosen) >= sum(held.episodes[e][1] - length for e in eids):
+            break
+    out = []
+    for e, t0 in sorted(chosen):
+        lo = held.episodes[e][0]
+        s = held.data[STATE][lo + t0 : lo + t0 + length + 1]
+        move = np.linalg.norm(s[1:, 5:8] - s[:1, 5:8], axis=-1).max()
+        if ENV_STATE in held.data:
+            env = held.data[ENV_STATE][lo + t0 : lo + t0 + length + 1, :9].reshape(length + 1, 3, 3)
+            move = max(move, np.linalg.norm(env[1:] - env[:1], axis=-1).max())
+        out.append({"episode": e, "start": t0, "motion": bool(move * 100 > motion_cm)})
     return out
+
+
+def window_inputs(model: VideoWorldModel, held, starts: list[tuple[int, int]], horizon: int) -> tuple[dict, dict, dict]:
+    """What a rollout from each window starts with (context frames, anchor, state, task), the recorded actions
+    (N, horizon, A), and the real future: frames per camera, state, environment state."""
+    K = model.cfg.context
+    cams = [f"observation.images.{c}" for c in model.cfg.cameras]
+    d = held.data
+    obs, anchor, real = {c: [] for c in cams}, {c: [] for c in cams}, {c: [] for c in cams}
+    real[STATE], acts, st, env, tasks, env_real = [], [], [], [], [], []
+    for e, t0 in starts:
+        lo, _ = held.episodes[e]
+        ctx_idx = np.maximum(np.arange(t0 - K + 1, t0 + 1), 0) + lo
+        for c in cams:
+            obs[c].append(d[c][ctx_idx])
+            anchor[c].append(d[c][lo])
+            real[c].append(d[c][lo + t0 + 1 : lo + t0 + 1 + horizon])
+        acts.append(d[ACTION][lo + t0 : lo + t0 + horizon])
+        real[STATE].append(d[STATE][lo + t0 + 1 : lo + t0 + 1 + horizon])
+        st.append(d[STATE][lo + t0])
+        tasks.append(held.vocab["task"][d["task"][lo + t0]])
+        if ENV_STATE in d:
+            env.append(d[ENV_STATE][lo + t0])
+            env_real.append(d[ENV_STATE][lo + t0 + 1 : lo + t0 + 1 + horizon])
+    start = {**{c: np.stack(v) for c, v in obs.items()}, STATE: np.stack(st), "task": tasks}
+    if env:
+        start[ENV_STATE] = np.stack(env)
+        real[ENV_STATE] = env_real
+    real = {k: np.stack(v) for k, v in real.items()}
+    return {"obs": start, "anchor": {c: np.stack(v) for c, v in anchor.items()}}, {ACTION: np.stack(acts)}, real
 
 
 @torch.no_grad()
 def rollout(model: VideoWorldModel, held, starts: list[tuple[int, int]], horizon: int, steps: int | None = None,
             shuffle_actions: bool = False, seed: int = 0, decode: bool = True) -> dict:
     """Open-loop rollouts from real context frames under recorded actions. Returns predicted and real frames per
-    camera (N, horizon, H, W, 3), predicted and real states (N, horizon, D), success probabilities (N, horizon)."""
-    K, Hc = model.cfg.context, model.cfg.chunk
-    cams = [f"observation.images.{c}" for c in model.cfg.cameras]
-    ctx_imgs = {c: [] for c in cams}
-    real = {c: [] for c in cams}
-    acts, states, proprio, tasks = [], [], [], []
-    for e, t0 in starts:
-        lo, _ = held.episodes[e]
-        for c in cams:
-            ctx_imgs[c].append(held.data[c][lo + t0 - K + 1 : lo + t0 + 1])
-            real[c].append(held.data[c][lo + t0 + 1 : lo + t0 + 1 + horizon])
-        acts.append(held.data[ACTION][lo + t0 : lo + t0 + horizon])
-        states.append(held.data[STATE][lo + t0 + 1 : lo + t0 + 1 + horizon])
-        proprio.append(held.data[STATE][lo + t0])
-        tasks.append(held.vocab["task"][held.data["task"][lo + t0]])
-    acts = np.stack(acts)
+    camera (N, horizon, H, W, 3), predicted and real states (N, horizon, D) and, with a state channel, predicted and
+    real environment states, the predicted end-effector and the ensemble disagreement."""
+    start, acts, real = window_inputs(model, held, starts, horizon)
+    a = acts[ACTION]
     if shuffle_actions:  # the same action sequences, given to the wrong starts
-        acts = acts[np.random.default_rng(seed).permutation(len(acts))]
-    state = model.encode({**{c: np.stack(v) for c, v in ctx_imgs.items()}, STATE: np.stack(proprio), "task": tasks})
-    lat, st, succ = [], [], []
+        a = a[np.random.default_rng(seed).permutation(len(a))]
+    state = model.encode(start["obs"], anchor=start["anchor"])
     g = torch.Generator(device=model.device).manual_seed(seed)
-    for i in range(0, horizon, Hc):
-        state, p = model.step(state, torch.as_tensor(acts[:, i : i + Hc]), steps=steps, generator=g)
-        lat.append(p["latents"])
-        st.append(p[STATE])
-        succ.append(p["success"])
-    lat = torch.cat(lat, 1)
-    out = {"pred_state": torch.cat(st, 1).cpu().numpy(), "real_state": np.stack(states),
-           "success": torch.cat(succ, 1).cpu().numpy(), "latents": lat}
+    chunks = []
+    for i in range(0, horizon, model.cfg.chunk):
+        state, p = model.step(state, torch.as_tensor(a[:, i : i + model.cfg.chunk]), steps=steps, generator=g)
+        chunks.append(p)
+    cat = lambda k: torch.cat([p[k] for p in chunks], 1)
+    out = {"pred_state": cat(STATE).cpu().numpy(), "real_state": real[STATE], "success": cat("success").cpu().numpy(),
+           "latents": cat("latents"), "pose": cat("pose").cpu().numpy()}
+    if ENV_STATE in chunks[0]:
+        out.update(pred_env=cat(ENV_STATE).cpu().numpy(), real_env=real[ENV_STATE], ee=cat("ee").cpu().numpy(),
+                   disagreement=cat("disagreement").cpu().numpy())
     if decode:
-        out["pred"] = model.decode(lat)
-        out["real"] = {c: np.stack(v) for c, v in real.items()}
+        out["pred"] = model.decode(out["latents"])
+        out["real"] = {k: v for k, v in real.items() if k.startswith("observation.images.")}
     return out
 
 
@@ -96,21 +164,11 @@ def write_side_by_side(model: VideoWorldModel, held, out_dir: Path, n: int = 3, 
     recorded actions. mp4 per episode and one GIF of all of them."""
     from wmrl.eval.video import write_clips
 
-    K = model.cfg.context
     cams = [f"observation.images.{c}" for c in model.cfg.cameras]
     clips = []
     for e in list(held.episodes)[:n]:
         lo, T = held.episodes[e]
-        horizon = T - 1
-        # reset-like start: the first frame repeated as context
-        ctx = {c: np.repeat(held.data[c][lo : lo + 1], K, 0)[None] for c in cams}
-        state = model.encode({**ctx, STATE: held.data[STATE][lo : lo + 1], "task": [held.vocab["task"][held.data["task"][lo]]]})
-        lat = []
-        acts = held.data[ACTION][lo : lo + horizon][None]
-        for i in range(0, horizon, model.cfg.chunk):
-            state, p = model.step(state, torch.as_tensor(acts[:, i : i + model.cfg.chunk]))
-            lat.append(p["latents"])
-        pred = model.decode(torch.cat(lat, 1)[0])
-        rows = [np.concatenate([held.data[c][lo + 1 : lo + 1 + horizon], pred[c]], axis=2) for c in cams]  # real | imagined
+        r = rollout(model, held, [(e, 0)], T - 1)
+        rows = [np.concatenate([held.data[c][lo + 1 : lo + T], r["pred"][c][0]], axis=2) for c in cams]  # real | imagined
         clips.append((f"real_vs_imagined_{e:03d}", np.concatenate(rows, axis=1).repeat(3, 1).repeat(3, 2)))
     return write_clips(clips, out_dir, "real_vs_imagined.gif", fps=fps, cols=min(3, len(clips)))

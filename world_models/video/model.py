@@ -1,13 +1,23 @@
-"""Action-conditioned latent video world model (DIAMOND's EDM recipe in a learned latent space, WoVR's chunked
-steps, Ctrl-World's shared multi-camera latent layout, World-VLA-Loop's success head).
+"""Action-conditioned latent video world model, v2: DIAMOND's EDM recipe in a learned latent space, WoVR's chunked
+steps, Ctrl-World's shared multi-camera latent layout and per-frame pose conditioning, World-VLA-Loop's success
+head trained on generated latents, and a structured state channel (`state_channel.py`) for object state.
 
-    encode(obs)                 -> state   K context latent frames (all cameras stacked), proprio, task
+    encode(obs)                 -> state   K context latents (all cameras stacked), the scene anchor, the pose
     step(state, action_chunk)   -> state, preds   one denoising pass predicts the next H frames at once
     decode(latents)             -> {camera: uint8 frames}   only when asked: the costly part
 
-The denoiser D(x; sigma) = c_skip x + c_out F(c_in x, c_noise, cond) follows Karras et al. (2022), Table 1, with
-c_skip, c_out, c_in and c_noise taken from diffusers' EDMEulerScheduler (`edm_coefficients`), which also samples.
-Training noises the context latents too (DIAMOND's fix for autoregressive drift); the noise level is conditioned on.
+What each generated frame is conditioned on (information a real robot has too):
+- its own commanded pose p_j = [clip(ee_{j-1} + ee_step * a_j[:3]), a_j[3]] (end-effector target and gripper
+  command), with ee_{j-1} the last observed end-effector for the first frame and afterwards the state channel's
+  prediction (or the integrated command chain when there is no state channel). Proprioception is never re-read
+  from generated latents inside a rollout;
+- the K context latents (noised at a level it is told, DIAMOND/GameNGen context augmentation) and the episode's
+  first frame (the scene anchor, Ctrl-World's memory in its simplest form).
+
+The denoiser predicts the *change* r = (z_future - z_last) / res_std: at zero update the last frame is kept, so
+the network spends its capacity on what moves. D(r; sigma) = c_skip r + c_out F(c_in r, c_noise, cond) follows
+Karras et al. (2022), Table 1, with the coefficients of diffusers' EDMEulerScheduler (`edm_coefficients`), which
+also samples.
 """
 
 from __future__ import annotations
@@ -24,34 +34,46 @@ from torch import nn
 from wmrl.core.checkpoint import load_state, read_config, save_pretrained
 from world_models.edm import edm_coefficients
 from world_models.video.networks import FourierEmbedding, FrameAutoencoder, FrameHeads, TaskEncoder, UNet
+from world_models.video.state_channel import StateChannel, StateChannelConfig
 
 SIZES = {"tiny": (16, 32), "small": (48, 96), "base": (128, 256), "large": (192, 384)}
+POSE_DIM = 4  # commanded end-effector xyz + gripper command
 
 
 @dataclass
 class WorldModelConfig:
     cameras: tuple[str, ...] = ("front", "wrist")
     image_size: int = 64
-    latent_channels: int = 4  # per camera; a frame latent is (cameras * latent_channels, image_size / 4, ...)
+    latent_channels: int = 8  # per camera; a frame latent is (cameras * latent_channels, image_size / 4, ...)
     context: int = 2  # K context frames
     chunk: int = 4  # H frames predicted per step (one action per frame)
     action_dim: int = 4
     state_dim: int = 8
-    env_state_dim: int = 0  # > 0: a head predicts observation.environment_state (scripted policies can act in imagination)
+    env_state_dim: int = 0  # > 0: the data has object state; a state channel learns its dynamics
     size: str = "small"  # U-Net widths, see SIZES; scales up on a GPU without code changes
     ae_width: int = 16
     cond_dim: int = 128
     task_dim: int = 32
-    sigma_data: float = 1.0  # latents are standardised per channel
+    sigma_data: float = 1.0  # residual latents are standardised per channel
     sigma_min: float = 0.002
     sigma_max: float = 5.0
     p_mean: float = -0.4  # training ln(sigma) ~ N(p_mean, p_std), DIAMOND
     p_std: float = 1.2
-    context_noise_max: float = 0.3
+    context_noise_max: float = 0.7  # training context noise level ~ U(0, max) (GameNGen uses up to 0.7)
+    context_noise_sample: float = 0.1  # the small level generated context is noised to, and told, at sampling
     motion_weight: float = 3.0  # extra dynamics-loss weight where the future differs from the last context frame
     sampling_steps: int = 3
-    deterministic: bool = False  # baseline: same backbone regressing the next latents directly, no diffusion
+    deterministic: bool = False  # baseline: same backbone regressing the change directly, no diffusion
     task_vocab: list[str] = field(default_factory=list)
+    # the action space: end-effector delta (scaled by ee_step, clipped to the workspace) and a gripper command
+    ee_index: tuple[int, int, int] = (5, 6, 7)  # end-effector xyz inside observation.state
+    gripper_index: int = 4  # gripper opening (m) inside observation.state
+    gripper_open: float = 0.09  # opening at command -1 (fully open); command +1 closes
+    ee_step: float = 0.05
+    workspace_low: tuple[float, float, float] = (0.2, -0.28, 0.015)
+    workspace_high: tuple[float, float, float] = (0.62, 0.28, 0.3)
+    state_members: int = 5  # ensemble members of the state channel (used when env_state_dim > 0)
+    n_objects: int = 3  # objects (cubes) in the environment state, 3 coordinates each, before the static zones
 
     @property
     def latent_size(self) -> int:
@@ -62,6 +84,25 @@ class WorldModelConfig:
         return len(self.cameras) * self.latent_channels
 
 
+def commanded_pose(ee: torch.Tensor, action: torch.Tensor, cfg: WorldModelConfig) -> torch.Tensor:
+    """The pose one action commands: [clip(ee + ee_step * a[:3], workspace), a[3]] (..., 4). This is the
+    controller's target, as the simulator computes it (`TabletopEnv._ctrl_from_action`) and as a robot logs it."""
+    lo, hi = (torch.tensor(v, dtype=ee.dtype, device=ee.device) for v in (cfg.workspace_low, cfg.workspace_high))
+    target = torch.minimum(torch.maximum(ee + cfg.ee_step * action[..., :3], lo), hi)
+    return torch.cat([target, action[..., 3:4]], -1)
+
+
+def integrate_poses(ee0: torch.Tensor, actions: torch.Tensor, cfg: WorldModelConfig) -> torch.Tensor:
+    """Commanded poses (B, h, 4) of an action chunk (B, h, A) from the last known end-effector ee0 (B, 3), when no
+    better estimate of the arm exists: each target becomes the next step's start (perfect tracking assumed)."""
+    out, ee = [], ee0
+    for j in range(actions.shape[1]):
+        p = commanded_pose(ee, actions[:, j], cfg)
+        out.append(p)
+        ee = p[:, :3]
+    return torch.stack(out, 1)
+
+
 class VideoWorldModel(nn.Module):
     def __init__(self, cfg: WorldModelConfig):
         super().__init__()
@@ -70,24 +111,30 @@ class VideoWorldModel(nn.Module):
         if not cfg.task_vocab:
             raise ValueError("task_vocab is empty: build the config from a dataset (its task strings)")
         self.cfg = cfg
-        C, K, H = cfg.frame_channels, cfg.context, cfg.chunk
+        C, K, H, P = cfg.frame_channels, cfg.context, cfg.chunk, POSE_DIM
         self.ae = FrameAutoencoder(cfg.latent_channels, cfg.ae_width)
         self.register_buffer("lat_mean", torch.zeros(C, 1, 1))
         self.register_buffer("lat_std", torch.ones(C, 1, 1))
+        self.register_buffer("res_std", torch.ones(C, 1, 1))  # std of one-step latent changes, per channel
         self.noise_emb = FourierEmbedding(cfg.cond_dim)
         self.ctx_noise_emb = FourierEmbedding(cfg.cond_dim)
-        self.action_emb = nn.Linear(cfg.action_dim, cfg.cond_dim // 4)  # per action: frame-level conditioning
-        self.cond = nn.Sequential(
-            nn.Linear(2 * cfg.cond_dim + H * (cfg.cond_dim // 4) + cfg.state_dim, cfg.cond_dim), nn.SiLU(),
-            nn.Linear(cfg.cond_dim, cfg.cond_dim))
-        # Input: noisy future, context, and maps that give convolutions spatial access to the conditioning:
-        # x/y coordinates (CoordConv) and the actions and proprioception broadcast over the latent grid.
-        self.unet = UNet(H * C + K * C + 2 + H * cfg.action_dim + cfg.state_dim, H * C, cfg.cond_dim, SIZES[cfg.size])
+        self.pose_emb = nn.Linear(P, cfg.cond_dim // 4)  # per frame: frame-level conditioning
+        self.cond = nn.Sequential(nn.Linear(2 * cfg.cond_dim + (H + 1) * (cfg.cond_dim // 4), cfg.cond_dim), nn.SiLU(),
+                                  nn.Linear(cfg.cond_dim, cfg.cond_dim))
+        # Input: the noisy change, the context, the scene anchor, and maps that give convolutions spatial access to
+        # the conditioning: x/y coordinates (CoordConv) and every frame's pose broadcast over the latent grid.
+        self.unet = UNet(H * C + K * C + C + 2 + (H + 1) * P, H * C, cfg.cond_dim, SIZES[cfg.size])
         S = cfg.latent_size
         ys, xs = torch.meshgrid(torch.linspace(-1, 1, S), torch.linspace(-1, 1, S), indexing="ij")
         self.register_buffer("coords", torch.stack([xs, ys])[None], persistent=False)
+        lo, hi = np.array(cfg.workspace_low), np.array(cfg.workspace_high)
+        self.register_buffer("pose_mid", torch.tensor([*(lo + hi) / 2, 0.0], dtype=torch.float32), persistent=False)
+        self.register_buffer("pose_half", torch.tensor([*(hi - lo) / 2, 1.0], dtype=torch.float32), persistent=False)
         self.task = TaskEncoder(cfg.task_vocab, cfg.task_dim)
-        self.heads = FrameHeads(C, cfg.state_dim, cfg.task_dim, cfg.latent_size, env_state_dim=cfg.env_state_dim)
+        self.heads = FrameHeads(C, cfg.state_dim, cfg.task_dim, cfg.latent_size)
+        self.state_channel = (StateChannel(StateChannelConfig(cfg.n_objects, cfg.action_dim, cfg.state_members,
+                                                              ee_step=cfg.ee_step))
+                              if cfg.env_state_dim and cfg.state_members else None)
         self.scheduler = EDMEulerScheduler(sigma_min=cfg.sigma_min, sigma_max=cfg.sigma_max,
                                            sigma_data=cfg.sigma_data, prediction_type="epsilon")
 
@@ -96,6 +143,11 @@ class VideoWorldModel(nn.Module):
         return self.lat_mean.device
 
     has_success_head = True  # imagined episodes can be scored (imagine, rank)
+
+    @property
+    def success_source(self) -> str:
+        """'state' when a state channel predicts object state (success from the task's definition), else 'frames'."""
+        return "state" if self.state_channel is not None else "frames"
 
     # ------------------------------------------------------------------ frames <-> latents
     def encode_frames(self, images: dict[str, torch.Tensor | np.ndarray]) -> torch.Tensor:
@@ -121,55 +173,74 @@ class VideoWorldModel(nn.Module):
             out[f"observation.images.{cam}"] = ((x + 1) * 127.5).round().to(torch.uint8).permute(0, 2, 3, 1)
         return out
 
+    # ------------------------------------------------------------------ poses
+    def observed_pose(self, proprio: torch.Tensor, last_action: torch.Tensor | None = None) -> torch.Tensor:
+        """Pose (B, 4) of an observed frame: its end-effector and its gripper command (the previous action's, else
+        the command that would give the observed opening)."""
+        ee = proprio[:, list(self.cfg.ee_index)]
+        g = 1 - 2 * proprio[:, self.cfg.gripper_index : self.cfg.gripper_index + 1] / self.cfg.gripper_open
+        if last_action is not None:
+            g = last_action[:, 3:4]
+        return torch.cat([ee, g.clamp(-1, 1)], -1)
+
+    def _norm_pose(self, p: torch.Tensor) -> torch.Tensor:
+        return (p - self.pose_mid) / self.pose_half
+
     # ------------------------------------------------------------------ the denoiser
-    def _inputs(self, x_in: torch.Tensor, ctx: torch.Tensor, actions: torch.Tensor, proprio: torch.Tensor) -> torch.Tensor:
+    def _inputs(self, x_in, ctx, anchor, pose0, poses) -> torch.Tensor:
         B, S = x_in.shape[0], x_in.shape[-1]
-        maps = torch.cat([actions.reshape(B, -1), proprio], dim=1)[:, :, None, None].expand(-1, -1, S, S)
-        return torch.cat([x_in, ctx.flatten(1, 2), self.coords.expand(B, -1, -1, -1), maps], dim=1)
+        maps = torch.cat([self._norm_pose(pose0), self._norm_pose(poses).flatten(1)], 1)[:, :, None, None].expand(-1, -1, S, S)
+        return torch.cat([x_in, ctx.flatten(1, 2), anchor, self.coords.expand(B, -1, -1, -1), maps], dim=1)
 
-    def _condition(self, c_noise, ctx_sigma, actions, proprio):
-        B = actions.shape[0]
-        a = self.action_emb(actions).reshape(B, -1)
-        return self.cond(torch.cat([self.noise_emb(c_noise), self.ctx_noise_emb(ctx_sigma), a, proprio], dim=-1))
+    def _condition(self, c_noise, ctx_sigma, pose0, poses):
+        B = poses.shape[0]
+        p = self.pose_emb(self._norm_pose(torch.cat([pose0[:, None], poses], 1))).reshape(B, -1)
+        return self.cond(torch.cat([self.noise_emb(c_noise), self.ctx_noise_emb(ctx_sigma), p], dim=-1))
 
-    def denoise(self, x: torch.Tensor, sigma: torch.Tensor, ctx: torch.Tensor, ctx_sigma: torch.Tensor,
-                actions: torch.Tensor, proprio: torch.Tensor) -> torch.Tensor:
-        """D(x; sigma): the denoised future latents (B, H*C, S, S) given noisy ones."""
-        B = x.shape[0]
-        c_skip, c_out, c_in, c_noise = (c.reshape(B, 1, 1, 1) if c.ndim else c for c in edm_coefficients(sigma, self.cfg.sigma_data))
-        cond = self._condition(c_noise.reshape(B), ctx_sigma, actions, proprio)
-        F_ = self.unet(self._inputs(c_in * x, ctx, actions, proprio), cond)
-        return c_skip * x + c_out * F_
+    def _F(self, x_in, c_noise, ctx, ctx_sigma, anchor, pose0, poses):
+        return self.unet(self._inputs(x_in, ctx, anchor, pose0, poses), self._condition(c_noise, ctx_sigma, pose0, poses))
+
+    def to_residual(self, future: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+        """(B, H, C, S, S) future latents -> standardised changes over the last context latent, (B, H*C, S, S)."""
+        return ((future - last[:, None]) / self.res_std).flatten(1, 2)
+
+    def from_residual(self, r: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+        """The identity path: r = 0 gives back the last context latent for every future frame exactly."""
+        B, C = last.shape[:2]
+        return last[:, None] + r.reshape(B, -1, C, *r.shape[-2:]) * self.res_std
 
     # ------------------------------------------------------------------ losses
-    def dynamics_loss(self, ctx: torch.Tensor, future: torch.Tensor, actions: torch.Tensor, proprio: torch.Tensor,
-                      mask: torch.Tensor) -> torch.Tensor:
-        """ctx (B,K,C,S,S), future (B,H,C,S,S), actions (B,H,A), proprio (B,state_dim), mask (B,H) of real frames."""
+    def dynamics_loss(self, ctx: torch.Tensor, anchor: torch.Tensor, future: torch.Tensor, pose0: torch.Tensor,
+                      poses: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """ctx (B,K,C,S,S) clean context, anchor (B,C,S,S), future (B,H,C,S,S), pose0 (B,4) of the last context frame,
+        poses (B,H,4) commanded per future frame, mask (B,H) of real frames."""
         B, H, C = future.shape[:3]
+        last = ctx[:, -1]
+        # where the future differs from the clean last context frame (computed before the context is noised)
+        moved = (future - last[:, None]).abs().mean(dim=2, keepdim=True)
         ctx_sigma = torch.rand(B, device=ctx.device) * self.cfg.context_noise_max
-        ctx = ctx + ctx_sigma.reshape(B, 1, 1, 1, 1) * torch.randn_like(ctx)
-        x0 = future.flatten(1, 2)
+        ctx_n = ctx + ctx_sigma.reshape(B, 1, 1, 1, 1) * torch.randn_like(ctx)
+        r0 = self.to_residual(future, last)
         if self.cfg.deterministic:
-            sigma = torch.full((B,), self.cfg.sigma_max, device=x0.device)
-            pred = self.denoise(torch.zeros_like(x0), sigma, ctx, ctx_sigma, actions, proprio)
-            err = (pred - x0) ** 2
-        else:
-            sigma = torch.exp(self.cfg.p_mean + self.cfg.p_std * torch.randn(B, device=x0.device))
-            x = x0 + sigma.reshape(B, 1, 1, 1) * torch.randn_like(x0)
+            sigma = torch.full((B,), self.cfg.sigma_max, device=r0.device)
             c_skip, c_out, c_in, c_noise = (c.reshape(B, 1, 1, 1) for c in edm_coefficients(sigma, self.cfg.sigma_data))
-            cond = self._condition(c_noise.reshape(B), ctx_sigma, actions, proprio)
-            F_ = self.unet(self._inputs(c_in * x, ctx, actions, proprio), cond)
-            err = (F_ - (x0 - c_skip * x) / c_out) ** 2  # EDM loss: lambda(sigma) ||D(x) - x0||^2
+            err = (self._F(torch.zeros_like(r0), c_noise.reshape(B), ctx_n, ctx_sigma, anchor, pose0, poses) - r0) ** 2
+        else:
+            sigma = torch.exp(self.cfg.p_mean + self.cfg.p_std * torch.randn(B, device=r0.device))
+            x = r0 + sigma.reshape(B, 1, 1, 1) * torch.randn_like(r0)
+            c_skip, c_out, c_in, c_noise = (c.reshape(B, 1, 1, 1) for c in edm_coefficients(sigma, self.cfg.sigma_data))
+            F_ = self._F(c_in * x, c_noise.reshape(B), ctx_n, ctx_sigma, anchor, pose0, poses)
+            err = (F_ - (r0 - c_skip * x) / c_out) ** 2  # EDM loss: lambda(sigma) ||D(x) - r0||^2
         err = err.reshape(B, H, C, *err.shape[-2:])
         if self.cfg.motion_weight:  # most of a frame is static background; the arm and cubes are what matter
-            moved = (future - ctx[:, -1:]).abs().mean(dim=2, keepdim=True)  # (B, H, 1, S, S), standardised units
             err = err * (1 + self.cfg.motion_weight * (moved / 0.5).clamp(max=1))
         err = err.mean(dim=(2, 3, 4))
         return (err * mask).sum() / mask.sum().clamp(min=1)
 
     def heads_loss(self, z: torch.Tensor, tasks: list[str], labels: dict[str, torch.Tensor], mask: torch.Tensor,
                    noise: float = 0.2, pos_weight: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
-        """Per-frame heads on latents z (N,C,S,S), noised a little so they transfer to generated latents."""
+        """Per-frame heads on latents z (N,C,S,S): proprioception (for the policy's observation), success, reward,
+        done. Trained on real latents first, then on generated ones (`train.py`'s unrolled phase)."""
         z = z + noise * torch.rand(len(z), 1, 1, 1, device=z.device) * torch.randn_like(z)
         out = self.heads(z, self.task(tasks))
         m = mask.float()
@@ -180,39 +251,39 @@ class VideoWorldModel(nn.Module):
         l_rew = (((out["reward"] - labels["reward"]) ** 2) * m).sum() / n
         l_done = (F.binary_cross_entropy_with_logits(out["done_logit"], labels["done"], reduction="none") * m).sum() / n
         loss = l_state + l_succ + l_rew + 0.5 * l_done
-        info = {"state": l_state.item(), "success": l_succ.item(), "reward": l_rew.item(), "done": l_done.item()}
-        if "env_state" in out and "env_state" in labels:  # positions in metres: weighted so that 1 cm matters
-            l_env = (((out["env_state"] - labels["env_state"]) ** 2).mean(-1) * m).sum() / n
-            loss = loss + 100.0 * l_env
-            info["env_state"] = l_env.item()
-        return loss, info
+        return loss, {"state": l_state.detach(), "success": l_succ.detach(), "reward": l_rew.detach(), "done": l_done.detach()}
 
     # ------------------------------------------------------------------ imagination
     @torch.no_grad()
-    def sample_future(self, ctx: torch.Tensor, actions: torch.Tensor, proprio: torch.Tensor, steps: int | None = None,
-                      generator: torch.Generator | None = None) -> torch.Tensor:
-        """Latents of the next H frames (B, H, C, S, S) by Euler sampling through diffusers' EDM scheduler."""
+    def sample_future(self, ctx: torch.Tensor, anchor: torch.Tensor, pose0: torch.Tensor, poses: torch.Tensor,
+                      steps: int | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
+        """Latents of the next H frames (B, H, C, S, S) by Euler sampling of the change through diffusers' EDM
+        scheduler. The context is noised to `context_noise_sample`, the level the model is told."""
         B = ctx.shape[0]
         H, C, S = self.cfg.chunk, self.cfg.frame_channels, self.cfg.latent_size
-        ctx_sigma = torch.zeros(B, device=ctx.device)
+        dev = ctx.device
+        s = self.cfg.context_noise_sample
+        ctx_sigma = torch.full((B,), s, device=dev)
+        ctx_n = ctx + s * torch.randn(ctx.shape, device=dev, generator=generator) if s > 0 else ctx
+        last = ctx[:, -1]
         if self.cfg.deterministic:
-            sigma = torch.full((B,), self.cfg.sigma_max, device=ctx.device)
-            x = self.denoise(torch.zeros(B, H * C, S, S, device=ctx.device), sigma, ctx, ctx_sigma, actions, proprio)
-            return x.reshape(B, H, C, S, S)
+            c_noise = edm_coefficients(torch.full((B,), self.cfg.sigma_max, device=dev), self.cfg.sigma_data)[3]
+            r = self._F(torch.zeros(B, H * C, S, S, device=dev), c_noise, ctx_n, ctx_sigma, anchor, pose0, poses)
+            return self.from_residual(r, last)
         sched = EDMEulerScheduler.from_config(self.scheduler.config)
-        sched.set_timesteps(steps or self.cfg.sampling_steps, device=ctx.device)
-        x = torch.randn(B, H * C, S, S, device=ctx.device, generator=generator) * sched.init_noise_sigma
+        sched.set_timesteps(steps or self.cfg.sampling_steps, device=dev)
+        x = torch.randn(B, H * C, S, S, device=dev, generator=generator) * sched.init_noise_sigma
         for t in sched.timesteps:  # EDM's timesteps are c_noise = ln(sigma) / 4
-            x_in = sched.scale_model_input(x, t)  # c_in * x
-            cond = self._condition(t.reshape(1).expand(B).to(ctx.device), ctx_sigma, actions, proprio)
-            F_ = self.unet(self._inputs(x_in, ctx, actions, proprio), cond)
+            F_ = self._F(sched.scale_model_input(x, t), t.reshape(1).expand(B).to(dev), ctx_n, ctx_sigma, anchor, pose0, poses)
             x = sched.step(F_, t, x).prev_sample  # c_skip x + c_out F, then the Euler step
-        return x.reshape(B, H, C, S, S)
+        return self.from_residual(x, last)
 
     @torch.no_grad()
-    def encode(self, obs: dict) -> dict:
+    def encode(self, obs: dict, anchor: dict | None = None) -> dict:
         """Observation dict with K context frames per camera (B, K, H, W, 3) (or one frame (B, H, W, 3), repeated),
-        `observation.state` (B, state_dim) and `task` (B strings) -> imagination state."""
+        `observation.state` (B, state_dim), `task` (B strings) and, for the state channel,
+        `observation.environment_state` (B, env_state_dim) -> imagination state. `anchor`: the episode's first frame
+        per camera (B, H, W, 3); by default the first context frame (right for a reset)."""
         imgs = {k: torch.as_tensor(np.asarray(v)) for k, v in obs.items() if k.startswith("observation.images.")}
         first = next(iter(imgs.values()))
         if first.ndim == 4:
@@ -221,15 +292,30 @@ class VideoWorldModel(nn.Module):
         if K != self.cfg.context:
             raise ValueError(f"expected {self.cfg.context} context frames, got {K}")
         z = self.encode_frames({k: v.reshape(B * K, *v.shape[2:]) for k, v in imgs.items()})
+        ctx = z.reshape(B, K, *z.shape[1:])
+        anc = self.encode_frames({k: np.asarray(v) for k, v in anchor.items()}) if anchor is not None else ctx[:, 0].clone()
         proprio = torch.as_tensor(np.asarray(obs["observation.state"]), dtype=torch.float32, device=self.device)
         tasks = list(obs["task"]) if not isinstance(obs["task"], str) else [obs["task"]] * B
-        return {"ctx": z.reshape(B, K, *z.shape[1:]), "proprio": proprio, "task": tasks}
+        state = {"ctx": ctx, "anchor": anc, "pose": self.observed_pose(proprio), "proprio": proprio, "task": tasks}
+        if self.state_channel is not None:
+            key = "observation.environment_state"
+            if key not in obs:
+                raise ValueError(f"this world model has a state channel and needs {key!r} in the start observation")
+            env = torch.as_tensor(np.asarray(obs[key]), dtype=torch.float32, device=self.device)
+            n = 3 * self.cfg.n_objects
+            x = torch.cat([proprio[:, list(self.cfg.ee_index)], proprio[:, self.cfg.gripper_index : self.cfg.gripper_index + 1],
+                           env[:, :n]], -1)
+            state["x"] = x[None].repeat(self.cfg.state_members, 1, 1)
+            state["static"] = env[:, n:]  # zones: static
+        return state
 
     @torch.no_grad()
     def step(self, state: dict, action_chunk: torch.Tensor, steps: int | None = None,
              generator: torch.Generator | None = None) -> tuple[dict, dict]:
         """Advance by h <= H actions (B, h, A). Returns the new state and per-frame predictions (B, h, ...):
-        `latents`, `observation.state`, `success` (probability), `reward`, `done` (probability)."""
+        `latents`, `pose` (commanded), `observation.state`, `success`, `reward`, `done` (frame heads; probabilities)
+        and, with a state channel, `observation.environment_state`, `ee`, `gripper_opening` and `disagreement`
+        (ensemble spread of object positions, cm)."""
         a = torch.as_tensor(action_chunk, dtype=torch.float32, device=self.device)
         if a.ndim != 3 or a.shape[-1] != self.cfg.action_dim or not 1 <= a.shape[1] <= self.cfg.chunk:
             raise ValueError(f"action_chunk: expected (B, 1..{self.cfg.chunk}, {self.cfg.action_dim}), got {tuple(a.shape)}")
@@ -238,16 +324,41 @@ class VideoWorldModel(nn.Module):
         h = a.shape[1]
         if h < self.cfg.chunk:  # pad with the last real action; only the first h frames are kept
             a = torch.cat([a, a[:, -1:].expand(-1, self.cfg.chunk - h, -1)], dim=1)
-        fut = self.sample_future(state["ctx"], a, state["proprio"], steps, generator)[:, :h]
-        B = fut.shape[0]
+        B = a.shape[0]
+        preds: dict = {}
+        new = dict(state)
+        if self.state_channel is not None:  # arm and objects first: the arm's prediction sets each frame's pose
+            xs, poses, x = [], [], state["x"]
+            for j in range(self.cfg.chunk):
+                mean = x.mean(0)
+                poses.append(commanded_pose(mean[:, :3], a[:, j], self.cfg))
+                x = self.state_channel.rollout_step(x, a[:, j])
+                xs.append(x)
+                if j == h - 1:
+                    new["x"] = x
+            poses = torch.stack(poses, 1)
+            summ = [StateChannel.summary(x_) for x_ in xs[:h]]
+            mean = torch.stack([m for m, _ in summ], 1)  # (B, h, D)
+            n = 3 * self.cfg.n_objects
+            preds["ee"], preds["gripper_opening"] = mean[..., :3], mean[..., 3]
+            preds["observation.environment_state"] = torch.cat([mean[..., 4 : 4 + n], state["static"][:, None].expand(-1, h, -1)], -1)
+            preds["disagreement"] = torch.stack([d for _, d in summ], 1)
+        else:
+            poses = integrate_poses(state["pose"][:, :3], a, self.cfg)
+        fut = self.sample_future(state["ctx"], state["anchor"], state["pose"], poses, steps, generator)[:, :h]
         out = self.heads(fut.flatten(0, 1), self.task(state["task"]).repeat_interleave(h, dim=0))
-        preds = {"latents": fut, "observation.state": out["state"].reshape(B, h, -1),
-                 "success": torch.sigmoid(out["success_logit"]).reshape(B, h),
-                 "reward": out["reward"].reshape(B, h), "done": torch.sigmoid(out["done_logit"]).reshape(B, h)}
-        if "env_state" in out:
-            preds["observation.environment_state"] = out["env_state"].reshape(B, h, -1)
-        ctx = torch.cat([state["ctx"], fut], dim=1)[:, -self.cfg.context :].contiguous()
-        return {"ctx": ctx, "proprio": preds["observation.state"][:, -1], "task": state["task"]}, preds
+        proprio = out["state"].reshape(B, h, -1)
+        if self.state_channel is not None:  # the policy sees the state channel's arm where it has one
+            proprio = proprio.clone()
+            proprio[..., list(self.cfg.ee_index)] = preds["ee"]
+            proprio[..., self.cfg.gripper_index] = preds["gripper_opening"]
+        preds.update({"latents": fut, "pose": poses[:, :h], "observation.state": proprio,
+                      "success": torch.sigmoid(out["success_logit"]).reshape(B, h),
+                      "reward": out["reward"].reshape(B, h), "done": torch.sigmoid(out["done_logit"]).reshape(B, h)})
+        new["ctx"] = torch.cat([state["ctx"], fut], dim=1)[:, -self.cfg.context :].contiguous()
+        new["pose"] = poses[:, h - 1]
+        new["proprio"] = proprio[:, -1]
+        return new, preds
 
     @torch.no_grad()
     def decode(self, latents: torch.Tensor) -> dict[str, np.ndarray]:
@@ -264,3 +375,17 @@ class VideoWorldModel(nn.Module):
     def load(cls, path: str | Path, expect: WorldModelConfig | None = None, device: str = "cpu") -> "VideoWorldModel":
         cfg = read_config(path, WorldModelConfig, expect, what="world-model checkpoint")
         return load_state(cls(cfg), path, device)
+
+
+def imagined_success(model: VideoWorldModel, preds: dict, tasks, rules=None, threshold: float = 0.9) -> np.ndarray:
+    """Per-frame success (B, h) bools of one `step`'s predictions. With a state channel and the task's rules
+    (`rules(tasks, ee, opening, env_state) -> (success, reward)`, e.g. `sim.tabletop.tasks.success_and_reward`),
+    success is the task's own definition on predicted state; otherwise the success head's probability on the
+    generated latents, thresholded."""
+    if rules is not None and "observation.environment_state" in preds:
+        ee, op, env = (preds[k].cpu().numpy() for k in ("ee", "gripper_opening", "observation.environment_state"))
+        B, h = op.shape
+        tasks = [tasks] * B if isinstance(tasks, str) else list(tasks)
+        ok, _ = rules([t for t in tasks for _ in range(h)], ee.reshape(B * h, 3), op.reshape(-1), env.reshape(B * h, -1))
+        return ok.reshape(B, h)
+    return preds["success"].cpu().numpy() >= threshold

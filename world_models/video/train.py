@@ -1,21 +1,30 @@
-"""Training of the video world model from a LeRobot v3 dataset: autoencoder, then dynamics + heads jointly, then the
-pixel success classifier. One global step counter across the three phases; checkpoints (safetensors + JSON) every
-`ckpt_every` steps and at the end; `--resume` continues from the last checkpoint with the same data order."""
+"""Training of the video world model from a LeRobot v3 dataset, in four phases on one global step counter:
+
+1. autoencoder (frames -> latents), then latent statistics (per-channel mean/std, and the std of one-step changes);
+2. state channel (when the data has `observation.environment_state`): multi-step unrolled ensemble training;
+3. dynamics + frame heads, teacher-forced: real context (noised at a level the model is told) -> next chunk;
+4. unrolled: the model generates one chunk from real context, then learns the next chunk from its own generated
+   context (DIAMOND/GameNGen's remedy for autoregressive drift), and the frame heads learn success, reward, done
+   and proprioception on generated latents (World-VLA-Loop's reward head sees what it will be applied to).
+
+Windows are gathered on the training device from tensors built once (latents of every frame, per-frame arrays,
+episode bounds) with `torch.randint` and indexing; every step draws its randomness from (seed, step), so a resumed
+run continues exactly. Checkpoints (safetensors + JSON) every `ckpt_every` steps and at each phase end.
+"""
 
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from world_models.video.classifier import SuccessClassifier
-from world_models.video.model import VideoWorldModel, WorldModelConfig
+from world_models.video.model import VideoWorldModel, WorldModelConfig, commanded_pose
 from world_models.video.networks import TaskEncoder
 
 STATE, ACTION, SUCC, REW, TERM = "observation.state", "action", "next.success", "next.reward", "next.terminated"
@@ -25,20 +34,29 @@ ENV_STATE = "observation.environment_state"
 @dataclass
 class TrainWMConfig:
     data: Path = Path("data/push-red")
-    """LeRobot v3 dataset (e.g. from `wmrl collect ... --failures 0.3`)."""
+    """LeRobot v3 dataset (e.g. from `wmrl collect ... --failures 0.3 --perturbed 0.2`)."""
     out: Path = Path("runs/wm")
     size: str = "small"
     """U-Net widths: tiny, small, base, large."""
-    ae_steps: int = 1500
-    dyn_steps: int = 4000
-    cls_steps: int = 600
+    ae_steps: int = 1200
+    state_steps: int = 1500
+    """State-channel steps (skipped when the data has no observation.environment_state or with --no-state-channel)."""
+    dyn_steps: int = 2000
+    unroll_steps: int = 600
+    """Final phase: two chunks, the second from the model's own generated context; heads on generated latents."""
     batch_size: int = 32
     lr: float = 3e-4
     context: int = 2
     chunk: int = 4
+    latent_channels: int = 8
+    """Per camera; with ae_width the autoencoder's reconstruction ceiling."""
+    ae_width: int = 16
     sampling_steps: int = 3
     deterministic: bool = False
-    """Train the no-diffusion baseline (same backbone, direct regression)."""
+    """Train the no-diffusion baseline (same backbone, direct regression of the change)."""
+    state_channel: bool = True
+    """Learn object-state dynamics when the dataset has observation.environment_state (success from the task's rules)."""
+    state_members: int = 5
     extra_data: tuple[Path, ...] = ()
     """More datasets to train on (all episodes to training), e.g. true rollouts of an evolved policy (co-evolution)."""
     init_from: Optional[Path] = None
@@ -54,14 +72,17 @@ class TrainWMConfig:
     videos: int = 3
     seed: int = 0
     device: str = "cpu"
+    amp: bool = False
+    """bf16 autocast for the denoiser (on a GPU)."""
     threads: Optional[int] = None
     overwrite: bool = False
     resume: bool = False
 
 
-def load_split(data: Path, holdout: float, seed: int = 0, extra: tuple[Path, ...] = ()):
+def load_split(data: Path, holdout: float, seed: int = 0, extra: tuple[Path, ...] = (), keep: tuple[str, ...] = ()):
     """The dataset as two replays: train episodes and held-out episodes (the last `holdout` share of `data`).
-    Episodes of the `extra` datasets (e.g. rollouts of an evolved policy) all go to training."""
+    Episodes of the `extra` datasets (e.g. rollouts of an evolved policy) all go to training. `keep`: bookkeeping
+    columns to keep (e.g. `qpos` for re-rendering held-out frames)."""
     from wmrl.datasets import LeRobotV3Dataset
     from wmrl.replay import EpisodeReplay
 
@@ -75,7 +96,7 @@ def load_split(data: Path, holdout: float, seed: int = 0, extra: tuple[Path, ...
     n_hold = max(1, int(round(ds.num_episodes * holdout))) if holdout > 0 else 0
     if ds.num_episodes - n_hold < 2:
         raise ValueError(f"{data}: {ds.num_episodes} episodes are too few to train a world model")
-    skip = {"timestamp", "frame_index", "episode_index", "index", "task_index", "qpos", "qvel"}
+    skip = {"timestamp", "frame_index", "episode_index", "index", "task_index", "qpos", "qvel"} - set(keep)
     total = sum(d.num_frames for d in dss)
     train = EpisodeReplay(total, seed=seed)
     held = EpisodeReplay(ds.num_frames, seed=seed + 1)
@@ -89,7 +110,8 @@ def load_split(data: Path, holdout: float, seed: int = 0, extra: tuple[Path, ...
 def model_config(cfg: TrainWMConfig, ds) -> WorldModelConfig:
     vocab = sorted({w for t in ds.tasks for w in TaskEncoder.words(t)})
     return WorldModelConfig(context=cfg.context, chunk=cfg.chunk, size=cfg.size, sampling_steps=cfg.sampling_steps,
-                            deterministic=cfg.deterministic, task_vocab=vocab,
+                            deterministic=cfg.deterministic, task_vocab=vocab, latent_channels=cfg.latent_channels,
+                            ae_width=cfg.ae_width, state_members=cfg.state_members if cfg.state_channel else 0,
                             action_dim=int(ds.features[ACTION]["shape"][0]), state_dim=int(ds.features[STATE]["shape"][0]),
                             env_state_dim=int(ds.features[ENV_STATE]["shape"][0]) if ENV_STATE in ds.features else 0)
 
@@ -104,128 +126,213 @@ def ae_weights(x: torch.Tensor, n_cameras: int, fg_weight: float) -> torch.Tenso
 
 
 @torch.no_grad()
-def encode_all(model: VideoWorldModel, replay, batch: int = 256) -> np.ndarray:
-    """Latents of every stored frame, aligned with the replay's slots (standardised with the model's stats)."""
+def encode_all(model: VideoWorldModel, replay, batch: int = 256, raw: bool = False) -> torch.Tensor:
+    """Latents of every stored frame, aligned with the replay's slots (standardised unless `raw`), on the model's
+    device."""
     hw = replay.high_water
-    out = np.zeros((hw, model.cfg.frame_channels, model.cfg.latent_size, model.cfg.latent_size), np.float32)
+    out = torch.zeros(hw, model.cfg.frame_channels, model.cfg.latent_size, model.cfg.latent_size, device=model.device)
     for i in range(0, hw, batch):
         j = min(i + batch, hw)
         imgs = {f"observation.images.{c}": replay.data[f"observation.images.{c}"][i:j] for c in model.cfg.cameras}
-        out[i:j] = model.encode_frames(imgs).cpu().numpy()
+        z = model.encode_frames(imgs)
+        out[i:j] = z * model.lat_std + model.lat_mean if raw else z
     return out
 
 
-def dynamics_batch(replay, lat: np.ndarray, B: int, K: int, H: int, device, rng: np.random.Generator) -> dict:
-    env = [ENV_STATE] if ENV_STATE in replay.data else []
-    w = replay.sample_windows(B, K + H, keys=[STATE, ACTION, SUCC, REW, TERM, "task", *env])
-    z = torch.from_numpy(lat[w["index"]]).to(device)
-    ctx = z[:, :K].clone()
-    dup = rng.random(B) < 0.1  # emulate a reset: the start frame repeated as context
-    ctx[torch.from_numpy(dup), : K - 1] = ctx[torch.from_numpy(dup), K - 1 : K]
-    t = lambda x: torch.as_tensor(x, device=device)
-    tasks = replay.decode_strings("task", w["task"][:, 0]).tolist()
-    return {
-        "ctx": ctx, "future": z[:, K:], "actions": t(w[ACTION][:, K - 1 : K + H - 1]).float(),
-        "proprio": t(w[STATE][:, K - 1]).float(), "mask": t(w["mask"][:, K:]).float(), "tasks": tasks,
-        "labels": {"state": t(w[STATE][:, K:]).float(), "success": t(w[SUCC][:, K - 1 : K + H - 1]).float(),
-                   "reward": t(w[REW][:, K - 1 : K + H - 1]).float(), "done": t(w[TERM][:, K - 1 : K + H - 1]).float(),
-                   **({"env_state": t(w[ENV_STATE][:, K:]).float()} if env else {})},
-    }
+@torch.no_grad()
+def set_latent_statistics(model: VideoWorldModel, replay) -> torch.Tensor:
+    """Per-channel mean/std of the latents, then the std of one-step changes within episodes (the residual scale).
+    Returns the standardised latents of every slot."""
+    model.lat_mean.zero_()
+    model.lat_std.fill_(1.0)
+    raw = encode_all(model, replay)
+    live = torch.as_tensor(replay.frame_episode[: replay.high_water] >= 0, device=model.device)
+    model.lat_mean.copy_(raw[live].mean(dim=(0, 2, 3)).reshape(-1, 1, 1))
+    model.lat_std.copy_(raw[live].std(dim=(0, 2, 3)).reshape(-1, 1, 1) + 1e-6)
+    lat = (raw - model.lat_mean) / model.lat_std
+    nxt = torch.as_tensor(np.concatenate([np.arange(lo, lo + T - 1) for lo, T in replay.episodes.values()]), device=model.device)
+    diff = lat[nxt + 1] - lat[nxt]
+    model.res_std.copy_(diff.std(dim=(0, 2, 3)).reshape(-1, 1, 1).clamp(min=1e-3))
+    return lat
 
 
-def _save_checkpoint(run: Path, step: int, model, clf, opts: dict, replay, extra: dict) -> None:
-    from safetensors.torch import save_file
+class WindowSampler:
+    """Windows of consecutive frames gathered on the device: K context frames (before an episode's first frame the
+    first frame is repeated, as at a reset) and `n` future frames (past the episode's end: masked)."""
 
+    def __init__(self, replay, device, mcfg: WorldModelConfig, lat: torch.Tensor | None = None):
+        d = replay.data
+        self.mcfg = mcfg
+        t = lambda x, dt=torch.float32: torch.as_tensor(np.asarray(x), dtype=dt, device=device)
+        hw = replay.high_water
+        self.lat, self.device = lat, device
+        self.state, self.action = t(d[STATE][:hw]), t(d[ACTION][:hw])
+        self.succ, self.rew, self.term = t(d[SUCC][:hw]), t(d[REW][:hw]), t(d[TERM][:hw])
+        self.env = t(d[ENV_STATE][:hw]) if ENV_STATE in d else None
+        self.task_ids = t(d["task"][:hw], torch.long)
+        self.vocab = list(replay.vocab["task"])
+        lo, last = np.zeros(hw, np.int64), np.zeros(hw, np.int64)
+        starts = []
+        for a, T in replay.episodes.values():
+            lo[a : a + T], last[a : a + T] = a, a + T - 1
+            starts.append(np.arange(a, a + T - 1))  # frames with at least one next frame
+        self.lo, self.last = t(lo, torch.long), t(last, torch.long)
+        self.starts = t(np.concatenate(starts), torch.long)
+        self._remaining = self.last[self.starts] - self.starts
+
+    def tasks(self, idx: torch.Tensor) -> list[str]:
+        return [self.vocab[i] for i in idx.tolist()]
+
+    def sample(self, B: int, K: int, n: int, gen: torch.Generator, min_future: int = 1, reset_prob: float = 0.1) -> dict:
+        pool = self.starts if min_future <= 1 else self.starts[self._remaining >= min_future]
+        if len(pool) == 0:
+            raise ValueError(f"no episode has {min_future} frames after a start: episodes are too short")
+        i = pool[torch.randint(len(pool), (B,), generator=gen, device=self.device)]
+        lo, last = self.lo[i], self.last[i]
+        ctx = torch.maximum(i[:, None] + torch.arange(-K + 1, 1, device=self.device), lo[:, None])
+        dup = torch.rand(B, generator=gen, device=self.device) < reset_prob  # emulate a reset: one frame repeated
+        ctx = torch.where(dup[:, None], i[:, None].expand(-1, K), ctx)
+        fut = i[:, None] + torch.arange(1, n + 1, device=self.device)
+        mask = (fut <= last[:, None]).float()
+        fut = torch.minimum(fut, last[:, None])
+        act = fut - 1  # the action of frame t leads to frame t + 1
+        ee = self.state[:, list(self.mcfg.ee_index)]
+        out = {"i": i, "ctx_idx": ctx, "fut_idx": fut, "mask": mask, "actions": self.action[act],
+               "poses": commanded_pose(ee[act], self.action[act], self.mcfg), "proprio": self.state[i],
+               "prev_action": torch.where((i > lo)[:, None], self.action[(i - 1).clamp(min=0)], torch.nan),
+               "task_idx": self.task_ids[i],
+               "labels": {"state": self.state[fut], "success": self.succ[act], "reward": self.rew[act], "done": self.term[act]}}
+        if self.lat is not None:
+            out.update(ctx=self.lat[ctx], future=self.lat[fut], anchor=self.lat[lo])
+        return out
+
+    def state_sequences(self, M: int, B: int, L: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """For the state channel: x (M, B, L+1, D) = [ee, opening, object centres], actions (M, B, L, A), mask (M, B, L)."""
+        i = self.starts[torch.randint(len(self.starts), (M * B,), generator=gen, device=self.device)]
+        idx = i[:, None] + torch.arange(L + 1, device=self.device)
+        mask = (idx[:, 1:] <= self.last[i][:, None]).float()
+        idx = torch.minimum(idx, self.last[i][:, None])
+        c = self.mcfg
+        s = self.state[idx]
+        x = torch.cat([s[..., list(c.ee_index)], s[..., c.gripper_index : c.gripper_index + 1], self.env[idx][..., : 3 * c.n_objects]], -1)
+        return x.reshape(M, B, L + 1, -1), self.action[idx[:, :-1]].reshape(M, B, L, -1), mask.reshape(M, B, L)
+
+
+def _pose0(model: VideoWorldModel, d: dict) -> torch.Tensor:
+    prev = d["prev_action"]
+    p = model.observed_pose(d["proprio"])
+    has = ~torch.isnan(prev[:, 0])
+    return torch.where(has[:, None], model.observed_pose(d["proprio"], torch.nan_to_num(prev)), p)
+
+
+def _save_checkpoint(run: Path, step: int, model, opts: dict, extra: dict) -> None:
     from wmrl.core.checkpoint import save_train_state
-    from wmrl.core.io import atomic_path
 
     ck = run / "checkpoints" / "last"
     model.save(ck)
-    with atomic_path(ck / "classifier.safetensors") as tmp:
-        save_file({k: v.contiguous() for k, v in clf.state_dict().items()}, str(tmp))
-    save_train_state(ck, step, opts, replay_rng=replay.rng.bit_generator.state, **extra)
+    save_train_state(ck, step, opts, **extra)
+
+
+def unrolled_batch(model: VideoWorldModel, d: dict, H: int, gen: torch.Generator) -> dict:
+    """The second chunk of a 2H window with the first generated by the model (1 Euler step, no gradient): the
+    context, pose and targets the unrolled loss sees. `generated` is the model's own first chunk."""
+    K = model.cfg.context
+    pose0 = _pose0(model, d)
+    with torch.no_grad():
+        gen_lat = model.sample_future(d["ctx"], d["anchor"], pose0, d["poses"][:, :H], steps=1, generator=gen)
+    return {"ctx": torch.cat([d["ctx"], gen_lat], 1)[:, -K:], "anchor": d["anchor"], "future": d["future"][:, H:],
+            "pose0": d["poses"][:, H - 1], "poses": d["poses"][:, H:], "mask": d["mask"][:, H:], "generated": gen_lat}
 
 
 def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
-    from safetensors.torch import load_file
-
     from wmrl.core.checkpoint import load_train_state, resolve_checkpoint
     from wmrl.run import Tracker, prepare_run_dir, save_config
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    for name in ("ae_steps", "state_steps", "dyn_steps", "unroll_steps"):
+        if getattr(cfg, name) < 0:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(cfg, name)}")
     run = prepare_run_dir(cfg.out, cfg.overwrite, cfg.resume)
     save_config(run, cfg)
     torch.manual_seed(cfg.seed)
     ds, train, held = load_split(cfg.data, cfg.holdout, cfg.seed, cfg.extra_data)
     mcfg = model_config(cfg, ds)
+    if cfg.state_channel and cfg.state_steps and not mcfg.env_state_dim:
+        raise ValueError(f"{cfg.data}: the state channel needs {ENV_STATE!r}, which the dataset lacks; pass "
+                         "--no-state-channel to read success from generated frames only")
     ck = run / "checkpoints" / "last"
     resuming = cfg.resume and (ck / "train_state.json").exists()
     model = VideoWorldModel.load(ck, expect=mcfg, device=cfg.device) if resuming else VideoWorldModel(mcfg).to(cfg.device)
-    clf = SuccessClassifier(mcfg.cameras, mcfg.task_vocab).to(cfg.device)
-    ae_ids = {id(p) for p in model.ae.parameters()}
+    special = {id(p) for m in (model.ae, model.state_channel) if m is not None for p in m.parameters()}
     opts = {"ae": torch.optim.AdamW(model.ae.parameters(), cfg.lr * 3),
-            "dyn": torch.optim.AdamW([p for p in model.parameters() if id(p) not in ae_ids], cfg.lr),
-            "cls": torch.optim.AdamW(clf.parameters(), cfg.lr * 3)}
+            "dyn": torch.optim.AdamW([p for p in model.parameters() if id(p) not in special], cfg.lr)}
+    if model.state_channel is not None:
+        opts["state"] = torch.optim.AdamW(model.state_channel.parameters(), 1e-3)
     step, extra = 0, {}
     if resuming:
         state = load_train_state(ck, opts, cfg.device)
-        clf.load_state_dict(load_file(str(ck / "classifier.safetensors"), device=cfg.device))
-        train.rng.bit_generator.state = state["replay_rng"]
         step = state["step"]
-        extra = {k: v for k, v in state.items() if k not in ("step", "replay_rng")}
+        extra = {k: v for k, v in state.items() if k != "step"}
     elif cfg.init_from is not None:
-        src_ck = resolve_checkpoint(cfg.init_from)
-        src = VideoWorldModel.load(src_ck, device=cfg.device)
-        if src.cfg == mcfg:  # the same model: fine-tune every weight (the classifier too)
+        src = VideoWorldModel.load(resolve_checkpoint(cfg.init_from), device=cfg.device)
+        if src.cfg == mcfg:  # the same model: fine-tune every weight
             model.load_state_dict(src.state_dict())
-            clf.load_state_dict(load_file(str(src_ck / "classifier.safetensors"), device=cfg.device))
         model.ae.load_state_dict(src.ae.state_dict())
-        model.lat_mean.copy_(src.lat_mean)
-        model.lat_std.copy_(src.lat_std)
-        extra["lat_mean"] = True  # keep the source's latent statistics
+        for b in ("lat_mean", "lat_std", "res_std"):
+            getattr(model, b).copy_(getattr(src, b))
+        extra["lat_stats"] = True  # keep the source's latent statistics
     tracker = Tracker(run)
     K, H, B = cfg.context, cfg.chunk, cfg.batch_size
-    total = cfg.ae_steps + cfg.dyn_steps + cfg.cls_steps
-    n_pos = sum(int(train.data[SUCC][lo : lo + T].sum()) for lo, T in train.episodes.values())
+    n_state = cfg.state_steps if model.state_channel is not None else 0
+    bounds = np.cumsum([cfg.ae_steps, n_state, cfg.dyn_steps, cfg.unroll_steps])
+    total = int(bounds[-1])
+    n_pos = float(train.data[SUCC][: train.high_water][train.frame_episode[: train.high_water] >= 0].sum())
     pos_weight = torch.tensor(min(20.0, max(1.0, (len(train) - n_pos) / max(n_pos, 1))), device=cfg.device)
-    lat = None
+    sampler = WindowSampler(train, cfg.device, mcfg)
+    amp = torch.autocast("cuda", dtype=torch.bfloat16) if cfg.amp and "cuda" in cfg.device else nullcontext()
     bar = tqdm(total=total, initial=step, desc="train-wm", disable=not progress)
     t0 = time.time() - extra.get("seconds", 0.0)
-    last = {}
+    last: dict = {}
     while step < total:
-        if step < cfg.ae_steps:
+        torch.manual_seed(cfg.seed * 1_000_003 + step)  # per-step randomness: a resumed run continues exactly
+        gen = torch.Generator(device=cfg.device).manual_seed(cfg.seed * 1_000_003 + step)
+        phase = int(np.searchsorted(bounds, step, side="right"))
+        if phase >= 2 and sampler.lat is None:
+            if "lat_stats" not in extra:  # fixed once, after the autoencoder phase
+                sampler.lat = set_latent_statistics(model, train)
+                extra["lat_stats"] = True
+            else:
+                sampler.lat = encode_all(model, train)
+        if phase == 0:
             b = train.sample(B, keys=[f"observation.images.{c}" for c in mcfg.cameras])
             x = torch.cat([torch.as_tensor(b[f"observation.images.{c}"], device=cfg.device) for c in mcfg.cameras])
             x = x.permute(0, 3, 1, 2).float() / 127.5 - 1.0
             z = model.ae.encode(x)
             loss = (ae_weights(x, len(mcfg.cameras), cfg.fg_weight) * (model.ae.decode(z) - x) ** 2).mean() + 1e-4 * (z**2).mean()
-            opt, info = opts["ae"], {"ae_loss": loss.item()}
-        elif step < cfg.ae_steps + cfg.dyn_steps:
-            if lat is None:
-                if "lat_mean" not in extra:  # latent statistics, fixed once after the autoencoder phase
-                    with torch.no_grad():
-                        raw = np.concatenate([encode_all_raw(model, train, i) for i in range(0, train.high_water, 512)])
-                    model.lat_mean.copy_(torch.from_numpy(raw.mean(axis=(0, 2, 3))).reshape(-1, 1, 1))
-                    model.lat_std.copy_(torch.from_numpy(raw.std(axis=(0, 2, 3)) + 1e-6).reshape(-1, 1, 1))
-                    extra["lat_mean"] = True
-                lat = encode_all(model, train)
-            d = dynamics_batch(train, lat, B, K, H, cfg.device, np.random.default_rng((cfg.seed, step)))
-            l_dyn = model.dynamics_loss(d["ctx"], d["future"], d["actions"], d["proprio"], d["mask"])
-            l_heads, hinfo = model.heads_loss(d["future"].flatten(0, 1), [t for t in d["tasks"] for _ in range(H)],
-                                              {k: v.flatten(0, 1) for k, v in d["labels"].items()}, d["mask"].flatten(0, 1),
-                                              pos_weight=pos_weight)
-            loss = l_dyn + l_heads
-            opt, info = opts["dyn"], {"dyn_loss": l_dyn.item(), **{f"head_{k}": v for k, v in hinfo.items()}}
+            opt, info = opts["ae"], {"ae_loss": loss}
+        elif phase == 1:
+            xs, acts, mask = sampler.state_sequences(mcfg.state_members, 128, 8, gen)
+            loss, sinfo = model.state_channel.unrolled_loss(xs, acts, mask)
+            opt, info = opts["state"], {"state_loss": loss, **sinfo}
         else:
-            w = train.sample_windows(B, 2, keys=[f"observation.images.{c}" for c in mcfg.cameras] + [SUCC, "task"])
-            imgs = {k: w[k][:, 1] for k in w if k.startswith("observation.images.")}
-            tasks = train.decode_strings("task", w["task"][:, 1]).tolist()
-            label = torch.as_tensor(w[SUCC][:, 0], device=cfg.device).float()
-            m = torch.as_tensor(w["mask"][:, 1], device=cfg.device).float()
-            logits = clf(imgs, tasks)
-            loss = (F.binary_cross_entropy_with_logits(logits, label, pos_weight=pos_weight, reduction="none") * m).sum() / m.sum().clamp(min=1)
-            opt, info = opts["cls"], {"cls_loss": loss.item()}
+            unroll = phase == 3
+            d = sampler.sample(B, K, 2 * H if unroll else H, gen, min_future=H + 1 if unroll else 1)
+            tasks = sampler.tasks(d["task_idx"])
+            with amp:
+                if unroll:
+                    u = unrolled_batch(model, d, H, gen)
+                    l_dyn = model.dynamics_loss(u["ctx"], u["anchor"], u["future"], u["pose0"], u["poses"], u["mask"])
+                    head_z, head_mask = u["generated"], d["mask"][:, :H]
+                    labels = {k: v[:, :H] for k, v in d["labels"].items()}
+                else:
+                    l_dyn = model.dynamics_loss(d["ctx"], d["anchor"], d["future"], _pose0(model, d), d["poses"], d["mask"])
+                    head_z, head_mask, labels = d["future"], d["mask"], d["labels"]
+                l_heads, hinfo = model.heads_loss(head_z.flatten(0, 1).float(), [t for t in tasks for _ in range(H)],
+                                                  {k: v.flatten(0, 1) for k, v in labels.items()}, head_mask.flatten(0, 1),
+                                                  pos_weight=pos_weight)
+            loss = l_dyn + l_heads
+            opt, info = opts["dyn"], {"unroll_loss" if unroll else "dyn_loss": l_dyn, **{f"head_{k}": v for k, v in hinfo.items()}}
         if not torch.isfinite(loss):
             raise RuntimeError(f"loss became {loss.item()} at step {step}; the last good checkpoint is in {ck}")
         opt.zero_grad(set_to_none=True)
@@ -233,16 +340,16 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
         torch.nn.utils.clip_grad_norm_([p for g in opt.param_groups for p in g["params"]], 1.0)
         opt.step()
         step += 1
-        last = info
         bar.update(1)
         if step % cfg.log_every == 0 or step == total:
-            tracker.log(info, step=step)
-            bar.set_postfix({k: f"{v:.3f}" for k, v in list(info.items())[:2]})
-        if step % cfg.ckpt_every == 0 or step == total or step == cfg.ae_steps:
-            _save_checkpoint(run, step, model, clf, opts, train, {**extra, "seconds": time.time() - t0})
+            last = {k: float(v.detach()) if torch.is_tensor(v) else float(v) for k, v in info.items()}  # the only host syncs besides the finiteness check
+            tracker.log(last, step=step)
+            bar.set_postfix({k: f"{v:.3f}" for k, v in list(last.items())[:2]})
+        if step % cfg.ckpt_every == 0 or step == total or step in bounds:
+            _save_checkpoint(run, step, model, opts, {**extra, "seconds": time.time() - t0})
     bar.close()
     minutes = (time.time() - t0) / 60
-    result = {"run_dir": str(run), "steps": step, "train_minutes": minutes, **last}
+    result = {"run_dir": str(run), "steps": step, "train_minutes": minutes, "success_source": model.success_source, **last}
     if cfg.videos:
         from world_models.video.evaluate import write_side_by_side
 
@@ -250,14 +357,3 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
     tracker.log({"stage": "done", **{k: v for k, v in result.items() if k != "videos"}})
     tracker.close()
     return result
-
-
-@torch.no_grad()
-def encode_all_raw(model: VideoWorldModel, replay, start: int, batch: int = 512) -> np.ndarray:
-    """Unstandardised AE latents of slots [start, start + batch) (for the latent statistics)."""
-    sl = slice(start, min(start + batch, replay.high_water))
-    live = replay.frame_episode[sl] >= 0
-    zs = [model.ae.encode(torch.as_tensor(replay.data[f"observation.images.{c}"][sl][live], device=model.device)
-                          .permute(0, 3, 1, 2).float() / 127.5 - 1.0) for c in model.cfg.cameras]
-    return torch.cat(zs, dim=1).cpu().numpy()
-
