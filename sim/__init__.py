@@ -57,4 +57,18 @@ def make_vector_env(task: str, num_envs: int = 1, asynchronous: bool = True, **k
     return gym.vector.SyncVectorEnv(fns)
 
 
+def replay_in_true_sim(task: str, seed: int, actions: np.ndarray) -> bool:
+    """Open-loop replay of an action sequence from the seeded start; True if the task succeeds on the way."""
+    env = make_env(task, cameras=()).unwrapped  # state only: no rendering needed
+    env.reset(seed=seed)
+    ok = False
+    for a in actions:
+        _, _, term, trunc, info = env.step(a)
+        ok |= bool(info["success"])
+        if term or trunc:
+            break
+    env.close()
+    return ok
+
+
 _register()

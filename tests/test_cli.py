@@ -61,16 +61,20 @@ def test_demo_quick_runs_the_whole_loop_and_writes_every_report_section(tmp_path
     assert main(["demo", "--out", str(out), "--quick"]) == 0
     html = (out / "report.html").read_text()
     for section in ("before and after RL in imagination", "Learning curves", "real | imagined", "Co-evolution",
-                    "Policy ranking"):
+                    "Policy ranking", "per-window gain over copy-last and success AUROC"):
         assert section in html
     for media in ("bc_curve.png", "policy_rl/learning_curves.png", "world_model/videos/real_vs_imagined.gif",
-                  "eval_policy_rl/push-red/videos/grid.gif", "ranking/ranking.png"):
+                  "eval_policy_rl/push-red/videos/grid.gif", "ranking/ranking.png", "world_model_eval/psnr_gain.png",
+                  "world_model_eval/auroc_pairs.png"):
         assert media in html and (out / media).exists(), media
     s = json.loads((out / "summary.json").read_text())
     assert s["true_env_steps_during_rl"] == 0 and s["n_policies"] >= 8
     assert 0 <= s["success_bc"] <= 1 and 0 <= s["hallucinated_success_after"] <= 1
     stages = [json.loads(l)["stage"] for l in (out / "metrics.jsonl").read_text().splitlines() if "stage" in json.loads(l)]
-    assert stages == ["collect", "world_model", "bc", "rl", "coevolution", "rl_after_coevolution", "evaluation",
+    ev = json.loads((out / "stages/world_model_eval.json").read_text())["result"]
+    assert ev["n_windows"] == len(ev["windows"]) >= 1 and ev["success_source"] == "state"
+    assert ev["n_pairs"] >= 1 and ev["success_auroc_real_ceiling"] == 1.0
+    assert stages == ["collect", "world_model", "world_model_eval", "bc", "rl", "coevolution", "rl_after_coevolution", "evaluation",
                       "ranking", "done"]
     assert main(["demo", "--out", str(out), "--quick", "--resume"]) == 0  # every stage cached: nothing re-runs
     assert main(["demo", "--out", str(out)]) == 2  # an existing run folder is refused

@@ -27,9 +27,15 @@ class DemoConfig:
     """Episodes of expert data to collect."""
     failures: float = 0.3
     noise: float = 0.1
+    perturbed: float = 0.2
+    """Share of perturbed-expert episodes (what learning policies visit) in the world model's data."""
     wm_size: str = "small"
     wm_ae_steps: int = 1000
-    wm_dyn_steps: int = 2500
+    wm_dyn_steps: int = 2000
+    wm_eval_windows: int = 200
+    """Fixed held-out windows for the world model's per-window PSNR gain over copy-last."""
+    wm_eval_pairs: int = 100
+    """Success / near-success seed pairs for the world model's success AUROC."""
     bc_steps: int = 1500
     rl_iterations: int = 15
     rl_groups: int = 4
@@ -49,7 +55,8 @@ class DemoConfig:
 
 
 QUICK = dict(episodes=10, wm_size="tiny", wm_ae_steps=40, wm_dyn_steps=40, bc_steps=40, rl_iterations=2, rl_groups=2,
-             rl_group_size=2, coevo_budget=2, coevo_steps=6, coevo_rl_iterations=1, hallucination_episodes=3, eval_episodes=4, rank_episodes=2)
+             rl_group_size=2, coevo_budget=2, coevo_steps=6, coevo_rl_iterations=1, hallucination_episodes=3, eval_episodes=4, rank_episodes=2,
+             wm_eval_windows=12, wm_eval_pairs=3)
 
 
 class Stages:
@@ -100,12 +107,13 @@ def run_demo(cfg: DemoConfig, progress: bool = True) -> dict:
 
     data = stage("collect", lambda: collect(CollectConfig(
         task=cfg.task, episodes=cfg.episodes, out=run / "dataset", noise=cfg.noise, failures=cfg.failures, seed=cfg.seed,
-        num_envs=cfg.num_envs, post_success_steps=3, overwrite=True), progress=progress))
+        perturbed=cfg.perturbed, num_envs=cfg.num_envs, post_success_steps=3, overwrite=True), progress=progress))
     wm = stage("world_model", lambda: {k: v for k, v in train_world_model(TrainWMConfig(
         data=run / "dataset", out=run / "world_model", size=cfg.wm_size, ae_steps=cfg.wm_ae_steps,
         dyn_steps=cfg.wm_dyn_steps, unroll_steps=max(2, cfg.wm_dyn_steps // 4),
         state_steps=max(10, cfg.wm_dyn_steps // 2), batch_size=8 if cfg.quick else 32,
         holdout=0.1, videos=2, overwrite=True, seed=cfg.seed), progress=progress).items() if k != "videos"})
+    wm_eval = stage("world_model_eval", lambda: evaluate_world_model(run, cfg))
     keep = max(1, cfg.bc_steps // 3)
     bc = stage("bc", lambda: train_policy(TrainPolicyConfig(
         data=(run / "dataset",), out=run / "policy_bc", steps=cfg.bc_steps, keep_every=keep, eval_episodes=0,
@@ -164,8 +172,10 @@ def run_demo(cfg: DemoConfig, progress: bool = True) -> dict:
         "rank_spearman": rank["rank_spearman"], "rank_kendall": rank["rank_kendall"],
         "success_abs_error": rank["success_abs_error"], "n_policies": rank["n_policies"],
         "dataset_frames": data["frames"], "wm_train_minutes": wm["train_minutes"], "bc_loss_last": bc["loss_last"],
+        **{f"wm_{k}": wm_eval[k] for k in ("motion_psnr_gain_h16", "masked_psnr_gain_h16", "success_auroc_matched_state",
+                                           "success_auroc_matched_frames") if k in wm_eval},
     }
-    report = write_demo_report(run, cfg, summary, evals, coevo, rank)
+    report = write_demo_report(run, cfg, summary, evals, coevo, rank, wm_eval)
     summary["report"] = str(report)
     from wmrl.core.io import write_json
 
@@ -178,6 +188,27 @@ def run_demo(cfg: DemoConfig, progress: bool = True) -> dict:
     return summary
 
 
+def evaluate_world_model(run: Path, cfg: DemoConfig) -> dict:
+    """Per-window PSNR gain over copy-last on fixed held-out windows and the success AUROC on prefix-sharing pairs
+    (`wmrl.eval.world_model`, as in `wmrl bench world-model`), with their plots in world_model_eval/."""
+    from wmrl.core.checkpoint import resolve_checkpoint
+    from wmrl.eval.world_model import auroc_plot, gain_plot, pair_auroc, success_pairs, window_fidelity
+    from world_models.video.model import VideoWorldModel
+    from world_models.video.train import load_split
+
+    model = VideoWorldModel.load(resolve_checkpoint(run / "world_model")).eval()
+    _, _, held = load_split(run / "dataset", 0.1, keep=("qpos",))
+    horizon = 16 if min(T for _, T in held.episodes.values()) > 16 or not cfg.quick else 4
+    out_dir = run / "world_model_eval"
+    out_dir.mkdir(exist_ok=True)
+    fid = window_fidelity(model, held, cfg.task, cfg.wm_eval_windows, horizon)
+    pw = fid.pop("per_window")
+    gain_plot(out_dir / "psnr_gain.png", pw["gain"], pw["motion"], pw["masked_gain"], horizon)
+    pa = pair_auroc(model, success_pairs(cfg.task, cfg.wm_eval_pairs, seed0=60_000 + cfg.seed))
+    auroc_plot(out_dir / "auroc_pairs.png", pa.pop("scores"), pa.pop("truth"))
+    return {**fid, **pa, "horizon": horizon, "success_source": model.success_source}
+
+
 def data_task(run: Path) -> str:
     """An instruction of the demo's dataset (evaluation resolves the task from it)."""
     from wmrl.datasets import LeRobotV3Dataset
@@ -185,7 +216,7 @@ def data_task(run: Path) -> str:
     return LeRobotV3Dataset(run / "dataset").tasks[0]
 
 
-def write_demo_report(run: Path, cfg: DemoConfig, s: dict, evals: dict, coevo: dict, rank: dict) -> Path:
+def write_demo_report(run: Path, cfg: DemoConfig, s: dict, evals: dict, coevo: dict, rank: dict, wm_eval: dict) -> Path:
     from wmrl.report import metrics_table, plot_curves, write_report
 
     plot_curves(run / "policy_bc" / "metrics.jsonl", run / "bc_curve.png", ["bc_loss"], title="behaviour cloning")
@@ -195,7 +226,7 @@ def write_demo_report(run: Path, cfg: DemoConfig, s: dict, evals: dict, coevo: d
                                                           "n_imagined_success")}} for k in ("before", "after")]
     pol = [{"policy": Path(p["policy"]).name if "/" in p["policy"] else p["policy"], "imagined": p["imagined_success"],
             "true": p["true_success"]} for p in rank["policies"]]
-    t = cfg.task
+    t, hz = cfg.task, wm_eval["horizon"]
     sections = [
         ("Success in the true simulator, before and after RL in imagination", metrics_table(
             rows, ["policy", "pc_success", "success_ci95_low", "success_ci95_high", "avg_episode_length", "n_episodes"])
@@ -205,6 +236,14 @@ def write_demo_report(run: Path, cfg: DemoConfig, s: dict, evals: dict, coevo: d
         ("Learning curves", "<img src='bc_curve.png'><br><img src='policy_rl/learning_curves.png'>"),
         ("World model: real | imagined, held-out episodes, same actions (front above, wrist below)",
          "<img src='world_model/videos/real_vs_imagined.gif' width='900'>"),
+        ("World model: per-window gain over copy-last and success AUROC on prefix-sharing pairs",
+         metrics_table([wm_eval], [k for k in (f"motion_psnr_gain_h{hz}", f"static_psnr_gain_h{hz}", f"masked_psnr_gain_h{hz}",
+                                               "static_psnr_gap_to_ceiling", "delta_t_psnr_h8_motion", "ee_error_cm_h4",
+                                               f"ee_error_cm_h{hz}") if k in wm_eval])
+         + metrics_table([wm_eval], [k for k in wm_eval if "auroc" in k] + ["n_pairs"])
+         + f"<p>{wm_eval['n_windows']} fixed held-out windows ({wm_eval['n_motion_windows']} with motion), horizon {hz}; "
+           f"success from the {wm_eval['success_source']} path. A random scorer's matched AUROC is reported beside the "
+           "model's.</p><img src='world_model_eval/psnr_gain.png'><br><img src='world_model_eval/auroc_pairs.png'>"),
         ("Policies in the true simulator (green border = success)",
          f"BC<br><img src='eval_policy_bc/{t}/videos/grid.gif' width='900'><br>after RL in imagination<br>"
          f"<img src='eval_policy_rl/{t}/videos/grid.gif' width='900'>"),

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 import sim
+from sim import replay_in_true_sim  # noqa: F401  (re-exported: co-evolution replays imagined successes)
 from sim.tabletop.tasks import success_and_reward
 from wmrl.core.features import ACTION, OBS_ENV_STATE, OBS_STATE, TASK, image_key
 from world_models.video.model import imagined_success
@@ -71,20 +72,6 @@ def imagine_from(policy, model, starts: dict, max_steps: int, success_threshold:
             obs[OBS_ENV_STATE] = preds[OBS_ENV_STATE][:, -1].cpu().numpy()
         t += h
     return {"actions": [np.stack(a) for a in acts], "success": success, "frames": frames}
-
-
-def replay_in_true_sim(task: str, seed: int, actions: np.ndarray) -> bool:
-    """Open-loop replay of an action sequence from the seeded start; True if the task succeeds on the way."""
-    env = sim.make_env(task).unwrapped
-    env.reset(seed=seed)
-    ok = False
-    for a in actions:
-        _, _, term, trunc, info = env.step(a)
-        ok |= bool(info["success"])
-        if term or trunc:
-            break
-    env.close()
-    return ok
 
 
 def hallucination_rate(policy, model, task: str, n: int, seed: int = 30_000, success_threshold: float = 0.9,

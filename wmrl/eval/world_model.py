@@ -1,0 +1,286 @@
+"""Evaluating a video world model as a simulator for policies (the benchmark and `wmrl demo` share it):
+
+- `window_fidelity`: a fixed set of held-out windows (stored by the caller), split into motion and static; per-window
+  PSNR gain over copy-last-frame at h16 with bootstrap CIs, the same on the pixels of the arm and cubes only (MuJoCo
+  segmentation renders of the real frames), the autoencoder ceiling, per-horizon gains, Genie's Delta-t PSNR on
+  motion windows, and end-effector errors in cm from the state channel;
+- `success_pairs` + `pair_auroc`: success / near-success episodes sharing a start (same seed), each imagined under its
+  recorded actions and scored on the *same* number of steps per pair (a random scorer gives 0.5; its value is
+  reported in the same run), plus the whole-episode ("80-step") AUROC RL sees and the ceilings on real data;
+- `hallucination`: closed-loop imagined episodes of a policy from true-simulator starts, every imagined success's
+  actions replayed open-loop in the true simulator from the same start;
+- `gain_plot`, `auroc_plot` for reports.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import sim
+from sim import replay_in_true_sim
+from policies.random_policy import RandomPolicy
+from sim.tabletop.experts import ScriptedExpert
+from sim.tabletop.tasks import success_and_reward
+from wmrl.core.features import OBS_ENV_STATE, OBS_STATE, TASK, image_key
+from wmrl.eval.loop import evaluate
+from world_models.env import WorldModelEnv
+from world_models.video.evaluate import (auroc, bootstrap_ci, fixed_windows, matched_max, psnr, rollout,
+                                         window_inputs)
+
+H16 = 16
+
+
+def _mean(x: np.ndarray) -> float:
+    """Mean over the finite entries; NaN (without a warning) when there are none, e.g. no static window."""
+    x = np.asarray(x, np.float64)
+    x = x[np.isfinite(x)]
+    return float(x.mean()) if len(x) else float("nan")
+
+
+def window_fidelity(model, held, task: str, n_windows: int = 240, horizon: int = H16, seed: int = 0) -> dict:
+    """Fidelity on `fixed_windows(held, n_windows, horizon, seed=seed)`; `held` must keep `qpos` (for the masks).
+    Returns summary numbers and, under `per_window`, the arrays the plots use."""
+    wins = fixed_windows(held, n_windows, horizon, model.cfg.context, seed=seed)
+    starts = [(w["episode"], w["start"]) for w in wins]
+    motion = np.array([w["motion"] for w in wins])
+    out: dict = {"n_windows": len(wins), "n_motion_windows": int(motion.sum()),
+                 "windows": [[w["episode"], w["start"], int(w["motion"])] for w in wins]}
+    r = rollout(model, held, starts, horizon, seed=seed)
+    cams = [image_key(c) for c in model.cfg.cameras]
+    _, _, real = window_inputs(model, held, starts, horizon)
+    last = {c: np.stack([held.data[c][held.episodes[e][0] + t0] for e, t0 in starts]) for c in cams}
+    env = sim.make_env(task).unwrapped
+    env.reset(seed=0)
+    masks = {c: [] for c in cams}
+    for e, t0 in starts:
+        m = env.moving_mask_at(held.data["qpos"][held.episodes[e][0] + t0 + horizon])  # the real frame at the horizon
+        for c in cams:
+            masks[c].append(m[c])
+    env.close()
+    with torch.no_grad():  # the autoencoder's reconstruction of the real frames: the ceiling of a latent model
+        rec = model.decode_frames(model.encode_frames({c: real[c][:, horizon - 1] for c in cams}))
+    per = {}
+    for name, pred in (("model", {c: r["pred"][c][:, horizon - 1] for c in cams}), ("copy", last),
+                       ("ceiling", {c: rec[c].numpy() for c in cams})):
+        per[name] = np.mean([psnr(pred[c], real[c][:, horizon - 1]) for c in cams], 0)
+        with np.errstate(all="ignore"):  # a camera may show no arm or cube in a window: NaN there, skipped
+            m = np.stack([psnr(pred[c], real[c][:, horizon - 1], np.stack(masks[c])) for c in cams])
+        fin = np.isfinite(m)
+        per[name + "_masked"] = np.where(fin.any(0), np.where(fin, m, 0).sum(0) / np.maximum(fin.sum(0), 1), np.nan)
+    gain, mgain = per["model"] - per["copy"], per["model_masked"] - per["copy_masked"]
+    h = horizon
+    out[f"motion_psnr_gain_h{h}"] = _mean(gain[motion])
+    out[f"motion_psnr_gain_h{h}_ci"] = bootstrap_ci(gain[motion])
+    out[f"static_psnr_gain_h{h}"] = _mean(gain[~motion])
+    out[f"masked_psnr_gain_h{h}"] = _mean(mgain[motion])
+    out[f"masked_psnr_gain_h{h}_ci"] = bootstrap_ci(mgain[motion])
+    out["static_psnr_gap_to_ceiling"] = _mean((per["model"] - per["ceiling"])[~motion])
+    for k in ("model", "copy", "ceiling"):
+        out[f"psnr_h{h}_{k}_motion"] = _mean(per[k][motion])
+        out[f"psnr_h{h}_{k}_static"] = _mean(per[k][~motion])
+        out[f"masked_psnr_h{h}_{k}_motion"] = _mean(per[k + "_masked"][motion])
+    for hh in sorted({1, 4, 8, h}):
+        pm = np.mean([psnr(r["pred"][c][:, hh - 1], real[c][:, hh - 1]) for c in cams], 0)
+        pc = np.mean([psnr(last[c], real[c][:, hh - 1]) for c in cams], 0)
+        out[f"motion_psnr_gain_h{hh}"] = _mean((pm - pc)[motion])
+    # controllability (Genie's Delta-t PSNR): true vs shuffled actions, motion windows, horizon 8
+    mstarts = [s for s, m in zip(starts, motion) if m]
+    rt = rollout(model, held, mstarts, 8, seed=seed + 1)
+    rs = rollout(model, held, mstarts, 8, shuffle_actions=True, seed=seed + 1)
+    pt = np.mean([psnr(rt["pred"][c][:, 7], rt["real"][c][:, 7]) for c in cams], 0)
+    ps = np.mean([psnr(rs["pred"][c][:, 7], rs["real"][c][:, 7]) for c in cams], 0)
+    out["delta_t_psnr_h8_motion"] = _mean(pt - ps)
+    out["delta_t_psnr_h8_motion_ci"] = bootstrap_ci(pt - ps)
+    if "ee" in r:
+        err = np.linalg.norm(r["ee"] - r["real_state"][..., 5:8], axis=-1) * 100
+        out["ee_error_cm_h4"], out[f"ee_error_cm_h{h}"] = float(np.median(err[:, 3])), float(np.median(err[:, h - 1]))
+    out["per_window"] = {"gain": gain, "masked_gain": mgain, "motion": motion}
+    return out
+
+
+def cube_error_at_episode_end(model, held, cube: str = "red") -> np.ndarray:
+    """Per held-out episode: the distance (cm) between the imagined and the real cube at the episode's last frame,
+    rolling out from its first frame under the recorded actions (state channel)."""
+    from sim.tabletop.twin import CUBE_COLOURS
+
+    i = 3 * CUBE_COLOURS.index(cube)
+    errs = []
+    for e, (lo, T) in held.episodes.items():
+        r = rollout(model, held, [(e, 0)], T - 1, decode=False, seed=2)
+        errs.append(np.linalg.norm(r["pred_env"][0, -1, i : i + 3] - r["real_env"][0, -1, i : i + 3]) * 100)
+    return np.array(errs)
+
+
+def success_pairs(task: str, n_seeds: int, seed0: int = 50_000) -> list[dict]:
+    """Success / near-success episode pairs from the same start (same seed): they share a prefix and diverge when
+    the expert's failure mode kicks in (the push stops just outside the zone). Pairs where the nominal expert
+    failed or the failure-mode expert succeeded are dropped (they are not contrastive)."""
+    out = []
+    env = sim.make_env(task, post_success_steps=3).unwrapped
+    for s in range(n_seeds):
+        pair = []
+        for failure in (0.0, 1.0):
+            r = evaluate(ScriptedExpert(failure_prob=failure, seed=s), env, 1, seed=seed0 + s, record=True, progress=False)
+            ep = r.episodes[0]
+            ep["_success"], ep["_seed"] = bool(r.per_episode[0]["success"]), seed0 + s
+            pair.append(ep)
+        if pair[0]["_success"] and not pair[1]["_success"]:
+            out.extend(pair)
+    env.close()
+    return out
+
+
+@torch.no_grad()
+def imagine_recorded(model, eps: list[dict], seed: int = 0) -> dict:
+    """Every recorded episode rolled out in the model from its first frame under its recorded actions (batched,
+    padded to the longest). Per episode and step: the success head's probability on the generated latents and,
+    with a state channel, the task rules' success and shaped reward on the predicted state."""
+    K, Hc = model.cfg.context, model.cfg.chunk
+    cams = [image_key(c) for c in model.cfg.cameras]
+    T = [len(ep["action"]) - 1 for ep in eps]
+    Tm = max(T)
+    acts = np.stack([np.concatenate([ep["action"][:t], np.repeat(ep["action"][t - 1 : t], Tm - t, 0)]) for ep, t in zip(eps, T)])
+    obs = {**{c: np.stack([np.repeat(ep[c][:1], K, 0) for ep in eps]) for c in cams},
+           OBS_STATE: np.stack([ep[OBS_STATE][0] for ep in eps]),
+           OBS_ENV_STATE: np.stack([ep[OBS_ENV_STATE][0] for ep in eps]), TASK: [ep[TASK][0] for ep in eps]}
+    state = model.encode(obs)
+    g = torch.Generator().manual_seed(seed)
+    head, ee, op, env = [], [], [], []
+    for i in range(0, Tm, Hc):
+        state, p = model.step(state, torch.as_tensor(acts[:, i : i + Hc]), generator=g)
+        head.append(p["success"].numpy())
+        if "ee" in p:
+            ee.append(p["ee"].numpy())
+            op.append(p["gripper_opening"].numpy())
+            env.append(p[OBS_ENV_STATE].numpy())
+    head = np.concatenate(head, 1)
+    out = {"head": [head[i, :t] for i, t in enumerate(T)]}
+    if ee:
+        ee, op, env = np.concatenate(ee, 1), np.concatenate(op, 1), np.concatenate(env, 1)
+        rs = [success_and_reward(obs[TASK][i], ee[i, :t], op[i, :t], env[i, :t]) for i, t in enumerate(T)]
+        out["state_success"], out["state_reward"] = [r[0] for r in rs], [r[1] for r in rs]
+    return out
+
+
+def pair_auroc(model, pairs: list[dict], seed: int = 0) -> dict:
+    """AUROCs of imagined success on success / near-success pairs (see the module docstring). Scores: the max over
+    the first n steps of the task rules' shaped reward on predicted state (state path), or of the success head's
+    probability on generated latents (frames path), with n the shorter episode of the pair (`matched`) or each
+    episode's own length (`80step`). `scores` keeps the matched scores for plots."""
+    if not pairs:
+        raise ValueError("no contrastive success / near-success pair: raise the number of seeds")
+    truth = np.array([ep["_success"] for ep in pairs])
+    lens = np.array([len(ep["action"]) - 1 for ep in pairs])
+    matched = np.repeat(np.minimum(lens[0::2], lens[1::2]), 2)  # both of a pair scored on the same steps
+    im = imagine_recorded(model, pairs, seed)
+    rng = np.random.default_rng(seed)
+    rand = [rng.random(n) for n in lens]
+    out = {"n_pairs": int(len(pairs) // 2), "random_scorer_auroc_matched": auroc(matched_max(rand, matched), truth),
+           "random_scorer_auroc_80step": auroc(matched_max(rand, lens), truth)}
+    scores = {"frames: success head on generated latents": matched_max(im["head"], matched)}
+    out["success_auroc_matched_frames"] = auroc(scores["frames: success head on generated latents"], truth)
+    out["success_auroc_80step_frames"] = auroc(matched_max(im["head"], lens), truth)
+    out["success_auroc_80step"] = out["success_auroc_80step_frames"]
+    if "state_reward" in im:
+        scores["state: task rules on predicted state"] = matched_max(im["state_reward"], matched)
+        out["success_auroc_matched_state"] = auroc(scores["state: task rules on predicted state"], truth)
+        out["success_auroc_80step"] = auroc(matched_max(im["state_reward"], lens), truth)
+        out["imagined_success_accuracy_matched"] = float(np.mean(matched_max(im["state_success"], matched).astype(bool) == truth))
+    real_rew = [success_and_reward(ep[TASK][0], ep[OBS_STATE][1:, 5:8], ep[OBS_STATE][1:, 4], ep[OBS_ENV_STATE][1:])[1]
+                for ep in pairs]
+    out["success_auroc_real_ceiling"] = auroc(matched_max(real_rew, matched), truth)
+    cams = [image_key(c) for c in model.cfg.cameras]
+    with torch.no_grad():
+        real_head = [torch.sigmoid(model.heads(model.encode_frames({c: ep[c][1:] for c in cams}),
+                                               model.task([ep[TASK][0]] * (len(ep["action"]) - 1)))["success_logit"]).numpy()
+                     for ep in pairs]
+    out["success_auroc_real_frames_head"] = auroc(matched_max(real_head, matched), truth)
+    out["scores"], out["truth"] = scores, truth
+    return out
+
+
+def hallucination(model, held, task: str, policy_name: str, seeds: list[int], max_steps: int = 80) -> dict:
+    """Closed-loop imagined episodes of a policy (`expert`: the scripted expert with noise 0.1; `random`) from
+    true-simulator starts, success from the task's rules on predicted state. Every imagined success's actions are
+    replayed in the true simulator from the same start; for the random policy every episode is replayed (its actions
+    do not depend on what it sees), which gives its true success rate on the very same action sequences."""
+    env = sim.make_env(task).unwrapped
+    starts = [env.reset(seed=s)[0] for s in seeds]
+    env.close()
+    batch = {k: np.stack([o[k] for o in starts]) for k in starts[0] if k != TASK}
+    batch[TASK] = [o[TASK] for o in starts]
+    n = len(seeds)
+    venv = WorldModelEnv(model, held, num_envs=n, max_episode_steps=max_steps, decode_images=policy_name != "expert",
+                         sampling_steps=1, rules=success_and_reward)
+    policy = ScriptedExpert(noise=0.1, seed=0) if policy_name == "expert" else RandomPolicy(venv.single_action_space, seed=0)
+    obs, _ = venv.reset(seed=0, options={"observations": batch})
+    policy.reset()
+    alive, success = np.ones(n, bool), np.zeros(n, bool)
+    acts: list[list[np.ndarray]] = [[] for _ in range(n)]
+    dis = []
+    for _ in range(max_steps):
+        a = np.asarray(policy.select_action(obs), np.float32)
+        obs, _, term, trunc, info = venv.step(a)
+        for i in np.flatnonzero(alive):
+            acts[i].append(a[i])
+        dis.append(info["disagreement"][alive])
+        success |= alive & info["success"]
+        alive &= ~(term | trunc)
+        if not alive.any():
+            break
+    check = range(n) if policy_name == "random" else np.flatnonzero(success)
+    true = {i: replay_in_true_sim(task, seeds[i], np.stack(acts[i])) for i in check}
+    hall = [i for i in np.flatnonzero(success) if not true[i]]
+    res = {"imagined_success": float(success.mean()), "imagined_successes": int(success.sum()),
+           "hallucinated": len(hall), "hallucinated_share": len(hall) / max(int(success.sum()), 1),
+           "median_disagreement_cm": float(np.median(np.concatenate(dis)))}
+    if policy_name == "random":
+        res["true_success"] = float(np.mean([true[i] for i in range(n)]))
+    return res
+
+
+def gain_plot(path: Path, gains: np.ndarray, motion: np.ndarray, masked: np.ndarray, horizon: int = H16) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(1, 2, figsize=(9, 3.2))
+    for a, x, title in ((ax[0], gains, "whole frame"), (ax[1], masked, "arm + cubes (masked)")):
+        for sel, lab in ((motion, "motion"), (~motion, "static")):
+            v = x[sel]
+            v = v[np.isfinite(v)]
+            if len(v):
+                a.hist(v, bins=30, alpha=0.6, label=f"{lab} (n={len(v)}, mean {v.mean():+.2f} dB)")
+        a.axvline(0, color="k", lw=0.8)
+        a.set_title(f"PSNR gain over copy-last at h{horizon}: {title}", fontsize=9)
+        a.set_xlabel("dB per window")
+        a.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def auroc_plot(path: Path, scores: dict[str, np.ndarray], truth: np.ndarray) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(1, len(scores), figsize=(3.6 * len(scores), 3), squeeze=False)
+    for a, (name, s) in zip(ax[0], scores.items()):
+        rng = np.random.default_rng(0)
+        for lab, c in ((True, "tab:green"), (False, "tab:red")):
+            v = s[truth == lab]
+            a.scatter(v, rng.uniform(-0.2, 0.2, len(v)) + (1 if lab else 0), s=8, color=c,
+                      label="success" if lab else "near-success")
+        a.set_title(f"{name}\nAUROC {auroc(s, truth):.2f}", fontsize=8)
+        a.set_yticks([])
+        a.set_xlabel("score over matched steps")
+    ax[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
