@@ -58,6 +58,12 @@ def main(quick: bool = False, size: str = "small", device: str = "cpu", steps_sc
     resume = (run / "checkpoints/last/train_state.json").exists()
     tcfg = TrainWMConfig(data=data, out=run, videos=3, resume=resume, overwrite=not resume, **steps)
     train_world_model(tcfg, progress=not quick)
+    # the deterministic baseline: the same backbone regressing the change (the conditional mean), on the same latents
+    det_run = work / "deterministic"
+    det_resume = (det_run / "checkpoints/last/train_state.json").exists()
+    dcfg = TrainWMConfig(data=data, out=det_run, deterministic=True, init_from=run, state_channel=False, videos=0,
+                         resume=det_resume, overwrite=not det_resume, **{**steps, "ae_steps": 0, "state_steps": 0})
+    train_world_model(dcfg, progress=not quick)
     ts = json.loads((run / "checkpoints/last/train_state.json").read_text())
     model = VideoWorldModel.load(run / "checkpoints/last", device="cpu").eval()
     _, _, held = load_split(data, 0.1, keep=("qpos",))
@@ -68,6 +74,11 @@ def main(quick: bool = False, size: str = "small", device: str = "cpu", steps_sc
     fid = window_fidelity(model, held, "push-red", 24 if quick else 240, H16, seed=0)
     pw = fid.pop("per_window")
     out.update(fid)
+    det = VideoWorldModel.load(det_run / "checkpoints/last", device="cpu").eval()
+    dfid = window_fidelity(det, held, "push-red", 24 if quick else 240, H16, seed=0)
+    for k in ("motion_psnr_gain_h16", "motion_psnr_gain_h16_ci", "static_psnr_gain_h16", "masked_psnr_gain_h16",
+              "static_psnr_gap_to_ceiling", "delta_t_psnr_h8_motion", "motion_psnr_gain_h1", "motion_psnr_gain_h4"):
+        out[f"deterministic_{k}"] = dfid[k]
     if model.state_channel is not None:
         cube = cube_error_at_episode_end(model, held)
         out["cube_error_cm_end"], out["cube_error_cm_end_p90"] = float(np.median(cube)), float(np.percentile(cube, 90))

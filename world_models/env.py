@@ -137,6 +137,9 @@ class WorldModelEnv(gym.vector.VectorEnv):
                         self._state["task"][i] = v[j]
                 elif k == "x":  # (members, B, D)
                     self._state[k][:, idx] = v
+                elif k == "frames0":  # {camera: uint8 (B, H, W, 3)}
+                    for c, f in v.items():
+                        self._state[k][c][ids] = f
                 else:
                     self._state[k][idx] = v
         with torch.no_grad():
@@ -218,7 +221,7 @@ class WorldModelEnv(gym.vector.VectorEnv):
             self._env_state = preds[ENV_STATE][:, -1].cpu().numpy().astype(np.float32)
         self._t += a.shape[1]
         if self.decode_images:
-            frames = self.model.decode(preds["latents"][:, -1])
+            frames = self.model.decode(preds["latents"][:, -1], self._state)
             for k, v in frames.items():
                 self._last_frames[k] = v
         terminated = success.copy()

@@ -154,7 +154,7 @@ def rollout(model: VideoWorldModel, held, starts: list[tuple[int, int]], horizon
         out.update(pred_env=cat(ENV_STATE).cpu().numpy(), real_env=real[ENV_STATE], ee=cat("ee").cpu().numpy(),
                    disagreement=cat("disagreement").cpu().numpy())
     if decode:
-        out["pred"] = model.decode(out["latents"])
+        out["pred"] = model.decode(out["latents"], state)
         out["real"] = {k: v for k, v in real.items() if k.startswith("observation.images.")}
     return out
 

@@ -164,12 +164,21 @@ class VideoWorldModel(nn.Module):
         z = torch.cat(zs, dim=1)
         return (z - self.lat_mean) / self.lat_std
 
-    def decode_frames(self, z: torch.Tensor) -> dict[str, torch.Tensor]:
+    def decode_frames(self, z: torch.Tensor, base: tuple[torch.Tensor, dict] | None = None) -> dict[str, torch.Tensor]:
+        """Standardised latents (N, C, S, S) -> {camera key: uint8 (N, H, W, 3)}. With `base` = (z0 (N, C, S, S),
+        {camera key: uint8 frames (N, H, W, 3)}): the pixel-space identity path, frame0 + dec(z) - dec(z0), so that
+        what the latents leave unchanged is the real start frame itself, not its reconstruction (the autoencoder's
+        ceiling then bounds only what changes)."""
         z = z * self.lat_std + self.lat_mean
+        z0 = base[0] * self.lat_std + self.lat_mean if base is not None else None
         out = {}
         for i, cam in enumerate(self.cfg.cameras):
-            zc = z[:, i * self.cfg.latent_channels : (i + 1) * self.cfg.latent_channels]
-            x = self.ae.decode(zc).clamp(-1, 1)
+            sl = slice(i * self.cfg.latent_channels, (i + 1) * self.cfg.latent_channels)
+            x = self.ae.decode(z[:, sl])
+            if base is not None:
+                f0 = torch.as_tensor(np.asarray(base[1][f"observation.images.{cam}"]), device=z.device)
+                x = f0.permute(0, 3, 1, 2).float() / 127.5 - 1.0 + x - self.ae.decode(z0[:, sl])
+            x = x.clamp(-1, 1)
             out[f"observation.images.{cam}"] = ((x + 1) * 127.5).round().to(torch.uint8).permute(0, 2, 3, 1)
         return out
 
@@ -296,7 +305,8 @@ class VideoWorldModel(nn.Module):
         anc = self.encode_frames({k: np.asarray(v) for k, v in anchor.items()}) if anchor is not None else ctx[:, 0].clone()
         proprio = torch.as_tensor(np.asarray(obs["observation.state"]), dtype=torch.float32, device=self.device)
         tasks = list(obs["task"]) if not isinstance(obs["task"], str) else [obs["task"]] * B
-        state = {"ctx": ctx, "anchor": anc, "pose": self.observed_pose(proprio), "proprio": proprio, "task": tasks}
+        state = {"ctx": ctx, "anchor": anc, "pose": self.observed_pose(proprio), "proprio": proprio, "task": tasks,
+                 "z0": ctx[:, -1].clone(), "frames0": {k: v[:, -1].numpy() for k, v in imgs.items()}}
         if self.state_channel is not None:
             key = "observation.environment_state"
             if key not in obs:
@@ -361,10 +371,15 @@ class VideoWorldModel(nn.Module):
         return new, preds
 
     @torch.no_grad()
-    def decode(self, latents: torch.Tensor) -> dict[str, np.ndarray]:
-        """Latents (..., C, S, S) -> {camera key: uint8 (..., H, W, 3)}."""
+    def decode(self, latents: torch.Tensor, state: dict | None = None) -> dict[str, np.ndarray]:
+        """Latents (B, ..., C, S, S) -> {camera key: uint8 (B, ..., H, W, 3)}. With the imagination `state` of the
+        rollout, through the pixel-space identity path anchored on its real start frame (see `decode_frames`)."""
         lead = latents.shape[:-3]
-        frames = self.decode_frames(latents.reshape(-1, *latents.shape[-3:]))
+        base = None
+        if state is not None and "frames0" in state:
+            n = int(np.prod(lead[1:], dtype=np.int64))  # frames per rollout
+            base = (state["z0"].repeat_interleave(n, 0), {k: np.repeat(np.asarray(v), n, 0) for k, v in state["frames0"].items()})
+        frames = self.decode_frames(latents.reshape(-1, *latents.shape[-3:]), base)
         return {k: v.reshape(*lead, *v.shape[1:]).cpu().numpy() for k, v in frames.items()}
 
     # ------------------------------------------------------------------ checkpoints

@@ -31,6 +31,7 @@ from world_models.dynamics.ensemble import EnsembleLinear
 MOVE_EPS = 5e-4  # m: a cube whose centre moved less than this in one step counts as untouched (the gate's label)
 SCALE = 10.0  # inputs in decimetres keep MLP inputs near unit scale
 OUT_SCALE = 100.0  # outputs in centimetres: one unit of loss is 1 cm
+OFF_TABLE_Z = -0.01  # m: a cube centre below this has left the table
 
 
 @dataclass
@@ -85,20 +86,25 @@ class StateChannel(nn.Module):
     def unrolled_loss(self, x: torch.Tensor, a: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, dict]:
         """Multi-step loss on real sequences: x (M, N, L+1, D), a (M, N, L, A), mask (M, N, L) of real steps.
         Each member predicts from its own previous prediction (not the real state), so errors compound in training
-        as they will in imagination. Position error in cm (squared), plus the contact gate's BCE."""
+        as they will in imagination. Position error in cm (Huber, 1 cm), plus the contact gate's BCE. Windows in which
+        a cube has fallen off the table are masked."""
         L = a.shape[2]
+        # a cube pushed off the table falls without end (metres per step): such steps teach nothing about the task
+        on_table = (x[..., 4:].reshape(*x.shape[:3], -1, 3)[..., 2] > OFF_TABLE_Z).all(-1)  # (M, N, L+1)
+        mask = mask * on_table[:, :, 1:] * on_table[:, :, :1]
         cur = x[:, :, 0]
         err, bce = 0.0, 0.0
         n = mask.sum().clamp(min=1)
         for t in range(L):
             nxt, logit = self.next(cur, a[:, :, t], hard_gate=False)
             m = mask[:, :, t]
-            err = err + ((((nxt - x[:, :, t + 1]) * OUT_SCALE) ** 2).mean(-1) * m).sum()
+            # Huber in cm: quadratic below 1 cm, linear above, so rare violent contacts do not dominate
+            err = err + (F.huber_loss(nxt * OUT_SCALE, x[:, :, t + 1] * OUT_SCALE, reduction="none", delta=1.0).mean(-1) * m).sum()
             moved = ((x[:, :, t + 1, 4:] - x[:, :, t, 4:]).reshape(*logit.shape, 3).norm(dim=-1) > MOVE_EPS).float()
             bce = bce + (F.binary_cross_entropy_with_logits(logit, moved, reduction="none").mean(-1) * m).sum()
             cur = torch.where(m[..., None] > 0, nxt, x[:, :, t + 1])  # past an episode's end: stay on real data
         loss = (err + bce) / n
-        return loss, {"state_mse_cm2": (err / n).detach(), "gate_bce": (bce / n).detach()}
+        return loss, {"state_huber_cm": (err / n).detach(), "gate_bce": (bce / n).detach()}
 
     @torch.no_grad()
     def rollout_step(self, x: torch.Tensor, a: torch.Tensor) -> torch.Tensor:

@@ -39,8 +39,10 @@ class TrainWMConfig:
     size: str = "small"
     """U-Net widths: tiny, small, base, large."""
     ae_steps: int = 1200
-    state_steps: int = 1500
+    state_steps: int = 3000
     """State-channel steps (skipped when the data has no observation.environment_state or with --no-state-channel)."""
+    state_unroll: int = 12
+    """Control steps each state-channel training sequence is unrolled on the model's own predictions."""
     dyn_steps: int = 2000
     unroll_steps: int = 600
     """Final phase: two chunks, the second from the model's own generated context; heads on generated latents."""
@@ -268,7 +270,7 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
     opts = {"ae": torch.optim.AdamW(model.ae.parameters(), cfg.lr * 3),
             "dyn": torch.optim.AdamW([p for p in model.parameters() if id(p) not in special], cfg.lr)}
     if model.state_channel is not None:
-        opts["state"] = torch.optim.AdamW(model.state_channel.parameters(), 1e-3)
+        opts["state"] = torch.optim.AdamW(model.state_channel.parameters(), 2e-3)
     step, extra = 0, {}
     if resuming:
         state = load_train_state(ck, opts, cfg.device)
@@ -312,7 +314,7 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
             loss = (ae_weights(x, len(mcfg.cameras), cfg.fg_weight) * (model.ae.decode(z) - x) ** 2).mean() + 1e-4 * (z**2).mean()
             opt, info = opts["ae"], {"ae_loss": loss}
         elif phase == 1:
-            xs, acts, mask = sampler.state_sequences(mcfg.state_members, 128, 8, gen)
+            xs, acts, mask = sampler.state_sequences(mcfg.state_members, 128, cfg.state_unroll, gen)
             loss, sinfo = model.state_channel.unrolled_loss(xs, acts, mask)
             opt, info = opts["state"], {"state_loss": loss, **sinfo}
         else:
