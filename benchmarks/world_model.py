@@ -39,6 +39,7 @@ def main(quick: bool = False, size: str = "small", device: str = "cpu", steps_sc
     from wmrl.eval.world_model import (auroc_plot, cube_error_at_episode_end, gain_plot, hallucination, pair_auroc,
                                        success_pairs, window_fidelity)
     from world_models.video.model import VideoWorldModel
+    from world_models.video.evaluate import write_side_by_side
     from world_models.video.train import TrainWMConfig, load_split, train_world_model
 
     default = (size, device, steps_scale, batch_size) == ("small", "cpu", 1.0, 32)
@@ -94,6 +95,10 @@ def main(quick: bool = False, size: str = "small", device: str = "cpu", steps_sc
         ex = hallucination(model, held, "push-red", "expert", seeds)
         rd = hallucination(model, held, "push-red", "random", seeds)
         out["hallucinated_success_expert"] = ex["hallucinated_share"]
+        out["hallucinated_success_expert_flagged"] = ex["hallucinated_share_flagged"]
+        out["expert_imagined_success_flagged"] = ex["imagined_success_flagged"]
+        out["random_policy_imagined_success_flagged"] = rd["imagined_success_flagged"]
+        out["disagreement_flag_cm"] = ex["flag_cm"]
         out["expert_imagined_success"], out["expert_imagined_successes"] = ex["imagined_success"], ex["imagined_successes"]
         out["expert_median_disagreement_cm"], out["random_median_disagreement_cm"] = ex["median_disagreement_cm"], rd["median_disagreement_cm"]
         out["random_policy_imagined_success"], out["random_policy_true_success"] = rd["imagined_success"], rd["true_success"]
@@ -111,12 +116,17 @@ def main(quick: bool = False, size: str = "small", device: str = "cpu", steps_sc
         docs = ROOT / "docs"
         gain_plot(run / "psnr_gain_h16.png", pw["gain"], pw["motion"], pw["masked_gain"])
         auroc_plot(run / "auroc_pairs.png", scores, truth)
+        write_side_by_side(det, held, det_run / "videos", n=3)
         if default:
             import shutil
 
+            import imageio.v3 as iio
+
             shutil.copy(run / "psnr_gain_h16.png", docs / "wm_psnr_gain_h16.png")
             shutil.copy(run / "auroc_pairs.png", docs / "wm_auroc_pairs.png")
-            shutil.copy(run / "videos" / "real_vs_imagined.gif", docs / "wm_real_vs_imagined.gif")
+            for src, name in ((run, "wm_real_vs_imagined.gif"), (det_run, "wm_real_vs_imagined_deterministic.gif")):
+                gif = iio.imread(src / "videos" / "real_vs_imagined.gif", index=None)
+                iio.imwrite(docs / name, gif[:, ::2, ::2], duration=100, loop=0)  # half size for the README
         out["plots"] = [str((run / p).relative_to(ROOT)) for p in ("psnr_gain_h16.png", "auroc_pairs.png")]
         out["videos"] = str((run / "videos").relative_to(ROOT))
     if default:

@@ -5,7 +5,7 @@ success rates agree with the true ones (Spearman rho, Kendall tau, mean absolute
     wmrl rank --policies RUN_A RUN_B scripted scripted:noise=0.6 random --world-model WM_RUN [--workers ray]
 
 A policy spec is a VLA run or checkpoint folder (`FOLDER:stochastic` samples its actions: BC with action noise), `scripted[:noise=X,failure_prob=Y]` or `random`. Scripted experts
-act on privileged simulator state; in imagination they act on the world model's environment-state head.
+act on privileged simulator state; in imagination they act on the state channel's predicted object state.
 Evaluations of many policies run in parallel on Ray workers with `--workers ray` (the `dist` extra).
 """
 

@@ -202,11 +202,14 @@ def pair_auroc(model, pairs: list[dict], seed: int = 0) -> dict:
     return out
 
 
-def hallucination(model, held, task: str, policy_name: str, seeds: list[int], max_steps: int = 80) -> dict:
+def hallucination(model, held, task: str, policy_name: str, seeds: list[int], max_steps: int = 80,
+                  flag_cm: float = 2.0) -> dict:
     """Closed-loop imagined episodes of a policy (`expert`: the scripted expert with noise 0.1; `random`) from
     true-simulator starts, success from the task's rules on predicted state. Every imagined success's actions are
     replayed in the true simulator from the same start; for the random policy every episode is replayed (its actions
-    do not depend on what it sees), which gives its true success rate on the very same action sequences."""
+    do not depend on what it sees), which gives its true success rate on the very same action sequences.
+    `*_flagged`: the same, counting only successes reached while the ensemble's disagreement stayed <= `flag_cm`
+    (the hallucination flag a caller can stop or discount uncertain imagined episodes with)."""
     env = sim.make_env(task).unwrapped
     starts = [env.reset(seed=s)[0] for s in seeds]
     env.close()
@@ -218,7 +221,8 @@ def hallucination(model, held, task: str, policy_name: str, seeds: list[int], ma
     policy = ScriptedExpert(noise=0.1, seed=0) if policy_name == "expert" else RandomPolicy(venv.single_action_space, seed=0)
     obs, _ = venv.reset(seed=0, options={"observations": batch})
     policy.reset()
-    alive, success = np.ones(n, bool), np.zeros(n, bool)
+    alive, success, trusted = np.ones(n, bool), np.zeros(n, bool), np.zeros(n, bool)
+    max_dis = np.zeros(n)
     acts: list[list[np.ndarray]] = [[] for _ in range(n)]
     dis = []
     for _ in range(max_steps):
@@ -227,6 +231,8 @@ def hallucination(model, held, task: str, policy_name: str, seeds: list[int], ma
         for i in np.flatnonzero(alive):
             acts[i].append(a[i])
         dis.append(info["disagreement"][alive])
+        max_dis = np.where(alive, np.maximum(max_dis, info["disagreement"]), max_dis)
+        trusted |= alive & info["success"] & (max_dis <= flag_cm)
         success |= alive & info["success"]
         alive &= ~(term | trunc)
         if not alive.any():
@@ -234,9 +240,12 @@ def hallucination(model, held, task: str, policy_name: str, seeds: list[int], ma
     check = range(n) if policy_name == "random" else np.flatnonzero(success)
     true = {i: replay_in_true_sim(task, seeds[i], np.stack(acts[i])) for i in check}
     hall = [i for i in np.flatnonzero(success) if not true[i]]
+    hall_f = [i for i in np.flatnonzero(trusted) if not true[i]]
     res = {"imagined_success": float(success.mean()), "imagined_successes": int(success.sum()),
            "hallucinated": len(hall), "hallucinated_share": len(hall) / max(int(success.sum()), 1),
-           "median_disagreement_cm": float(np.median(np.concatenate(dis)))}
+           "imagined_success_flagged": float(trusted.mean()), "hallucinated_share_flagged": len(hall_f) / max(int(trusted.sum()), 1),
+           "true_success_of_imagined": float(np.mean([true[i] for i in np.flatnonzero(success)])) if success.any() else float("nan"),
+           "median_disagreement_cm": float(np.median(np.concatenate(dis))), "flag_cm": flag_cm}
     if policy_name == "random":
         res["true_success"] = float(np.mean([true[i] for i in range(n)]))
     return res
