@@ -72,11 +72,11 @@ def main(quick: bool = False, size: str = "small", device: str = "cpu", steps_sc
                  "success_source": model.success_source}
 
     # ---- fidelity on the fixed window set, state errors
-    fid = window_fidelity(model, held, "push-red", 24 if quick else 240, H16, seed=0)
+    fid = window_fidelity(model, held, "push-red", 12 if quick else 240, H16, seed=0)
     pw = fid.pop("per_window")
     out.update(fid)
     det = VideoWorldModel.load(det_run / "checkpoints/last", device="cpu").eval()
-    dfid = window_fidelity(det, held, "push-red", 24 if quick else 240, H16, seed=0)
+    dfid = window_fidelity(det, held, "push-red", 12 if quick else 240, H16, seed=0)
     for k in ("motion_psnr_gain_h16", "motion_psnr_gain_h16_ci", "static_psnr_gain_h16", "masked_psnr_gain_h16",
               "static_psnr_gap_to_ceiling", "delta_t_psnr_h8_motion", "motion_psnr_gain_h1", "motion_psnr_gain_h4"):
         out[f"deterministic_{k}"] = dfid[k]
@@ -85,13 +85,13 @@ def main(quick: bool = False, size: str = "small", device: str = "cpu", steps_sc
         out["cube_error_cm_end"], out["cube_error_cm_end_p90"] = float(np.median(cube)), float(np.percentile(cube, 90))
 
     # ---- success AUROC on prefix-sharing pairs
-    pa = pair_auroc(model, success_pairs("push-red", 12 if quick else 130))
+    pa = pair_auroc(model, success_pairs("push-red", 6 if quick else 130))
     scores, truth = pa.pop("scores"), pa.pop("truth")
     out.update(pa)
 
     # ---- hallucinated success (closed loop in imagination, replayed in the true simulator)
     if model.state_channel is not None:
-        seeds = list(range(70_000, 70_000 + (6 if quick else 60)))
+        seeds = list(range(70_000, 70_000 + (4 if quick else 60)))
         ex = hallucination(model, held, "push-red", "expert", seeds)
         rd = hallucination(model, held, "push-red", "random", seeds)
         out["hallucinated_success_expert"] = ex["hallucinated_share"]

@@ -165,19 +165,22 @@ class VideoWorldModel(nn.Module):
         return (z - self.lat_mean) / self.lat_std
 
     def decode_frames(self, z: torch.Tensor, base: tuple[torch.Tensor, dict] | None = None) -> dict[str, torch.Tensor]:
-        """Standardised latents (N, C, S, S) -> {camera key: uint8 (N, H, W, 3)}. With `base` = (z0 (N, C, S, S),
-        {camera key: uint8 frames (N, H, W, 3)}): the pixel-space identity path, frame0 + dec(z) - dec(z0), so that
+        """Standardised latents (N, C, S, S) -> {camera key: uint8 (N, H, W, 3)}. With `base` = (z0 (B, C, S, S),
+        {camera key: uint8 frames (B, H, W, 3)}), N = B * n with each base's n frames consecutive: the pixel-space
+        identity path, frame0 + dec(z) - dec(z0), so that
         what the latents leave unchanged is the real start frame itself, not its reconstruction (the autoencoder's
         ceiling then bounds only what changes)."""
         z = z * self.lat_std + self.lat_mean
         z0 = base[0] * self.lat_std + self.lat_mean if base is not None else None
+        n = len(z) // len(z0) if base is not None else 1  # frames per base (consecutive)
         out = {}
         for i, cam in enumerate(self.cfg.cameras):
             sl = slice(i * self.cfg.latent_channels, (i + 1) * self.cfg.latent_channels)
             x = self.ae.decode(z[:, sl])
-            if base is not None:
+            if base is not None:  # each base decoded once, then shared by its n frames
                 f0 = torch.as_tensor(np.asarray(base[1][f"observation.images.{cam}"]), device=z.device)
-                x = f0.permute(0, 3, 1, 2).float() / 127.5 - 1.0 + x - self.ae.decode(z0[:, sl])
+                d0 = f0.permute(0, 3, 1, 2).float() / 127.5 - 1.0 - self.ae.decode(z0[:, sl])
+                x = x + d0.repeat_interleave(n, 0)
             x = x.clamp(-1, 1)
             out[f"observation.images.{cam}"] = ((x + 1) * 127.5).round().to(torch.uint8).permute(0, 2, 3, 1)
         return out
@@ -375,10 +378,7 @@ class VideoWorldModel(nn.Module):
         """Latents (B, ..., C, S, S) -> {camera key: uint8 (B, ..., H, W, 3)}. With the imagination `state` of the
         rollout, through the pixel-space identity path anchored on its real start frame (see `decode_frames`)."""
         lead = latents.shape[:-3]
-        base = None
-        if state is not None and "frames0" in state:
-            n = int(np.prod(lead[1:], dtype=np.int64))  # frames per rollout
-            base = (state["z0"].repeat_interleave(n, 0), {k: np.repeat(np.asarray(v), n, 0) for k, v in state["frames0"].items()})
+        base = (state["z0"], state["frames0"]) if state is not None and "frames0" in state else None
         frames = self.decode_frames(latents.reshape(-1, *latents.shape[-3:]), base)
         return {k: v.reshape(*lead, *v.shape[1:]).cpu().numpy() for k, v in frames.items()}
 
