@@ -22,7 +22,6 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from wmrl.benchutil import finish
 

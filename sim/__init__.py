@@ -10,6 +10,7 @@ import os
 os.environ.setdefault("MUJOCO_GL", "egl")  # headless rendering; must be set before mujoco is imported
 
 import gymnasium as gym  # noqa: E402
+import numpy as np  # noqa: E402
 
 from sim.tabletop.tasks import all_tasks  # noqa: E402
 
