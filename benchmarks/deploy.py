@@ -47,8 +47,7 @@ def _control(rates, latencies, episodes, seconds, quick) -> dict:
                 for name, mode, strategy in MODES:
                     rows = []
                     for ep in range(episodes):
-                        remote.reset_episode(1000 + ep)  # the same layouts for every mode
-                        robot.resync()
+                        robot.reset_episode(1000 + ep)  # the same layouts for every mode
                         res = run_episode(robot, infer, ExecutorConfig(mode=mode, strategy=strategy, control_hz=hz),
                                           int(seconds * hz), latency=lambda: lat, record=True)
                         ever = any(bool(o["success"]) for o in res["log"]["obs"] + [res["final_observation"]])
@@ -117,8 +116,7 @@ def _fuzz(n: int, stale_episodes: int) -> dict:
     # Stale-observation episodes: observations stop after 10 steps; every later command must be held and recorded.
     stale_cmds, stale_moved, stale_unrecorded = 0, 0, 0
     for ep in range(stale_episodes):
-        robot.reset_episode(ep)
-        safe.resync()
+        safe.reset_episode(ep)
         for k in range(40):
             clock.t += 0.1
             if k < 10:

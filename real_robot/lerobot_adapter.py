@@ -37,6 +37,8 @@ class LeRobotArm:
     def dim(self) -> int:
         return len(self.joints) + (1 if self.gripper else 0)
 
+    action_dim = dim  # the `Robot` protocol's name, checked against the safety limits at connect
+
     def _to_rad(self, v: float) -> float:
         return math.radians(v) if self.degrees else float(v)
 

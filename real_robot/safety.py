@@ -10,17 +10,20 @@ Commands are absolute joint targets plus a gripper command, `[q_1..q_n, g]` (LeR
                         consecutive *sent* targets at the control period)
     limit_workspace     the end effector (forward kinematics) stays in the workspace box: the command is pulled back
                         along the segment from the last sent target (bisection), never past the box
-    clamp_gripper       gripper command in [gripper_low, gripper_high]
+    clamp_gripper       gripper command in [gripper_low, gripper_high], changed by <= `max_gripper_delta` per step
+    violations          a last, independent audit of the final command: anything it flags is not sent (hold)
 
 plus three stateful guards: a command watchdog (no command for `watchdog_s` -> hold the last sent target), a
 stale-observation check (an observation older than `stale_obs_s` -> hold), and an e-stop latch (`estop()`, a lost
 connection, or an unsafe config at run time) that holds until an explicit `rearm()`. Every trip is logged and kept in
 `trips` (and per step in `step_trips`, which the recorder writes into the episode). `send_action` returns what was
-actually sent.
+actually sent. The same class runs on both sides of a network link: in the client (the first line) and in the robot
+server in front of the driver (`real_robot.transport.serve_robot`), where the arm is.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -45,6 +48,7 @@ class SafetyConfig:
     workspace_high: tuple[float, float, float] = (0.66, 0.32, 0.35)
     gripper_low: float = -1.0
     gripper_high: float = 1.0
+    max_gripper_delta: float = 1.0  # gripper command change per control step (a full close takes two steps)
     control_hz: float = 10.0
     watchdog_s: float = 0.5  # hold when no command arrived for this long
     stale_obs_s: float = 0.5  # hold when the newest observation is older than this
@@ -55,16 +59,33 @@ class SafetyConfig:
     def n_joints(self) -> int:
         return len(self.joint_low)
 
-    def validate(self) -> None:
+    def validate(self, n_joints: int | None = None) -> None:
+        """Refuses NaN anywhere and malformed limits always; limits that would disable a check (inf, <= 0, an empty
+        box) only with `unsafe` (logged). `n_joints`: the robot's joint count, checked at connect."""
+        numbers = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "unsafe"}
+        for name, v in numbers.items():
+            vals = v if isinstance(v, tuple) else (v,)
+            if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in vals):
+                raise ValueError(f"safety.{name}: numbers needed, got {v!r}")
+            if any(math.isnan(x) for x in vals):
+                raise ValueError(f"safety.{name} is NaN: every safety setting must be a number")
         if len(self.joint_low) != len(self.joint_high) or not self.joint_low:
             raise ValueError(f"joint_low/high: need the same, non-zero length, got {len(self.joint_low)}/{len(self.joint_high)}")
+        if len(self.workspace_low) != 3 or len(self.workspace_high) != 3:
+            raise ValueError(f"workspace_low/high: need 3 numbers (x, y, z) each, got {len(self.workspace_low)}/{len(self.workspace_high)}")
+        if n_joints is not None and n_joints != self.n_joints:
+            raise ValueError(f"the robot has {n_joints} joints but the safety limits name {self.n_joints} "
+                             f"(joint_low/joint_high): set limits for this arm")
         disabled = []
-        for name in ("max_delta", "max_velocity", "max_acceleration", "watchdog_s", "stale_obs_s", "control_hz"):
+        for name in ("max_delta", "max_velocity", "max_acceleration", "max_gripper_delta", "watchdog_s", "stale_obs_s",
+                     "control_hz"):
             v = getattr(self, name)
             if not (math.isfinite(v) and v > 0):
                 disabled.append(f"{name}={v}")
-        if any(not math.isfinite(v) for v in (*self.joint_low, *self.joint_high, *self.workspace_low, *self.workspace_high)):
-            disabled.append("an infinite joint or workspace limit")
+        for name in ("joint_low", "joint_high", "workspace_low", "workspace_high", "gripper_low", "gripper_high",
+                     "joint_margin"):
+            if not all(math.isfinite(x) for x in np.atleast_1d(getattr(self, name))):
+                disabled.append(f"an infinite {name}")
         if any(lo >= hi for lo, hi in zip(np.add(self.joint_low, self.joint_margin), np.subtract(self.joint_high, self.joint_margin))):
             disabled.append("joint limits that leave no room inside the margin")
         if any(lo >= hi for lo, hi in zip(self.workspace_low, self.workspace_high)) or self.gripper_low >= self.gripper_high:
@@ -79,17 +100,23 @@ class SafetyConfig:
 
 
 # ---------------------------------------------------------------------- the pure checks
+def as_command(a, dim: int) -> tuple[np.ndarray | None, str | None]:
+    """The command as float64 (converted once), or None and the reason to drop it."""
+    try:
+        with np.errstate(all="raise"):
+            x = np.array(a, dtype=np.float64)
+    except (TypeError, ValueError, OverflowError, FloatingPointError):  # OverflowError: a Python int past 1e308
+        return None, "not numeric"
+    if x.shape != (dim,):
+        return None, f"shape {x.shape}, expected ({dim},)"
+    if not np.all(np.isfinite(x)):
+        return None, "NaN or inf"
+    return x, None
+
+
 def finite_and_shaped(a, dim: int) -> str | None:
     """The reason to drop a command, or None."""
-    try:
-        x = np.asarray(a, dtype=np.float64)
-    except (TypeError, ValueError):
-        return "not numeric"
-    if x.shape != (dim,):
-        return f"shape {x.shape}, expected ({dim},)"
-    if not np.all(np.isfinite(x)):
-        return "NaN or inf"
-    return None
+    return as_command(a, dim)[1]
 
 
 def clamp_joints(q: np.ndarray, low, high, margin: float) -> np.ndarray:
@@ -125,7 +152,9 @@ def limit_workspace(q: np.ndarray, q_prev: np.ndarray, fk: Callable[[np.ndarray]
     return q_prev + lo * (q - q_prev)
 
 
-def clamp_gripper(g: float, low: float, high: float) -> float:
+def clamp_gripper(g: float, low: float, high: float, g_prev: float | None = None, max_delta: float = math.inf) -> float:
+    if g_prev is not None:
+        g = g_prev + float(np.clip(g - g_prev, -max_delta, max_delta))
     return float(np.clip(g, low, high))
 
 
@@ -154,6 +183,8 @@ def violations(prev: np.ndarray, sent: np.ndarray, cfg: SafetyConfig, fk: Callab
         out.append("workspace")
     if not cfg.gripper_low - tol <= sent[-1] <= cfg.gripper_high + tol:
         out.append("gripper")
+    if abs(sent[-1] - prev[-1]) > cfg.max_gripper_delta + tol:
+        out.append("gripper rate")
     return out
 
 
@@ -187,6 +218,7 @@ class SafeRobot:
         self._last_cmd_time = -math.inf
         self._obs_stamp = None  # the robot's stamp of the newest observation
         self._obs_fresh_at = -math.inf  # when (our clock) an observation with a new stamp last arrived
+        self._holding = False  # the watchdog is holding (recorded once per silence, not once per period)
 
     @property
     def dim(self) -> int:
@@ -203,7 +235,28 @@ class SafeRobot:
     # ------------------------------------------------------------------ Robot protocol
     def connect(self) -> None:
         self.robot.connect()
+        n = getattr(self.robot, "action_dim", None)  # known once connected (a remote robot asks its server)
+        if n is not None:
+            try:
+                self.cfg.validate(n_joints=int(n) - 1)  # limits written for another arm are refused
+            except ValueError:
+                self.robot.disconnect()
+                raise
         self.resync()
+
+    def reset_episode(self, seed: int | None = None) -> dict:
+        """An operator's reset of the cell (the driver moves the arm home), refused while the e-stop is latched;
+        the new pose becomes the held target."""
+        if self.estopped:
+            self._trip("estop_latched", "reset refused: the e-stop is latched; call rearm() after checking the cell")
+            raise RuntimeError("the e-stop is latched: reset refused (rearm after checking the cell)")
+        try:
+            self.robot.reset_episode(seed)
+        except (ConnectionError, TimeoutError, OSError) as e:
+            self.estop(f"connection lost while resetting: {e}")
+            raise ConnectionError(f"robot connection lost ({e}); e-stop latched, the arm holds its last target") from e
+        self.resync()
+        return self.get_observation()
 
     def resync(self) -> None:
         """Take the measured pose as the held target (after connecting, or after the cell was reset)."""
@@ -244,7 +297,7 @@ class SafeRobot:
         self.steps += 1
         prev = self._last_sent
         out = prev.copy()
-        bad = finite_and_shaped(action, self.dim)
+        a, bad = as_command(action, self.dim)  # converted once; everything below works on this array
         if self.estopped:
             self._trip("estop_latched", "e-stop is latched; call rearm() after checking the cell")
         elif bad:
@@ -252,7 +305,6 @@ class SafeRobot:
         elif observation_stale(now, self._obs_fresh_at, c.stale_obs_s):
             self._trip("stale_observation", f"no new observation for {now - self._obs_fresh_at:.3f} s (> {c.stale_obs_s})")
         else:
-            a = np.asarray(action, np.float64)
             q = a[:-1]
             for kind, fn in (
                 ("joint_limit", lambda x: clamp_joints(x, c.joint_low, c.joint_high, c.joint_margin)),
@@ -262,14 +314,21 @@ class SafeRobot:
                 ("workspace", lambda x: limit_workspace(x, prev[:-1], self.fk, c.workspace_low, c.workspace_high)),
             ):
                 q2 = fn(q)
-                if np.max(np.abs(q2 - q)) > 1e-9:
+                if np.max(np.abs(q2 - q)) > 1e-6:  # below float32's resolution of a command: not a change
                     self._trip(kind, f"changed by up to {np.max(np.abs(q2 - q)):.4f} rad")
                 q = q2
-            g = clamp_gripper(a[-1], c.gripper_low, c.gripper_high)
-            if g != a[-1]:
+            g = clamp_gripper(a[-1], c.gripper_low, c.gripper_high, prev[-1], c.max_gripper_delta)
+            if abs(g - a[-1]) > 1e-6:
                 self._trip("gripper_limit", f"{a[-1]:.3f} -> {g:.3f}")
             out = np.concatenate([q, [g]])
+            # The last line: an independent audit of the final command. Limits the held target already breaks (an
+            # arm that started outside them) are not counted, so it can still be brought back in.
+            broken = set(violations(prev, out, c, self.fk)) - set(violations(prev, prev, c, self.fk))
+            if broken:
+                self._trip("final_check", f"refused: {', '.join(sorted(broken))}")
+                out = prev.copy()
             self._last_cmd_time = now
+            self._holding = False
         return self._send(out, prev)
 
     def _send(self, out: np.ndarray, prev: np.ndarray) -> np.ndarray:
@@ -278,16 +337,24 @@ class SafeRobot:
         except (ConnectionError, TimeoutError, OSError) as e:
             self.estop(f"connection lost while sending: {e}")
             raise ConnectionError(f"robot connection lost ({e}); e-stop latched, the arm holds its last target") from e
+        except (TypeError, ValueError) as e:  # a driver's reply that is not a command
+            self.estop(f"the robot answered with no valid command: {e}")
+            raise ConnectionError(f"bad reply from the robot ({e}); e-stop latched") from e
+        if sent.shape == out.shape and np.all(np.isfinite(sent)):
+            out = sent  # what actually went out (a driver or a server-side layer may have limited it further)
         self._v_prev = (out[:-1] - prev[:-1]) * self.cfg.control_hz
         self._last_sent = out
         return sent
 
     def check_watchdog(self) -> bool:
-        """Call from the control loop (or a timer): hold the last target when commands stopped. True if it tripped."""
+        """Call from the control loop (or the robot server's idle loop): hold the last target when commands stopped.
+        Holds once per timeout period; the trip is recorded once per silence. True if it held."""
         if self._last_sent is None or not watchdog_expired(self.clock(), self._last_cmd_time, self.cfg.watchdog_s):
             return False
         self.step_trips = []
-        self._trip("watchdog", f"no command for {self.clock() - self._last_cmd_time:.3f} s (> {self.cfg.watchdog_s}); holding")
+        if not self._holding:
+            self._trip("watchdog", f"no command for {self.clock() - self._last_cmd_time:.3f} s (> {self.cfg.watchdog_s}); holding")
+            self._holding = True
         self._v_prev = np.zeros(self.cfg.n_joints)
         self._send(self._last_sent, self._last_sent)
         self._last_cmd_time = self.clock()  # one hold per timeout period
@@ -306,8 +373,9 @@ class SafeRobot:
         self._v_prev = np.zeros(self.cfg.n_joints)
 
     def disconnect(self) -> None:
+        self._last_sent = None  # nothing to hold: the watchdog stays quiet until the next connect
         self.robot.disconnect()
 
 
-__all__ = ["SafetyConfig", "SafeRobot", "Trip", "finite_and_shaped", "clamp_joints", "clamp_step", "clamp_motion",
+__all__ = ["SafetyConfig", "SafeRobot", "Trip", "as_command", "finite_and_shaped", "clamp_joints", "clamp_step", "clamp_motion",
            "limit_workspace", "clamp_gripper", "watchdog_expired", "observation_stale", "violations"]

@@ -22,6 +22,8 @@ from wmrl.core.features import OBS_STATE
 
 
 class SimRealRobot:
+    action_dim = 5  # [4 arm joint targets, gripper]
+
     def __init__(self, task: str = "reach-red", control_hz: float = 10.0, obs_latency_s: float = 0.0,
                  noise_std: float = 0.002, realtime: bool = False, seed: int = 0, image_size: int = 64,
                  cameras: tuple[str, ...] = ("front", "wrist"), twin="real"):

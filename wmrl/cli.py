@@ -1,7 +1,8 @@
 """`wmrl`: one entry point. Each subcommand is a dataclass config parsed by tyro; `--config FILE.yaml` supplies
 defaults that flags then override.
 
-    wmrl demo | collect | eval | train-wm | train-policy | imagine | rank | datasets make | offline | finetune | pgd | deploy | sysid | calibrate-twin | tasks | bench NAME [--json]
+    wmrl demo | collect | eval | train-wm | train-policy | imagine | rank | datasets make | offline | finetune | pgd | deploy |
+         serve-robot | robot-keys | sysid | calibrate-twin | tasks | bench NAME [--json]
 """
 
 from __future__ import annotations
@@ -108,6 +109,8 @@ def _commands() -> dict[str, tuple[type, Callable[[Any], Any], str]]:
     from wmrl.rl.ravl import OfflineConfig
     from real_robot.calibration import CalibrateConfig, SysIdConfig, record_sysid
     from wmrl.commands.deploy import DeployConfig, deploy
+    from wmrl.commands.robot_keys import RobotKeysConfig, robot_keys
+    from wmrl.commands.serve_robot import ServeRobotConfig, serve_robot_command
     from wmrl.rl.pgd import PGDConfig
     from wmrl.rl.wsrl import FinetuneConfig
 
@@ -124,6 +127,8 @@ def _commands() -> dict[str, tuple[type, Callable[[Any], Any], str]]:
         "finetune": (FinetuneConfig, _finetune, "offline-to-online fine-tuning: wsrl | naive | naive-retain"),
         "pgd": (PGDConfig, _pgd, "policy-guided diffusion: td3bc | iql on synthetic + real data"),
         "deploy": (DeployConfig, deploy, "run a policy on a robot arm: safety layer, sync | async | aligned chunks"),
+        "serve-robot": (ServeRobotConfig, serve_robot_command, "serve a robot arm with server-side safety (loopback, or CURVE keys)"),
+        "robot-keys": (RobotKeysConfig, robot_keys, "make CURVE key pairs for an authenticated robot link"),
         "sysid": (SysIdConfig, record_sysid, "record system-identification episodes on the sim-real arm"),
         "calibrate-twin": (CalibrateConfig, _calibrate, "fit the digital twin's parameters to logged robot episodes (CMA-ES)"),
         "tasks": (TasksConfig, _tasks, "list the registered tasks"),
@@ -186,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = tyro.cli(cls, args=rest, default=default, prog=f"wmrl {name}", description=doc)
     try:
         result = fn(cfg)
-    except (ValueError, FileExistsError, FileNotFoundError, KeyError, RuntimeError, FloatingPointError, ConnectionError) as e:
+    except (ValueError, OSError, KeyError, RuntimeError, FloatingPointError, ConnectionError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if name not in ("tasks", "bench") and isinstance(result, dict):

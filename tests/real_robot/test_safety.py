@@ -147,3 +147,63 @@ def test_fuzzed_commands_never_reach_the_robot_outside_the_limits(robot):
         assert safe.step_trips or kind == 3  # everything but the plausible moves trips something
         prev = sent
     assert bad == 0
+
+
+SETTINGS = ("joint_margin", "max_delta", "max_velocity", "max_acceleration", "max_gripper_delta", "gripper_low",
+            "gripper_high", "control_hz", "watchdog_s", "stale_obs_s")
+
+
+@pytest.mark.parametrize("name", SETTINGS)
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf, -1.0, 0.0])
+def test_every_setting_that_would_disable_a_limit_is_refused_or_needs_unsafe(name, value):
+    cfg = SafetyConfig(**{name: value})
+    if math.isnan(value):  # NaN is never a setting, not even with --unsafe
+        for unsafe in (False, True):
+            with pytest.raises(ValueError, match="NaN"):
+                SafetyConfig(**{name: value, "unsafe": unsafe}).validate()
+        return
+    # settings that still leave every limit working: no margin, or a gripper range that is narrower but not empty
+    if (name, value) in {("joint_margin", 0.0), ("gripper_low", -1.0), ("gripper_low", 0.0), ("gripper_high", 0.0)}:
+        cfg.validate()
+        return
+    with pytest.raises(ValueError, match="--unsafe"):
+        cfg.validate()
+    SafetyConfig(**{name: value, "unsafe": True}).validate()  # allowed, and logged
+
+
+@pytest.mark.parametrize("field,value", [("joint_low", (-1.0, -1.0, -1.0)), ("joint_high", (1.0,) * 5),
+                                         ("workspace_low", (0.0, 0.0)), ("workspace_high", (1.0, 1.0, 1.0, 1.0)),
+                                         ("joint_low", (-1.0, math.nan, -1.0, -1.0)), ("joint_high", ("a", 1, 1, 1))])
+def test_malformed_limit_tuples_are_refused_even_with_unsafe(field, value):
+    with pytest.raises(ValueError):
+        SafetyConfig(**{field: value, "unsafe": True}).validate()
+
+
+def test_limits_for_another_arm_are_refused_at_connect(robot):
+    cfg = SafetyConfig(joint_low=(-1.0,) * 5, joint_high=(1.0,) * 5)
+    cfg.validate()  # consistent by itself ...
+    with pytest.raises(ValueError, match="the robot has 4 joints but the safety limits name 5"):
+        SafeRobot(robot, cfg).connect()  # ... but not for this arm
+
+
+def test_numeric_errors_are_refusals_and_the_gripper_is_rate_limited(robot):
+    safe = SafeRobot(robot, SafetyConfig(stale_obs_s=1e3, max_gripper_delta=0.5))
+    safe.connect()
+    held = safe._last_sent.copy()
+    for bad in ([10**400, 0, 0, 0, 0], [1j, 0, 0, 0, 0], "abcde", [[0, 0, 0, 0, 0]], None):
+        np.testing.assert_allclose(safe.send_action(bad), held, atol=1e-6)
+        assert safe.step_trips == ["invalid_command"]
+    sent = safe.send_action(np.r_[held[:4], 1.0])  # open (-1) -> closed (+1) in one step: 0.5 per step
+    assert sent[-1] == pytest.approx(held[-1] + 0.5) and safe.step_trips == ["gripper_limit"]
+    assert "gripper rate" in violations(held, np.r_[held[:4], 1.0], safe.cfg, forward_kinematics)
+
+
+def test_reset_goes_through_the_layer_and_is_refused_while_estopped(robot):
+    safe = SafeRobot(robot, SafetyConfig(stale_obs_s=1e3))
+    safe.connect()
+    safe.send_action(safe._last_sent + np.r_[0.1, 0, 0, 0, 0])
+    obs = safe.reset_episode(5)
+    np.testing.assert_allclose(safe._last_sent[:4], obs["observation.state"][:4], atol=1e-9)  # home is the held target
+    safe.estop()
+    with pytest.raises(RuntimeError, match="e-stop is latched"):
+        safe.reset_episode(6)

@@ -43,6 +43,10 @@ class DeployConfig:
     safety: SafetyConfig = field(default_factory=SafetyConfig)
     unsafe: bool = False
     """allow safety settings that disable a limit (logged)"""
+    keys: Path | None = None
+    """CURVE keys folder (`wmrl robot-keys`) for a tcp:// robot server that requires them"""
+    client: str = "client"
+    """which client key pair under KEYS/clients/ to use"""
     operator: str = "none"
     """none | scripted (takes over when the policy strays; recovery, then correction) | keyboard (terminal teleop)"""
     out: Path = Path("runs/deploy")
@@ -90,8 +94,10 @@ def deploy(cfg: DeployConfig) -> dict:
     address = cfg.robot
     if cfg.robot == "sim-real":
         address = f"tcp://127.0.0.1:{free_port()}"
-        proc = spawn_sim_robot(address, task=cfg.task, control_hz=cfg.control_hz, obs_latency_s=0.03, seed=cfg.seed)
-    remote = RemoteRobot(address, timeout_s=10.0)
+        # the server applies the same limits in front of the arm; this client's layer is the first line
+        proc = spawn_sim_robot(address, safety=safety, task=cfg.task, control_hz=cfg.control_hz, obs_latency_s=0.03,
+                               seed=cfg.seed)
+    remote = RemoteRobot(address, timeout_s=10.0, keys=cfg.keys, client=cfg.client)
     robot = SafeRobot(remote, safety)
     ecfg = ExecutorConfig(mode=cfg.mode, control_hz=cfg.control_hz)
     rows, writer = [], None
@@ -100,11 +106,11 @@ def deploy(cfg: DeployConfig) -> dict:
         from real_robot.intervention import JointOperator, KeyboardOperator, ScriptedOperator
 
         operator = JointOperator(ScriptedOperator() if cfg.operator == "scripted" else KeyboardOperator())
+    n_server_trips = 0
     try:
         robot.connect()
         for ep in range(cfg.episodes):
-            remote.reset_episode(cfg.seed + ep)
-            robot.resync()
+            robot.reset_episode(cfg.seed + ep)
             n_trips = len(robot.trips)
             if operator is not None:
                 operator.reset()
@@ -115,9 +121,13 @@ def deploy(cfg: DeployConfig) -> dict:
             row = {"episode": ep, "success": bool(final["success"]), "intervention_steps": int(np.sum(np.array(log["phase"]) > 0)),
                    **{k: v for k, v in res.items() if k not in ("log", "final_observation")}}
             rows.append(row)
+            server_trips = remote.trips(n_server_trips)  # what the server's own layer limited, in front of the arm
+            n_server_trips += len(server_trips)
             with open(run / "trips.jsonl", "a") as f:
                 for t in robot.trips[n_trips:]:
-                    f.write(json.dumps({"episode": ep, **t.__dict__}) + "\n")
+                    f.write(json.dumps({"episode": ep, "side": "client", **t.__dict__}) + "\n")
+                for t in server_trips:
+                    f.write(json.dumps({"episode": ep, "side": "server", **t}, default=float) + "\n")
             if log["obs"]:
                 keep = ("observation.images.front", "observation.images.wrist", "observation.state",
                         "observation.environment_state", "task")
@@ -156,7 +166,8 @@ def deploy(cfg: DeployConfig) -> dict:
                "success_rate": float(np.mean([r["success"] for r in rows])) if rows else float("nan"),
                "deadline_miss_rate": float(np.mean([r["deadline_miss_rate"] for r in rows])),
                "stall_rate": float(np.mean([r["stall_rate"] for r in rows])),
-               "safety_trips": len(robot.trips), "estopped": robot.estopped, "time": time.strftime("%Y-%m-%d %H:%M:%S")}
+               "safety_trips": len(robot.trips),
+               "server_safety_trips": n_server_trips, "estopped": robot.estopped, "time": time.strftime("%Y-%m-%d %H:%M:%S")}
     write_json(run / "summary.json", summary)
     return summary
 
