@@ -79,6 +79,9 @@ def test_deploy_benchmark_reports_timing_and_a_clean_fuzz():
     assert r["stale_commands_that_moved"] == 0 and r["stale_commands"] > 0
     assert r["deadline_miss_rate"]["sync_20hz"] > r["deadline_miss_rate"]["aligned_20hz"]  # sync blocks on inference
     assert r["boundary_jerk_ratio_aligned_vs_replace"] < 1.0
+    # the robot server, attacked directly: nothing unsafe at the arm, no crash, no stranger served
+    assert r["server_unsafe_commands_applied"] == 0 and r["server_trips_recorded"] > r["direct_commands"] // 4
+    assert r["server_crashes"] == 0 and r["unauthenticated_accepted"] == 0 and r["allowed_client_served"]
 
 
 def test_twin_benchmark_reports_parameter_recovery():

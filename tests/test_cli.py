@@ -96,3 +96,78 @@ def test_calibrate_twin_refuses_missing_logs_and_unknown_parameters(tmp_path, ca
     assert "not a wmrl LeRobot v3 dataset" in capsys.readouterr().err
     assert main(["calibrate-twin", "--logs", str(tmp_path), "--params", "gravity"]) == 2
     assert "not identifiable" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args,message", [
+    (["collect", "--num-envs", "0"], "--num-envs must be >= 1"),
+    (["collect", "--image-size", "0"], "--image-size must be >= 1"),
+    (["collect", "--noise", "nan"], "--noise: NaN is not a setting"),
+    (["collect", "--codec", "xvid"], "video codec: expected one of"),
+    (["train-wm", "--data", "nowhere", "--holdout", "nan"], "--holdout: NaN is not a setting"),
+    (["train-wm", "--data", "nowhere", "--holdout", "1.5"], "--holdout must be in [0, 1]"),
+    (["deploy", "--safety.joint-margin", "nan"], "NaN"),
+    (["deploy", "--safety.gripper-high", "inf"], "--unsafe"),
+    (["serve-robot", "--address", "tcp://0.0.0.0:5599", "--allow-remote"], "without authentication"),
+])
+def test_bad_input_is_one_line_rc_2_and_leaves_no_folder(tmp_path, capsys, args, message):
+    out = tmp_path / "run"
+    assert main([*args, "--out", str(out)] if args[0] != "serve-robot" else args) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1, err
+    assert not out.exists()  # a run that fails during set-up leaves no folder behind
+
+
+def test_yaml_values_are_type_checked_like_flags(tmp_path, capsys):
+    for text, message in (("episodes: many\n", "episodes: expected an integer, got 'many'"),
+                          ("noise: [1, 2]\n", "noise: expected a number"), ("overwrite: 1\n", "expected true or false"),
+                          ("- a list\n", "expected a mapping of settings"), ("out: {\n", "--config")):
+        (tmp_path / "c.yaml").write_text(text)
+        assert main(["collect", "--config", str(tmp_path / "c.yaml")]) == 2
+        err = capsys.readouterr().err.strip()
+        assert message in err and len(err.splitlines()) == 1, err
+
+
+def test_overwrite_only_deletes_runs_and_datasets(tmp_path, capsys):
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "notes.txt").write_text("mine")
+    for cmd in (["collect", "--episodes", "1", "--num-envs", "1"], ["eval", "--episodes", "1"]):
+        assert main([*cmd, "--out", str(precious), "--overwrite"]) == 2
+        assert "refuses" in capsys.readouterr().err
+        assert (precious / "notes.txt").read_text() == "mine"
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    assert main(["collect", "--episodes", "1", "--out", str(afile / "sub")]) == 2
+    assert "a parent of it is a file" in capsys.readouterr().err
+
+
+def test_resume_with_a_different_config_is_refused(tmp_path):
+    from dataclasses import dataclass
+
+    from wmrl.run import prepare_run_dir, save_config
+
+    @dataclass
+    class Cfg:
+        lr: float = 1e-3
+        steps: int = 10
+        device: str = "cpu"
+        resume: bool = False
+
+    run = prepare_run_dir(tmp_path / "r")
+    save_config(run, Cfg())
+    save_config(prepare_run_dir(run, resume=True), Cfg(steps=20, device="cuda", resume=True))  # longer, elsewhere: fine
+    with pytest.raises(ValueError, match=r"config differs .*lr: 0.001 -> 0.01"):
+        save_config(run, Cfg(lr=1e-2, steps=20, resume=True))
+    with pytest.raises(ValueError, match=r"steps: 20 -> 5"):
+        save_config(run, Cfg(steps=5, resume=True))
+    assert "lr: 0.001" in (run / "config.yaml").read_text()  # the refused config was not written
+    (tmp_path / "x").mkdir()
+    (tmp_path / "x" / "f").write_text("1")
+    with pytest.raises(FileExistsError, match="not a wmrl run"):
+        prepare_run_dir(tmp_path / "x", resume=True)
+
+
+def test_bench_json_stdout_is_the_json_alone(capsys):
+    assert main(["bench", "replay", "--quick", "--json"]) == 0
+    out = capsys.readouterr().out
+    assert json.loads(out)["benchmark"] == "replay"  # no log line before it

@@ -8,8 +8,11 @@ defaults that flags then override.
 from __future__ import annotations
 
 import json
+import math
 import runpy
 import sys
+import types
+import typing
 from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -53,7 +56,10 @@ def _bench(cfg: BenchConfig) -> dict:
     available = sorted(p.stem.replace("_", "-") for p in BENCHMARKS.glob("*.py") if not p.stem.startswith("_"))
     if cfg.name not in available:
         raise ValueError(f"unknown benchmark {cfg.name!r}; valid: {', '.join(available)}")
-    mod = runpy.run_path(str(BENCHMARKS / f"{cfg.name.replace('-', '_')}.py"), run_name="wmrl_bench")
+    import contextlib
+
+    with contextlib.redirect_stdout(sys.stderr):  # libraries' log lines must not precede the JSON on stdout
+        mod = runpy.run_path(str(BENCHMARKS / f"{cfg.name.replace('-', '_')}.py"), run_name="wmrl_bench")
     import inspect
 
     import yaml
@@ -67,7 +73,8 @@ def _bench(cfg: BenchConfig) -> dict:
     params = set(inspect.signature(mod["main"]).parameters) - {"quick"}
     if unknown := set(kwargs) - params:
         raise ValueError(f"--options: {cfg.name} has no option(s) {sorted(unknown)}; valid: {sorted(params) or 'none'}")
-    result = mod["main"](quick=cfg.quick, **kwargs)
+    with contextlib.redirect_stdout(sys.stderr):
+        result = mod["main"](quick=cfg.quick, **kwargs)
     print(json.dumps(result, indent=None if cfg.json else 2))
     return result
 
@@ -136,20 +143,101 @@ def _commands() -> dict[str, tuple[type, Callable[[Any], Any], str]]:
     }
 
 
+def _coerce(value: Any, tp: Any, where: str) -> Any:
+    """`value` from YAML as the field type `tp`, or a ValueError naming the key: the same types flags accept."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for a in (a for a in args if a is not type(None)):
+            try:
+                return _coerce(value, a, where)
+            except ValueError as e:
+                errors.append(str(e))
+        raise ValueError(errors[0] if errors else f"{where}: null is not allowed")
+    if tp is Any:
+        return value
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise ValueError(f"{where}: expected a list, got {value!r}")
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_coerce(v, args[0], f"{where}[{i}]") for i, v in enumerate(value))
+        if args and len(args) != len(value):
+            raise ValueError(f"{where}: expected {len(args)} values, got {len(value)}")
+        return tuple(_coerce(v, a, f"{where}[{i}]") for i, (v, a) in enumerate(zip(value, args or [Any] * len(value))))
+    if origin is typing.Literal:
+        if value not in args:
+            raise ValueError(f"{where}: expected one of {list(args)}, got {value!r}")
+        return value
+    if is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ValueError(f"{where}: expected a mapping, got {value!r}")
+        return _from_dict(tp, value, where)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ValueError(f"{where}: expected true or false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{where}: expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{where}: expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ValueError(f"{where}: expected a string, got {value!r}")
+        return value
+    if tp is Path:
+        if not isinstance(value, str) or not value:
+            raise ValueError(f"{where}: expected a path, got {value!r}")
+        return Path(value)
+    return value
+
+
 def _from_dict(cls: type, raw: dict, where: str) -> Any:
-    """Build a (possibly nested) config dataclass from a YAML mapping; unknown keys are errors."""
+    """Build a (possibly nested) config dataclass from a YAML mapping; unknown keys and values of the wrong type
+    are errors naming the key."""
+    if not isinstance(raw, dict):
+        raise ValueError(f"{where}: expected a mapping of settings, got {type(raw).__name__}")
     known = {f.name: f for f in fields(cls)}
     unknown = set(raw) - set(known)
     if unknown:
-        raise ValueError(f"{where}: unknown keys {sorted(unknown)}; valid: {sorted(known)}")
-    kw = {}
-    for k, v in raw.items():
-        f = known[k]
-        if isinstance(v, dict) and callable(f.default_factory) and is_dataclass(f.default_factory()):
-            kw[k] = _from_dict(type(f.default_factory()), v, f"{where}.{k}")
-        else:
-            kw[k] = Path(v) if "Path" in str(f.type) and v is not None else v
-    return cls(**kw)
+        raise ValueError(f"{where}: unknown keys {sorted(map(str, unknown))}; valid: {sorted(known)}")
+    hints = typing.get_type_hints(cls)
+    return cls(**{k: _coerce(v, hints[k], f"{where}: {k}") for k, v in raw.items()})
+
+
+# Ranges every command shares, checked before any work (a command checks its own fields too).
+AT_LEAST_ONE = ("num_envs", "image_size", "episodes", "batch_size", "workers")
+UNIT_INTERVAL = ("holdout", "failures", "perturbed")
+
+
+def check_numbers(cfg: Any, where: str = "") -> None:
+    """NaN in any number, and the shared ranges above, are refused with the flag named."""
+    from real_robot.safety import SafetyConfig
+
+    if isinstance(cfg, SafetyConfig):
+        return  # validated by itself (inf there needs --unsafe)
+    for f in fields(cfg):
+        v, flag = getattr(cfg, f.name), f"--{where}{f.name.replace('_', '-')}"
+        if is_dataclass(v):
+            check_numbers(v, f"{where}{f.name}.")
+            continue
+        vals = v if isinstance(v, tuple) else (v,)
+        for x in vals:
+            if isinstance(x, float) and math.isnan(x):
+                raise ValueError(f"{flag}: NaN is not a setting")
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            continue
+        if f.name in AT_LEAST_ONE and v < 1:
+            raise ValueError(f"{flag} must be >= 1, got {v}")
+        if f.name in UNIT_INTERVAL and not 0 <= v <= 1:
+            raise ValueError(f"{flag} must be in [0, 1], got {v}")
+        if f.name in ("noise", "seed") and v < 0 or (isinstance(v, float) and math.isinf(v) and f.name == "noise"):
+            raise ValueError(f"{flag} must be a finite number >= 0, got {v}")
 
 
 def _defaults_from_yaml(cls: type, path: str) -> Any:
@@ -184,15 +272,22 @@ def main(argv: list[str] | None = None) -> int:
         i = rest.index("--config")
         try:
             default = _defaults_from_yaml(cls, rest[i + 1])
-        except (IndexError, OSError, ValueError, TypeError) as e:
-            print(f"error: --config: {e}", file=sys.stderr)
+        except (IndexError, OSError, ValueError, TypeError, yaml.YAMLError) as e:
+            print(f"error: --config: {str(e).splitlines()[0]}", file=sys.stderr)
             return 2
         rest = rest[:i] + rest[i + 2 :]
     cfg = tyro.cli(cls, args=rest, default=default, prog=f"wmrl {name}", description=doc)
+    out = getattr(cfg, "out", None)
+    fresh = isinstance(out, Path) and not out.exists()
     try:
+        check_numbers(cfg)
         result = fn(cfg)
     except (ValueError, OSError, KeyError, RuntimeError, FloatingPointError, ConnectionError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        if fresh:
+            from wmrl.run import discard_if_unused
+
+            discard_if_unused(out)  # a run that failed during set-up leaves no folder behind
+        print(f"error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
         return 2
     if name not in ("tasks", "bench") and isinstance(result, dict):
         print(json.dumps({k: v for k, v in result.items() if k != "videos"}, default=str))

@@ -12,18 +12,42 @@ from typing import Any
 
 import yaml
 
+from wmrl.core.io import RUN_MARKER, check_out, recognise, remove_for_overwrite, write_json
+
+
+SETUP_FILES = {RUN_MARKER, "config.yaml"}
+
 
 def prepare_run_dir(out: str | Path, overwrite: bool = False, resume: bool = False) -> Path:
+    """The run folder `out`, made (with its marker) or, with `overwrite`, replaced: only a run or a dataset is ever
+    deleted. `resume` needs an existing run."""
     out = Path(out)
     if overwrite and resume:
         raise ValueError("--overwrite and --resume exclude each other")
+    check_out(out)
     if out.exists() and any(out.iterdir()):
         if overwrite:
-            shutil.rmtree(out)
+            remove_for_overwrite(out)
         elif not resume:
             raise FileExistsError(f"{out} already exists; pass --overwrite to replace it or --resume to continue it")
+        elif recognise(out) != "run":
+            raise FileExistsError(f"--resume {out}: not a wmrl run folder")
     out.mkdir(parents=True, exist_ok=True)
+    if not (out / RUN_MARKER).exists():
+        write_json(out / RUN_MARKER, {"kind": "wmrl-run", "created": time.strftime("%Y-%m-%d %H:%M:%S")})
     return out
+
+
+def discard_if_unused(out: str | Path) -> bool:
+    """After a command failed during set-up: remove the run folder it made if it holds nothing but set-up files
+    (so the corrected rerun needs no --overwrite). True if removed."""
+    out = Path(out)
+    if out.is_symlink() or not out.is_dir() or recognise(out) != "run":
+        return False
+    if not {p.name for p in out.iterdir()} <= SETUP_FILES:
+        return False
+    shutil.rmtree(out)
+    return True
 
 
 def _plain(obj: Any) -> Any:
@@ -38,10 +62,37 @@ def _plain(obj: Any) -> Any:
     return obj
 
 
+# Settings that may differ between a run and its resumption (where and how fast, not what is computed).
+RESUME_MAY_CHANGE = {"resume", "overwrite", "device", "threads", "progress", "wandb", "amp", "workers", "ckpt_every",
+                     "log_every", "eval_every", "keep_every"}
+BUDGETS = {"steps", "iterations", "epochs"}  # and every `*_steps`: may grow on resume (train longer), never shrink
+
+
 def save_config(run_dir: Path, cfg: Any) -> None:
+    """Write `config.yaml`; on `--resume`, refuse a config that differs from the saved one (besides
+    `RESUME_MAY_CHANGE`) instead of rewriting it."""
     from wmrl.core.io import atomic_path
 
-    with atomic_path(run_dir / "config.yaml") as tmp:
+    path = run_dir / "config.yaml"
+    if getattr(cfg, "resume", False) and path.exists():
+        try:
+            saved = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as e:
+            raise ValueError(f"{path}: unreadable ({str(e).splitlines()[0]}); cannot check the resumed config") from None
+        now = _plain(cfg)
+        if not isinstance(saved, dict):
+            raise ValueError(f"{path}: not a mapping of settings; cannot check the resumed config")
+
+        def grows(k):
+            return (k in BUDGETS or k.endswith("_steps")) and isinstance(saved.get(k), int) and isinstance(now.get(k), int) and now[k] >= saved[k]
+
+        diff = sorted(k for k in set(saved) | set(now)
+                      if k not in RESUME_MAY_CHANGE and saved.get(k) != now.get(k) and not grows(k))
+        if diff:
+            shown = ", ".join(f"{k}: {saved.get(k)!r} -> {now.get(k)!r}" for k in diff[:4])
+            raise ValueError(f"--resume {run_dir}: the config differs from the run's config.yaml ({shown}"
+                             f"{', ...' if len(diff) > 4 else ''}); resume with the same settings or use a new --out")
+    with atomic_path(path) as tmp:  # new, or the same settings (a longer budget at most) on resume
         tmp.write_text(yaml.safe_dump(_plain(cfg), sort_keys=False))
 
 

@@ -183,3 +183,70 @@ def test_reads_lerobot_written_layout(tmp_path):
     own = np.abs(ep1["observation.images.top"].astype(int) - frames[sl].astype(int)).mean()
     other = np.abs(ep1["observation.images.top"][:4].astype(int) - frames[:4].astype(int)).mean()
     assert own < other
+
+
+@pytest.mark.parametrize("field,value,match", [
+    ("data_path", "/etc/{chunk_index}.parquet", "leaves the dataset root"),
+    ("data_path", "../../outside/file-{file_index:03d}.parquet", "leaves the dataset root"),
+    ("data_path", "data/{file_index.__class__.__name__}.parquet", "may only use"),
+    ("data_path", "data/{chunk_index!r}.parquet", "may only use"),
+    ("data_path", "data/{video_key}.parquet", "may only use"),
+    ("data_path", "data/{0}.parquet", "may only use"),
+    ("data_path", "data/{chunk_index:>{file_index}}.parquet", "may only use"),
+    ("video_path", "videos/{video_key}/../../../x-{chunk_index}-{file_index}.mp4", "leaves the dataset root"),
+    ("video_path", "{video_key.__init__.__globals__}", "may only use"),
+])
+def test_crafted_templates_are_refused_with_one_line(tmp_path, field, value, match):
+    frames, state, lengths = _lerobot_style_dataset(tmp_path)
+    info = json.loads((tmp_path / "meta/info.json").read_text())
+    (tmp_path / "meta/info.json").write_text(json.dumps({**info, field: value}))
+    with pytest.raises(DatasetError, match=match) as e:
+        LeRobotV3Dataset(tmp_path).episode(0)
+    assert "\n" not in str(e.value) and "info.json" in str(e.value)
+
+
+@pytest.mark.parametrize("column,value", [("data/chunk_index", "../../x"), ("data/file_index", -1),
+                                          ("data/chunk_index", 1.5), ("videos/observation.images.top/file_index", "0/../..")])
+def test_episodes_table_cannot_inject_path_parts(tmp_path, column, value):
+    _lerobot_style_dataset(tmp_path)
+    path = tmp_path / "meta/episodes/chunk-000/file-000.parquet"
+    rows = pq.read_table(path).to_pylist()
+    for r in rows:
+        r[column] = value
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    with pytest.raises(DatasetError, match="non-negative integer|leaves the dataset root"):
+        LeRobotV3Dataset(tmp_path).episode(0)
+
+
+@pytest.mark.parametrize("bad", ["/etc/passwd", "../secret.png", "images/../../secret.png", "~/x.png"])
+def test_image_path_columns_cannot_point_outside(tmp_path, bad):
+    _lerobot_style_dataset(tmp_path)
+    (tmp_path.parent / "secret.png").write_bytes(b"not yours")
+    path = tmp_path / "data/chunk-000/file-000.parquet"
+    table = pq.read_table(path)
+    col = [{"bytes": None, "path": bad} for _ in range(table.num_rows)]
+    table = table.set_column(table.column_names.index("observation.images.side"), "observation.images.side",
+                             pa.array(col, type=table.schema.field("observation.images.side").type))
+    pq.write_table(table, path)
+    with pytest.raises(DatasetError, match="leaves the dataset root"):
+        LeRobotV3Dataset(tmp_path).episode(0)
+
+
+def test_resume_never_writes_or_deletes_through_a_symlink(tmp_path, episode_factory):
+    ep = episode_factory(4)
+    root, outside = tmp_path / "ds", tmp_path / "outside"
+    w = LeRobotV3Writer(root, fps=10, features=features_for(ep))
+    write_episode(w, ep)
+    # the user (or an attacker) moved the data folder elsewhere and left a link; a stale file sits there too
+    outside.mkdir()
+    (root / "data/chunk-000").rename(outside / "chunk-000")
+    (root / "data/chunk-000").symlink_to(outside / "chunk-000")
+    (outside / "chunk-000/file-007.parquet").write_bytes(b"sentinel")
+    (outside / "chunk-000/.leftover.tmp").write_bytes(b"sentinel")
+    before = sorted(p.name for p in (outside / "chunk-000").iterdir())
+    assert LeRobotV3Dataset(root).episode(0)["action"].shape[0] == 5  # reading through the user's link is fine
+    w2 = LeRobotV3Writer(root, fps=10, features=features_for(ep), mode="resume")
+    with pytest.raises(DatasetError, match="is a symlink"):
+        write_episode(w2, episode_factory(3))
+    assert sorted(p.name for p in (outside / "chunk-000").iterdir()) == before  # nothing written or deleted there
+    assert (outside / "chunk-000/file-007.parquet").read_bytes() == b"sentinel"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -42,6 +43,16 @@ def collect(cfg: CollectConfig, progress: bool = True) -> dict:
     from wmrl.eval import evaluate
     from wmrl.factory import make_policy
 
+    from wmrl.core.io import check_out, recognise
+    from wmrl.datasets.video import check_codec
+
+    check_codec(cfg.codec)  # before simulating anything
+    check_out(cfg.out)
+    for name in ("num_envs", "image_size", "post_success_steps"):
+        if getattr(cfg, name) < (0 if name == "post_success_steps" else 1):
+            raise ValueError(f"--{name.replace('_', '-')} must be >= {0 if name == 'post_success_steps' else 1}, got {getattr(cfg, name)}")
+    if not (math.isfinite(cfg.noise) and cfg.noise >= 0):
+        raise ValueError(f"--noise must be a finite number >= 0, got {cfg.noise}")
     if cfg.episodes <= 0:
         raise ValueError(f"--episodes must be positive, got {cfg.episodes}")
     if not 0.0 <= cfg.failures <= 1.0:
@@ -49,8 +60,13 @@ def collect(cfg: CollectConfig, progress: bool = True) -> dict:
     if not 0.0 <= cfg.perturbed <= 1.0:
         raise ValueError(f"--perturbed must be in [0, 1], got {cfg.perturbed}")
     mode = "overwrite" if cfg.overwrite else ("resume" if cfg.resume else "create")
-    if mode == "create" and cfg.out.exists() and any(cfg.out.iterdir()):
+    if cfg.overwrite and cfg.resume:
+        raise ValueError("--overwrite and --resume exclude each other")
+    existing = cfg.out.exists() and (not cfg.out.is_dir() or any(cfg.out.iterdir()))
+    if mode == "create" and existing:
         raise FileExistsError(f"{cfg.out} already exists; pass --overwrite to replace it or --resume to append")
+    if existing and recognise(cfg.out) != "dataset" and not (mode == "overwrite" and recognise(cfg.out) == "run"):
+        raise FileExistsError(f"{cfg.out} is not a LeRobot dataset; --{mode} refuses to touch it")
     env = sim.make_vector_env(cfg.task, cfg.num_envs, image_size=cfg.image_size,
                               post_success_steps=cfg.post_success_steps)
     try:

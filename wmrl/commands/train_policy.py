@@ -106,7 +106,7 @@ def bc_train(policy, replay, steps: int, batch_size: int, lr: float, run: Path |
              keep_every: int = 0, start_step: int = 0, opt: torch.optim.Optimizer | None = None, tracker=None,
              progress: bool = True, desc: str = "bc") -> dict:
     """Behaviour cloning: `policy.forward(batch)` minimised for `steps` steps on windows of `replay`."""
-    from wmrl.core.checkpoint import save_train_state
+    from wmrl.core.checkpoint import commit_checkpoint, save_train_state
 
     opt = opt or torch.optim.AdamW(policy.parameters(), lr, weight_decay=1e-4)
     policy.train()
@@ -129,9 +129,8 @@ def bc_train(policy, replay, steps: int, batch_size: int, lr: float, run: Path |
             tracker.log({"bc_loss": float(np.mean(losses[-50:])), **info}, step=step)
             bar.set_postfix(loss=f"{np.mean(losses[-50:]):.3f}")
         if run is not None and (step % ckpt_every == 0 or step == steps):
-            ck = run / "checkpoints" / "last"
-            policy.save(ck)
-            save_train_state(ck, step, {"policy": opt}, replay_rng=replay.rng.bit_generator.state)
+            commit_checkpoint(run / "checkpoints", step, lambda d: (
+                policy.save(d), save_train_state(d, step, {"policy": opt}, replay_rng=replay.rng.bit_generator.state)))
         if run is not None and keep_every and step % keep_every == 0:
             policy.save(run / "checkpoints" / f"step_{step:06d}")
     bar.close()
@@ -142,7 +141,7 @@ def bc_train(policy, replay, steps: int, batch_size: int, lr: float, run: Path |
 
 def train_policy(cfg: TrainPolicyConfig, progress: bool = True) -> dict:
     from policies.vla import VLAConfig, VLAPolicy
-    from wmrl.core.checkpoint import load_train_state
+    from wmrl.core.checkpoint import load_train_state, resume_checkpoint
     from wmrl.run import Tracker, prepare_run_dir, save_config
 
     if cfg.threads:
@@ -153,8 +152,8 @@ def train_policy(cfg: TrainPolicyConfig, progress: bool = True) -> dict:
     dss, replay = load_replay(cfg.data, cfg.seed, cfg.successful_only)
     weight_interventions(replay, cfg.intervention_weight)
     pcfg = VLAConfig.from_dataset(dss, head=cfg.head, chunk_size=cfg.chunk_size, n_action_steps=cfg.n_action_steps, **cfg.extra)
-    ck = run / "checkpoints" / "last"
-    resuming = cfg.resume and (ck / "train_state.json").exists()
+    ck, _ = resume_checkpoint(run / "checkpoints") if cfg.resume else (None, 0)
+    resuming = ck is not None
     policy = VLAPolicy.load(ck, device=cfg.device) if resuming else VLAPolicy(pcfg).to(cfg.device)
     opt = torch.optim.AdamW(policy.parameters(), cfg.lr, weight_decay=1e-4)
     start = 0

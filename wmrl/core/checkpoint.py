@@ -1,12 +1,22 @@
 """Model checkpoints: `model.safetensors` + `config.json` in a folder, written atomically. Never pickle: configs are
-JSON, tensors are safetensors, so loading an untrusted checkpoint runs no code."""
+JSON, tensors are safetensors, so loading an untrusted checkpoint runs no code.
+
+Training checkpoints are self-consistent: `commit_checkpoint(home, step, write)` fills a new folder
+`home/ckpt-<step>`, records every file's SHA-256 and the step in its `manifest.json`, then switches the `home/last`
+link to it with one atomic rename. A kill at any point leaves `last` at the previous complete checkpoint;
+`resume_checkpoint` verifies the manifest and refuses (one line naming the file) anything missing or changed."""
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
+import logging
+import os
+import re
+import shutil
 from pathlib import Path
-from typing import TypeVar
+from typing import Callable, TypeVar
 
 import torch
 
@@ -35,7 +45,13 @@ def read_config(path: str | Path, cls: type[C], expect: C | None = None, what: s
     path = Path(path)
     if not (path / "config.json").exists() or not (path / "model.safetensors").exists():
         raise FileNotFoundError(f"{path}: not a {what} (config.json and model.safetensors needed)")
-    raw = json.loads((path / "config.json").read_text())
+    verify_checkpoint(path)
+    try:
+        raw = json.loads((path / "config.json").read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path / 'config.json'}: not valid JSON ({e})") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path / 'config.json'}: expected a JSON object of settings")
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(raw) - names)
     if unknown:
@@ -43,7 +59,10 @@ def read_config(path: str | Path, cls: type[C], expect: C | None = None, what: s
     for f in dataclasses.fields(cls):  # JSON has lists where the dataclass has tuples
         if f.name in raw and isinstance(f.default, tuple):
             raw[f.name] = tuple(raw[f.name])
-    cfg = cls(**raw)
+    try:
+        cfg = cls(**raw)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{path / 'config.json'}: {e}") from None
     if expect is not None and dataclasses.asdict(expect) != dataclasses.asdict(cfg):
         diff = {k: (v, getattr(expect, k)) for k, v in dataclasses.asdict(cfg).items() if getattr(expect, k) != v}
         raise ValueError(f"{path}: checkpoint config differs from the requested one (checkpoint, requested): {diff}")
@@ -53,14 +72,25 @@ def read_config(path: str | Path, cls: type[C], expect: C | None = None, what: s
 def load_state(module: torch.nn.Module, path: str | Path, device: str = "cpu") -> torch.nn.Module:
     from safetensors.torch import load_file
 
-    module.load_state_dict(load_file(str(Path(path) / "model.safetensors"), device=device))
+    f = Path(path) / "model.safetensors"
+    try:
+        state = load_file(str(f), device=device)
+    except Exception as e:  # noqa: BLE001 - safetensors raises its own error type for truncated or corrupt files
+        raise ValueError(f"{f}: not a readable safetensors file ({type(e).__name__}: {e})") from None
+    try:
+        module.load_state_dict(state)
+    except RuntimeError as e:
+        raise ValueError(f"{f}: weights do not fit the model its config.json describes ({str(e).splitlines()[0]})") from None
     return module.to(device)
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
-    """A run folder (its `checkpoints/last`) or a checkpoint folder itself."""
+    """A run folder (its `checkpoints/last`), a checkpoint home (its `last`) or a checkpoint folder itself."""
     p = Path(path)
-    return p / "checkpoints" / "last" if (p / "checkpoints" / "last").exists() else p
+    for cand in (p / "checkpoints" / "last", p / "last"):
+        if cand.exists() and (cand / "model.safetensors").exists():
+            return cand
+    return p
 
 
 def save_train_state(ck: str | Path, step: int, optimizers: dict[str, torch.optim.Optimizer], **state) -> None:
@@ -84,3 +114,102 @@ def load_train_state(ck: str | Path, optimizers: dict[str, torch.optim.Optimizer
         opt.load_state_dict(torch.load(ck / f"optim_{name}.pt", weights_only=True, map_location=device))
     torch.set_rng_state(torch.load(ck / "rng_torch.pt", weights_only=True))
     return json.loads((ck / "train_state.json").read_text())
+
+
+# ---------------------------------------------------------------------- self-consistent training checkpoints
+log = logging.getLogger("wmrl.checkpoint")
+MANIFEST = "manifest.json"
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def verify_checkpoint(ck: str | Path) -> dict | None:
+    """The manifest of checkpoint folder `ck` after checking every file it lists against its hash; None for a
+    folder without a manifest (a model saved on its own). A missing or changed file: ValueError naming it."""
+    ck = Path(ck)
+    if not (ck / MANIFEST).exists():
+        return None
+    try:
+        man = json.loads((ck / MANIFEST).read_text())
+        files, step = man["files"], int(man["step"])
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{ck / MANIFEST}: unreadable checkpoint manifest ({e})") from None
+    for name, digest in files.items():
+        f = ck / name
+        if not f.is_file():
+            raise ValueError(f"{f}: missing from the step-{step} checkpoint its manifest describes")
+        if _sha256(f) != digest:
+            raise ValueError(f"{f}: changed since the step-{step} checkpoint was saved (hash mismatch)")
+    return man
+
+
+def commit_checkpoint(home: str | Path, step: int, write: Callable[[Path], None], keep: int = 2) -> Path:
+    """`write(folder)` fills a fresh folder; then the manifest (step + SHA-256 of each file), then `home/last` is
+    switched to it by one atomic rename. The newest `keep` committed checkpoints are kept."""
+    home = Path(home)
+    home.mkdir(parents=True, exist_ok=True)
+    name = f"ckpt-{step:09d}"
+    tmp = home / f".{name}.partial"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    write(tmp)
+    files = {p.name: _sha256(p) for p in sorted(tmp.iterdir()) if p.is_file()}
+    (tmp / MANIFEST).write_text(json.dumps({"step": step, "files": files}, indent=2))
+    for p in tmp.iterdir():
+        with open(p, "rb") as f:
+            os.fsync(f.fileno())
+    final = home / name
+    if final.exists():  # the same step saved again (a rerun of the last save)
+        if (home / "last").is_symlink() and os.readlink(home / "last") == name:
+            _switch_last(home, None)
+        shutil.rmtree(final)
+    os.rename(tmp, final)
+    _switch_last(home, name)
+    committed = sorted(p for p in home.glob("ckpt-*") if re.fullmatch(r"ckpt-\d{9}", p.name))
+    for old in committed[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def _switch_last(home: Path, name: str | None) -> None:
+    link = home / "last"
+    if name is None:
+        link.unlink(missing_ok=True)
+        return
+    if link.exists() and not link.is_symlink():
+        shutil.rmtree(link)  # a `last` folder from before self-consistent checkpoints
+    tmp = home / ".last.tmp"
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(name)
+    os.replace(tmp, link)  # atomic: `last` names the old or the new checkpoint, never half of each
+    fd = os.open(home, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def resume_checkpoint(home: str | Path) -> tuple[Path | None, int]:
+    """(the verified `home/last`, its step) to resume from, or (None, 0) when nothing was committed yet.
+    Refuses, with one line naming the file, a checkpoint that is incomplete, changed or from an older layout."""
+    home = Path(home)
+    last = home / "last"
+    if not last.exists():
+        if last.is_symlink():
+            raise ValueError(f"{last}: points to a checkpoint that is gone; cannot resume")
+        return None, 0
+    man = verify_checkpoint(last)
+    if man is None:
+        raise ValueError(f"{last}: no {MANIFEST}, so its files cannot be checked against each other (an older wmrl "
+                         f"or an interrupted save); resume refused")
+    state_step = json.loads((last / "train_state.json").read_text()).get("step") if (last / "train_state.json").exists() else None
+    if state_step is not None and state_step != man["step"]:
+        raise ValueError(f"{last / 'train_state.json'}: step {state_step} but the manifest says {man['step']}; resume refused")
+    log.warning("resuming from step %d (%s)", man["step"], last.resolve())
+    return last, int(man["step"])

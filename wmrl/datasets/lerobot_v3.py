@@ -19,8 +19,10 @@ with many episodes per file, image features (PNG in parquet) and AV1 or h264 vid
 from __future__ import annotations
 
 import json
-import shutil
-from pathlib import Path
+import os
+import re
+import string
+from pathlib import Path, PurePosixPath
 from typing import Any, Iterator
 
 import numpy as np
@@ -29,7 +31,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from wmrl.core.features import INDEX_FEATURES, TASK
-from wmrl.core.io import atomic_path, write_json
+from wmrl.core.io import atomic_path, remove_for_overwrite, write_json
 from wmrl.datasets.video import decode_video, encode_video, video_info
 
 CODEBASE_VERSION = "v3.0"
@@ -49,6 +51,55 @@ NUMERIC = ("float32", "float64", "int64", "int32", "int16", "uint8")
 
 class DatasetError(ValueError):
     """A dataset file is missing, corrupt or inconsistent. The message names the file and what is wrong."""
+
+
+# ---------------------------------------------------------------------- paths stay inside the root
+TEMPLATE_FIELDS = ("chunk_index", "file_index", "video_key")
+
+
+def check_relative(rel: str, what: str) -> str:
+    """`rel` if it is a relative path that stays inside the dataset root (no absolute path, no '..')."""
+    if not isinstance(rel, str) or not rel or "\x00" in rel or "\\" in rel:
+        raise DatasetError(f"{what}: {rel!r} is not a relative path")
+    parts = PurePosixPath(rel).parts
+    if rel.startswith(("/", "~")) or ".." in parts or (parts and parts[0].endswith(":")):
+        raise DatasetError(f"{what}: {rel!r} leaves the dataset root (absolute or '..'); refused")
+    return rel
+
+
+def format_path(template: str, what: str, **values) -> str:
+    """A path template (LeRobot's `data_path`/`video_path`) formatted with integer indices (and the video key) only:
+    no attribute or item access, no conversions, integer format specs; the result must stay inside the root."""
+    if not isinstance(template, str):
+        raise DatasetError(f"{what}: path template must be a string, got {template!r}")
+    try:
+        parsed = list(string.Formatter().parse(template))
+    except ValueError as e:
+        raise DatasetError(f"{what}: malformed path template {template!r} ({e})") from None
+    for _, name, spec, conversion in parsed:
+        if name is None:
+            continue
+        if name not in values or conversion is not None or not re.fullmatch(r"0?[0-9]{0,2}d?", spec or ""):
+            raise DatasetError(f"{what}: path template {template!r} may only use "
+                               f"{{{'}, {'.join(n for n in TEMPLATE_FIELDS if n in values)}}} with an integer format; "
+                               f"got {{{name}{'!' + conversion if conversion else ''}{':' + spec if spec else ''}}}")
+    for k, v in values.items():
+        if k == "video_key":
+            if not isinstance(v, str):
+                raise DatasetError(f"{what}: video key must be a string, got {v!r}")
+        elif not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise DatasetError(f"{what}: {k} must be a non-negative integer, got {v!r}")
+    return check_relative(template.format(**values), what)
+
+
+def _no_symlink_below(root: Path, path: Path) -> None:
+    """Refuse a path any of whose components below `root` (the file itself included) is a symlink: the writer
+    never writes or deletes through one (the user's root itself may be a link)."""
+    p = root
+    for part in path.relative_to(root).parts:
+        p = p / part
+        if p.is_symlink():
+            raise DatasetError(f"{p}: is a symlink; the dataset writer never writes or deletes through a link")
 
 
 def _arrow_type(ft: dict) -> pa.DataType:
@@ -129,7 +180,7 @@ class LeRobotV3Writer:
         if exists and mode == "create":
             raise FileExistsError(f"{self.root} already exists; pass overwrite (start again) or resume (append)")
         if exists and mode == "overwrite":
-            shutil.rmtree(self.root)
+            remove_for_overwrite(self.root)  # only a dataset (or a run) is ever deleted
         self.fps, self.codec, self.crf, self.chunks_size = int(fps), codec, crf, chunks_size
         self.robot_type = robot_type
         self.extra_meta = extra_meta or {}
@@ -150,6 +201,17 @@ class LeRobotV3Writer:
         if exists and mode == "resume":
             self._resume()
         self.root.mkdir(parents=True, exist_ok=True)
+
+    def _target(self, rel: str) -> Path:
+        """Where the writer may write `rel`: inside the root, through no symlink; parent folders made one by one."""
+        path = self.root / check_relative(rel, str(self.root))
+        _no_symlink_below(self.root, path)
+        d = self.root
+        for part in path.relative_to(self.root).parts[:-1]:
+            d = d / part
+            d.mkdir(exist_ok=True)
+            _no_symlink_below(self.root, d)  # a link made between the check and the mkdir
+        return path
 
     # ----------------------------------------------------------------- metadata
     @property
@@ -178,12 +240,16 @@ class LeRobotV3Writer:
         self.tasks = {t: i for i, t in enumerate(ds.tasks)}
         # Remove files a crash left behind after their rename but before the episodes table committed them.
         committed = {(e["data/chunk_index"], e["data/file_index"]) for e in self.episodes}
-        for p in sorted((self.root / "data").glob("chunk-*/file-*.parquet")):
-            key = (int(p.parent.name[6:]), int(p.stem[5:]))
-            if key not in committed:
-                p.unlink()
-        for p in self.root.rglob(".*.tmp"):
-            p.unlink()
+        for dirpath, dirnames, filenames in os.walk(self.root):  # os.walk does not descend into symlinked folders
+            d = Path(dirpath)
+            for name in filenames:
+                p = d / name
+                leftover = name.startswith(".") and name.endswith(".tmp")
+                if d.parent == self.root / "data" and re.fullmatch(r"chunk-\d+", d.name) and re.fullmatch(r"file-\d+\.parquet", name):
+                    leftover = (int(d.name[6:]), int(p.stem[5:])) not in committed
+                if leftover and not p.is_symlink():
+                    _no_symlink_below(self.root, p)
+                    p.unlink()
         # Rebuild running stats from the per-episode stats stored in the episodes table.
         for e in self.episodes:
             for k in self._stat_keys():
@@ -266,7 +332,7 @@ class LeRobotV3Writer:
         # 1. videos (not globbed by loaders; a leftover is harmless)
         for k in self.video_keys:
             frames = np.stack([f[k] for f in self.buffer])
-            path = self.root / VIDEO_PATH.format(video_key=k, chunk_index=chunk, file_index=file)
+            path = self._target(format_path(VIDEO_PATH, "video_path", video_key=k, chunk_index=chunk, file_index=file))
             with atomic_path(path) as tmp:
                 encode_video(frames, tmp, self.fps, codec=self.codec, crf=self.crf)
             row.update({f"videos/{k}/chunk_index": chunk, f"videos/{k}/file_index": file,
@@ -296,7 +362,7 @@ class LeRobotV3Writer:
             arrays.append(arr)
             fields.append(pa.field(k, typ))
         table = pa.Table.from_arrays(arrays, schema=pa.schema(fields))
-        with atomic_path(self.root / DATA_PATH.format(chunk_index=chunk, file_index=file)) as tmp:
+        with atomic_path(self._target(format_path(DATA_PATH, "data_path", chunk_index=chunk, file_index=file))) as tmp:
             pq.write_table(table, tmp)
         self.episodes.append(row)
         self._write_episodes()
@@ -306,12 +372,12 @@ class LeRobotV3Writer:
 
     def _write_tasks(self) -> None:
         df = pd.DataFrame({"task_index": list(self.tasks.values())}, index=pd.Index(list(self.tasks), name="task"))
-        with atomic_path(self.root / "meta/tasks.parquet") as tmp:
+        with atomic_path(self._target("meta/tasks.parquet")) as tmp:
             df.to_parquet(tmp)
 
     def _write_episodes(self) -> None:
         table = pa.Table.from_pylist(self.episodes)
-        with atomic_path(self.root / EPISODES_PATH.format(chunk_index=0, file_index=0)) as tmp:
+        with atomic_path(self._target(EPISODES_PATH.format(chunk_index=0, file_index=0))) as tmp:
             pq.write_table(table, tmp)
 
     def _write_meta(self) -> None:
@@ -320,7 +386,7 @@ class LeRobotV3Writer:
             d = rs.result()
             d = _image_stats_layout(d) if k in self.video_keys else {s: np.asarray(v).reshape(-1) for s, v in d.items()}
             stats[k] = {s: np.asarray(v).tolist() for s, v in d.items()}
-        write_json(self.root / "meta/stats.json", stats)
+        write_json(self._target("meta/stats.json"), stats)
         n_ep = len(self.episodes)
         info = {
             "codebase_version": CODEBASE_VERSION,
@@ -337,8 +403,8 @@ class LeRobotV3Writer:
             "video_path": VIDEO_PATH if self.video_keys else None,
             "features": self.features,
         }
-        write_json(self.root / "meta/info.json", info)
-        write_json(self.root / "meta/wmrl.json", {"writer": "wmrl", "codec": self.codec, "crf": self.crf, **self.extra_meta})
+        write_json(self._target("meta/info.json"), info)
+        write_json(self._target("meta/wmrl.json"), {"writer": "wmrl", "codec": self.codec, "crf": self.crf, **self.extra_meta})
 
     def finalize(self) -> None:
         """Drop any unsaved frames and make sure the metadata is complete."""
@@ -365,8 +431,19 @@ class LeRobotV3Dataset:
         for key in ("fps", "features"):
             if key not in self.info:
                 raise DatasetError(f"{info_path}: missing the {key!r} field")
+        if not isinstance(self.info["fps"], (int, float)) or not self.info["fps"] > 0:
+            raise DatasetError(f"{info_path}: fps must be a positive number, got {self.info['fps']!r}")
         self.fps = int(self.info["fps"])
-        self.features: dict[str, dict] = self.info["features"]
+        feats = self.info["features"]
+        if not isinstance(feats, dict) or not all(isinstance(v, dict) and "dtype" in v for v in feats.values()):
+            raise DatasetError(f"{info_path}: features must map names to {{dtype, shape, ...}}")
+        self.features: dict[str, dict] = feats
+        # the templates are checked now, so a crafted dataset fails on opening with its file named
+        self._data_path(0, 0)
+        for k in self.camera_keys:
+            if feats[k]["dtype"] == "video":
+                format_path(self.info.get("video_path") or VIDEO_PATH, f"{info_path}: video_path", video_key=k,
+                            chunk_index=0, file_index=0)
         self.tasks = self._read_tasks()
         self.episodes = self._read_episodes()
         self._tables: dict[Path, pa.Table] = {}
@@ -434,8 +511,12 @@ class LeRobotV3Dataset:
         return {k: {s: np.asarray(v, dtype=np.float64) for s, v in d.items()} for k, d in raw.items()}
 
     # ----------------------------------------------------------------- data
+    def _data_path(self, chunk, file) -> Path:
+        return self.root / format_path(self.info.get("data_path") or DATA_PATH, f"{self.root / 'meta/info.json'}: data_path",
+                                       chunk_index=chunk, file_index=file)
+
     def _data_table(self, chunk: int, file: int) -> pa.Table:
-        path = self.root / self.info.get("data_path", DATA_PATH).format(chunk_index=chunk, file_index=file)
+        path = self._data_path(chunk, file)
         if path not in self._tables:
             self._tables = {path: self._read_parquet(path)}  # keep one file cached: episodes are read in order
         return self._tables[path]
@@ -446,8 +527,7 @@ class LeRobotV3Dataset:
             raise IndexError(f"episode {i} out of range: the dataset has {self.num_episodes} episodes")
         meta = self.episodes[i]
         table = self._data_table(meta["data/chunk_index"], meta["data/file_index"])
-        path = self.root / self.info.get("data_path", DATA_PATH).format(
-            chunk_index=meta["data/chunk_index"], file_index=meta["data/file_index"])
+        path = self._data_path(meta["data/chunk_index"], meta["data/file_index"])
         if "index" in table.column_names:
             index = table.column("index").to_numpy()
             first = int(np.searchsorted(index, meta["dataset_from_index"]))
@@ -485,15 +565,20 @@ class LeRobotV3Dataset:
         for item in col.to_pylist():
             data = item.get("bytes") if isinstance(item, dict) else item
             if data is None and isinstance(item, dict) and item.get("path"):
-                data = (self.root / item["path"]).read_bytes()
+                rel = check_relative(item["path"], f"{path}: image feature {key!r} path")
+                try:
+                    data = (self.root / rel).read_bytes()
+                except OSError as e:
+                    raise DatasetError(f"{self.root / rel}: cannot read image ({e.strerror})") from None
             if data is None:
                 raise DatasetError(f"{path}: image feature {key!r} has a row with neither bytes nor path")
             imgs.append(np.asarray(Image.open(io.BytesIO(data)).convert("RGB")))
         return np.stack(imgs)
 
     def _decode_video(self, key: str, meta: dict, T: int) -> np.ndarray:
-        path = self.root / self.info.get("video_path", VIDEO_PATH).format(
-            video_key=key, chunk_index=meta[f"videos/{key}/chunk_index"], file_index=meta[f"videos/{key}/file_index"])
+        path = self.root / format_path(self.info.get("video_path") or VIDEO_PATH, f"{self.root / 'meta/info.json'}: video_path",
+                                       video_key=key, chunk_index=meta[f"videos/{key}/chunk_index"],
+                                       file_index=meta[f"videos/{key}/file_index"])
         if not path.exists():
             raise DatasetError(f"{path}: missing video for episode {meta['episode_index']}")
         try:

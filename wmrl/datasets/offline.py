@@ -110,6 +110,11 @@ def make_dataset(cfg: MakeDatasetConfig) -> dict:
     out = Path(cfg.out)
     if out.exists() and any(out.iterdir()) and not cfg.overwrite:
         raise FileExistsError(f"{out} exists; pass --overwrite to replace it")
+    if out.exists() and any(out.iterdir()):
+        from wmrl.core.io import recognise
+
+        if recognise(out) is None:  # refused before the expensive part, not after it
+            raise FileExistsError(f"{out} is neither a wmrl run nor a LeRobot dataset; --overwrite refuses to delete it")
     env = make_state_env(cfg.env)
     random_policy = RandomPolicy(env.action_space, seed=cfg.seed)
     fps = int(round(1.0 / env.unwrapped.dt)) if cfg.env != "PointEdge-v0" else 10
@@ -152,9 +157,9 @@ def make_dataset(cfg: MakeDatasetConfig) -> dict:
         ep[TASK] = [cfg.env] * len(ep["action"])
         replay.add_episode(ep)
     if out.exists() and cfg.overwrite:
-        import shutil
+        from wmrl.core.io import remove_for_overwrite
 
-        shutil.rmtree(out)
+        remove_for_overwrite(out)
     from wmrl.datasets.lerobot_v3 import LeRobotV3Writer, write_episode
     from wmrl.core.episode import features_for
 

@@ -11,6 +11,16 @@ import numpy as np
 CODECS = {"h264": "libx264", "av1": "libsvtav1"}
 
 
+def check_codec(codec: str) -> None:
+    """A known codec whose encoder this FFmpeg build has (checked before any work that would end in encoding)."""
+    if codec not in CODECS:
+        raise ValueError(f"video codec: expected one of {sorted(CODECS)}, got {codec!r}")
+    try:
+        av.codec.Codec(CODECS[codec], "w")
+    except Exception as e:  # noqa: BLE001 - PyAV raises several kinds for a missing encoder
+        raise ValueError(f"video codec {codec!r}: this FFmpeg build has no {CODECS[codec]} encoder ({e})") from None
+
+
 def encode_video(frames: np.ndarray, path: str | Path, fps: int, codec: str = "h264", crf: int = 12,
                  pix_fmt: str = "yuv444p", gop: int = 2) -> None:
     """Encode frames to an mp4. h264 with yuv444p (LeRobot accepts both) keeps colours of 64x64 frames intact;
@@ -18,8 +28,7 @@ def encode_video(frames: np.ndarray, path: str | Path, fps: int, codec: str = "h
     frames = np.asarray(frames)
     if frames.ndim != 4 or frames.shape[-1] != 3 or frames.dtype != np.uint8:
         raise ValueError(f"video frames: expected uint8 (T, H, W, 3), got {frames.dtype} {frames.shape}")
-    if codec not in CODECS:
-        raise ValueError(f"video codec: expected one of {sorted(CODECS)}, got {codec!r}")
+    check_codec(codec)
     if codec == "av1":
         pix_fmt = "yuv420p"  # SVT-AV1 has no 4:4:4
     with av.open(str(path), mode="w", format="mp4") as container:

@@ -266,7 +266,8 @@ def imagine(cfg: ImagineConfig, progress: bool = True) -> dict:
     from policies.vla import VLAPolicy
     from sim.tabletop.env import TabletopEnv
     from wmrl.commands.train_policy import evaluate_on_tasks
-    from wmrl.core.checkpoint import load_train_state, resolve_checkpoint, save_train_state
+    from wmrl.core.checkpoint import (commit_checkpoint, load_train_state, resolve_checkpoint, resume_checkpoint,
+                                      save_train_state)
     from wmrl.factory import make_world_model
     from wmrl.report import plot_curves
     from wmrl.run import Tracker, prepare_run_dir, save_config
@@ -278,8 +279,8 @@ def imagine(cfg: ImagineConfig, progress: bool = True) -> dict:
     run = prepare_run_dir(cfg.out, cfg.overwrite, cfg.resume)
     save_config(run, cfg)
     torch.manual_seed(cfg.seed)
-    ck = run / "checkpoints" / "last"
-    resuming = cfg.resume and (ck / "train_state.json").exists()
+    ck, _ = resume_checkpoint(run / "checkpoints") if cfg.resume else (None, 0)
+    resuming = ck is not None
     policy = VLAPolicy.load(ck if resuming else resolve_checkpoint(cfg.policy), device=cfg.device)
     if policy.cfg.head != "gaussian":
         raise ValueError(f"{cfg.algo} needs the gaussian head's exact log-probability; {cfg.policy} has the "
@@ -317,8 +318,8 @@ def imagine(cfg: ImagineConfig, progress: bool = True) -> dict:
                "seconds": time.time() - t0, **info}
         tracker.log(rec, step=it + 1)
         if (it + 1) % cfg.ckpt_every == 0 or it + 1 == cfg.iterations:
-            policy.save(ck)
-            save_train_state(ck, it + 1, {"policy": opt})
+            commit_checkpoint(run / "checkpoints", it + 1,
+                              lambda d: (policy.save(d), save_train_state(d, it + 1, {"policy": opt})))
     result.update({"run_dir": str(run), "iterations": cfg.iterations, "rl_minutes": (time.time() - t0) / 60,
                    "true_env_steps_during_rl": TabletopEnv.steps_taken - true_steps0})
     plot_curves(run / "metrics.jsonl", run / "learning_curves.png", ["imagined_success", "imagined_return", "log_std"],

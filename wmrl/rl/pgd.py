@@ -167,7 +167,9 @@ def diffusion_model(cfg: PGDConfig, real, spaces: dict, run: Path) -> tuple[Traj
                       sampler=cfg.sampler, sampling_steps=cfg.sampling_steps)
     ck = Path(cfg.diffusion_dir) if cfg.diffusion_dir else run / "diffusion"
     if (ck / "fit.json").exists():
-        return TrajectoryDiffusion.load(ck, expect=mcfg), json.loads((ck / "fit.json").read_text())
+        from wmrl.core.checkpoint import resolve_checkpoint
+
+        return TrajectoryDiffusion.load(resolve_checkpoint(ck), expect=mcfg), json.loads((ck / "fit.json").read_text())
     torch.manual_seed(cfg.seed)
     model = TrajectoryDiffusion(mcfg)
     info = fit_trajectory_diffusion(model, real, cfg.diffusion_steps, cfg.diffusion_batch, out=ck, seed=cfg.seed,

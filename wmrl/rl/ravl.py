@@ -197,7 +197,7 @@ def train_offline(cfg: OfflineConfig, synthetic=None) -> dict:
     """`synthetic` replaces model rollouts with another generator of model data (PGD's trajectory diffusion): an
     object with `capacity` (frames) and `refresh(agent, buffer, epoch) -> dict of metrics`, called every epoch."""
     from sim.locomotion import termination_fn
-    from wmrl.core.checkpoint import load_train_state, save_train_state
+    from wmrl.core.checkpoint import commit_checkpoint, load_train_state, resume_checkpoint, save_train_state
     from wmrl.replay import EpisodeReplay, MixedReplay
     from wmrl.rl.sac import evaluate_return
     from wmrl.run import Tracker, prepare_run_dir, save_config
@@ -227,9 +227,8 @@ def train_offline(cfg: OfflineConfig, synthetic=None) -> dict:
     else:
         agent = make_agent("sac", spaces, num_critics=n_critics, eta=eta, hidden=cfg.hidden, layers=cfg.layers,
                            batch_size=cfg.batch_size)
-    ck = run / "checkpoints" / "last"
-    epoch0 = 0
-    if cfg.resume and (ck / "train_state.json").exists():
+    ck, epoch0 = resume_checkpoint(run / "checkpoints") if cfg.resume else (None, 0)
+    if ck is not None:
         saved = load_agent(ck)
         if dataclasses.asdict(saved.cfg) != dataclasses.asdict(agent.cfg):
             raise ValueError(f"{ck}: the checkpointed agent's config differs from this run's; use a new --out")
@@ -261,7 +260,7 @@ def train_offline(cfg: OfflineConfig, synthetic=None) -> dict:
                 info = agent.update(batch_tensors(b))
             except FloatingPointError as e:
                 raise FloatingPointError(f"{cfg.algo} diverged at epoch {epoch + 1}: {e}; "
-                                         f"the last good checkpoint is in {ck}") from None
+                                         f"the last good checkpoint is in {run / 'checkpoints' / 'last'}") from None
         with torch.no_grad():  # Q on dataset transitions: the quantity that diverges at edge-of-reach states
             rb = batch_tensors(real.sample(1024, keys=keys))
             row["q_dataset"] = agent.q_values(rb["obs"], rb["act"]).mean().item()
@@ -274,8 +273,8 @@ def train_offline(cfg: OfflineConfig, synthetic=None) -> dict:
         if (epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs:
             row["return"] = evaluate_return(agent.actor, env_id, cfg.eval_episodes)
             row["minutes"] = (time.time() - t0) / 60
-            save_agent(agent, ck)
-            save_train_state(ck, epoch + 1, agent.optimizers())
+            commit_checkpoint(run / "checkpoints", epoch + 1, lambda d: (
+                save_agent(agent, d), save_train_state(d, epoch + 1, agent.optimizers())))
             bar.set_postfix(ret=f"{row['return']:.0f}", q=f"{row['q_dataset']:.1f}")
         logger.log(row, step=epoch + 1)
         curve.append(row)

@@ -86,7 +86,10 @@ def finetune(cfg: FinetuneConfig) -> dict:
     t0 = time.time()
     res = train_online(agent, ocfg, replay=online, sample=sample, log=tracker.log, progress=cfg.progress)
     tracker.close()
-    save_agent(agent, run / "checkpoints" / "last")
+    from wmrl.core.checkpoint import commit_checkpoint
+
+    commit_checkpoint(run / "checkpoints", cfg.steps,
+                      lambda d: save_agent(agent, d))
     out = {"run_dir": str(run), "algo": cfg.algo, "env": env, "final_return": res["final_return"],
            "updates": res["updates"], "online_transitions": len(online) - online.num_episodes,
            "curve": res["curve"], "minutes": (time.time() - t0) / 60}

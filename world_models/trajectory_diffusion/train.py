@@ -46,15 +46,17 @@ def fit_trajectory_diffusion(model: TrajectoryDiffusion, replay, steps: int, bat
                              progress: bool = True) -> dict:
     """Adam on the EDM loss over uniformly drawn windows; standardisation statistics come from all windows.
     With `out`, checkpoints every `save_every` steps and resumes from the last one."""
-    from wmrl.core.checkpoint import load_state, load_train_state, save_train_state
+    from wmrl.core.checkpoint import (commit_checkpoint, load_state, load_train_state, resume_checkpoint,
+                                      save_train_state)
 
     T = model.cfg.horizon
     starts = window_starts(replay, T)
     rng = np.random.default_rng(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=1e-4)
     step0, losses = 0, []
-    ck = Path(out) if out else None
-    if ck is not None and (ck / "train_state.json").exists():
+    home = Path(out) if out else None
+    ck = resume_checkpoint(home)[0] if home is not None else None
+    if ck is not None:
         load_state(model, ck)
         st = load_train_state(ck, {"diffusion": opt})
         step0, losses = st["step"], st.get("losses", [])
@@ -69,7 +71,7 @@ def fit_trajectory_diffusion(model: TrajectoryDiffusion, replay, steps: int, bat
         loss = model.loss(x0)
         if not torch.isfinite(loss):
             raise FloatingPointError(f"trajectory diffusion loss is {loss.item()} at step {step}"
-                                     + (f"; the last good checkpoint is in {ck}" if ck else ""))
+                                     + (f"; the last good checkpoint is in {home / 'last'}" if home else ""))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -77,9 +79,9 @@ def fit_trajectory_diffusion(model: TrajectoryDiffusion, replay, steps: int, bat
         losses.append(loss.item())
         if step % 50 == 0:
             bar.set_postfix(loss=f"{np.mean(losses[-50:]):.3f}")
-        if ck is not None and ((step + 1) % save_every == 0 or step + 1 == steps):
-            model.save(ck)
-            save_train_state(ck, step + 1, {"diffusion": opt}, losses=losses)
+        if home is not None and ((step + 1) % save_every == 0 or step + 1 == steps):
+            commit_checkpoint(home, step + 1, lambda d: (
+                model.save(d), save_train_state(d, step + 1, {"diffusion": opt}, losses=losses)))
     return {"steps": steps, "windows": int(len(starts)), "loss_first": float(np.mean(losses[:50])) if losses else None,
             "loss_last": float(np.mean(losses[-50:])) if losses else None, "seconds": time.time() - t0, "losses": losses}
 

@@ -95,6 +95,8 @@ def load_split(data: Path, holdout: float, seed: int = 0, extra: tuple[Path, ...
         if missing:
             raise ValueError(f"{d.root}: dataset lacks {missing}; it has {sorted(d.features)}")
     ds = dss[0]
+    if not (isinstance(holdout, (int, float)) and 0 <= holdout < 1):
+        raise ValueError(f"--holdout must be in [0, 1), got {holdout}")
     n_hold = max(1, int(round(ds.num_episodes * holdout))) if holdout > 0 else 0
     if ds.num_episodes - n_hold < 2:
         raise ValueError(f"{data}: {ds.num_episodes} episodes are too few to train a world model")
@@ -228,11 +230,9 @@ def _pose0(model: VideoWorldModel, d: dict) -> torch.Tensor:
 
 
 def _save_checkpoint(run: Path, step: int, model, opts: dict, extra: dict) -> None:
-    from wmrl.core.checkpoint import save_train_state
+    from wmrl.core.checkpoint import commit_checkpoint, save_train_state
 
-    ck = run / "checkpoints" / "last"
-    model.save(ck)
-    save_train_state(ck, step, opts, **extra)
+    commit_checkpoint(run / "checkpoints", step, lambda d: (model.save(d), save_train_state(d, step, opts, **extra)))
 
 
 def unrolled_batch(model: VideoWorldModel, d: dict, H: int, gen: torch.Generator) -> dict:
@@ -247,7 +247,7 @@ def unrolled_batch(model: VideoWorldModel, d: dict, H: int, gen: torch.Generator
 
 
 def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
-    from wmrl.core.checkpoint import load_train_state, resolve_checkpoint
+    from wmrl.core.checkpoint import load_train_state, resolve_checkpoint, resume_checkpoint
     from wmrl.run import Tracker, prepare_run_dir, save_config
 
     if cfg.threads:
@@ -263,8 +263,8 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
     if cfg.state_channel and cfg.state_steps and not mcfg.env_state_dim:
         raise ValueError(f"{cfg.data}: the state channel needs {ENV_STATE!r}, which the dataset lacks; pass "
                          "--no-state-channel to read success from generated frames only")
-    ck = run / "checkpoints" / "last"
-    resuming = cfg.resume and (ck / "train_state.json").exists()
+    ck, _ = resume_checkpoint(run / "checkpoints") if cfg.resume else (None, 0)
+    resuming = ck is not None
     model = VideoWorldModel.load(ck, expect=mcfg, device=cfg.device) if resuming else VideoWorldModel(mcfg).to(cfg.device)
     special = {id(p) for m in (model.ae, model.state_channel) if m is not None for p in m.parameters()}
     opts = {"ae": torch.optim.AdamW(model.ae.parameters(), cfg.lr * 3),
@@ -336,7 +336,7 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
             loss = l_dyn + l_heads
             opt, info = opts["dyn"], {"unroll_loss" if unroll else "dyn_loss": l_dyn, **{f"head_{k}": v for k, v in hinfo.items()}}
         if not torch.isfinite(loss):
-            raise RuntimeError(f"loss became {loss.item()} at step {step}; the last good checkpoint is in {ck}")
+            raise RuntimeError(f"loss became {loss.item()} at step {step}; the last good checkpoint is in {run / 'checkpoints' / 'last'}")
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_([p for g in opt.param_groups for p in g["params"]], 1.0)
