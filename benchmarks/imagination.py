@@ -41,14 +41,15 @@ def _success(policy, task: str, episodes: int, seeds: list[int]) -> dict:
     return {"mean": n_succ / (episodes * len(seeds)), "ci95": [lo, hi], "per_seed": per_seed}
 
 
-def main(quick: bool = False) -> dict:
+def main(quick: bool = False, work: str = "") -> dict:
+    """`work`: the folder holding (or to hold) the demo run `work/demo`; an existing one is resumed."""
     from policies.vla import VLAPolicy
     from wmrl.commands.demo import DemoConfig, run_demo
     from wmrl.core.checkpoint import resolve_checkpoint
     from wmrl.rl.coevolve import imagined_success_sft
     from world_models.video.model import VideoWorldModel
 
-    work = Path(tempfile.mkdtemp(prefix="wmrl-bench-imag-")) if quick else WORK
+    work = Path(work) if work else Path(tempfile.mkdtemp(prefix="wmrl-bench-imag-")) if quick else WORK
     run = work / "demo"
     resume = (run / "config.yaml").exists()
     s = run_demo(DemoConfig(out=run, quick=quick, resume=resume, overwrite=False), progress=not quick)

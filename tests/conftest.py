@@ -64,3 +64,14 @@ def tiny_policy(tiny_data, tmp_path_factory):
                                    extra={"vision_width": 8, "hidden": 32, "text_dim": 8, "init_log_std": 0.0}),
                  progress=False)
     return out
+
+
+@pytest.fixture(scope="session")
+def quick_demo(tmp_path_factory):
+    """`wmrl demo --quick` run once through the CLI (shared by the CLI test and the imagination benchmark's test,
+    which resumes it: every stage cached). Returns the run folder."""
+    from wmrl.cli import main
+
+    out = tmp_path_factory.mktemp("quick-demo") / "demo"
+    assert main(["demo", "--out", str(out), "--quick"]) == 0
+    return out

@@ -41,8 +41,9 @@ def test_world_model_benchmark_reports_every_result_key():
     assert len(r["windows"]) == r["n_windows"] and r["success_auroc_real_ceiling"] > 0.9
 
 
-def test_imagination_benchmark_reports_every_result_key():
-    r = _run("imagination")
+def test_imagination_benchmark_reports_every_result_key(quick_demo):
+    bench = runpy.run_path(str(BENCH / "imagination.py"), run_name="bench")
+    r = bench["main"](quick=True, work=str(quick_demo.parent))  # resumes the shared quick demo
     for k in ("success_bc", "success_rl", "success_after_imagined_sft", "rank_spearman", "success_abs_error",
               "hallucinated_success_before", "hallucinated_success_after"):
         assert 0 <= r[k] <= 1 or (k == "rank_spearman" and (r[k] != r[k] or -1 <= r[k] <= 1)), k
