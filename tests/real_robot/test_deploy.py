@@ -22,8 +22,10 @@ def test_deploy_runs_records_and_refuses_unsafe_settings(tmp_path, capsys):
     trips = [json.loads(line) for line in (out / "trips.jsonl").read_text().splitlines()] if (out / "trips.jsonl").exists() else []
     client = [t for t in trips if t["side"] == "client"]
     assert sum(int(np.sum(ds.episode(i)["safety.trips"])) for i in range(2)) == len(client)  # every trip in the episode
-    # the server's own layer sees the client's already-limited commands: nothing left for it to clamp
-    assert summary["server_safety_trips"] == len(trips) - len(client) == 0
+    # the server's own layer sees the client's already-limited commands: nothing left for it to clamp (its watchdog
+    # may hold the arm while the client writes an episode to disk between episodes)
+    server = [t for t in trips if t["side"] == "server"]
+    assert summary["server_safety_trips"] == len(server) and {t["kind"] for t in server} <= {"watchdog"}
     capsys.readouterr()
     assert main(["deploy", "--safety.max-velocity", "inf", "--out", str(tmp_path / "x")]) == 2
     assert "--unsafe" in capsys.readouterr().err
