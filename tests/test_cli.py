@@ -73,8 +73,10 @@ def test_demo_quick_runs_the_whole_loop_and_writes_every_report_section(quick_de
     ev = json.loads((out / "stages/world_model_eval.json").read_text())["result"]
     assert ev["n_windows"] == len(ev["windows"]) >= 1 and ev["success_source"] == "state"
     assert ev["n_pairs"] >= 1 and ev["success_auroc_real_ceiling"] == 1.0
-    assert stages == ["collect", "world_model", "world_model_eval", "bc", "rl", "coevolution", "rl_after_coevolution", "evaluation",
-                      "ranking", "done"]
+    expected = ["collect", "world_model", "world_model_eval", "bc", "rl", "coevolution", "rl_after_coevolution",
+                "evaluation", "ranking", "done"]
+    # a resumed run (the imagination benchmark's test shares this demo) only adds another "done"
+    assert stages[: len(expected)] == expected and set(stages[len(expected):]) <= {"done"}
     assert main(["demo", "--out", str(out), "--quick", "--resume"]) == 0  # every stage cached: nothing re-runs
     assert main(["demo", "--out", str(out)]) == 2  # an existing run folder is refused
 
