@@ -35,7 +35,9 @@ class LeRobotArm:
 
     @property
     def dim(self) -> int:
-        return len(self.joints) + (1 if self.gripper else 0)
+        """Joints + one gripper entry, always: wmrl's command layout (and `SafeRobot`'s) ends in the gripper; an arm
+        without one accepts that entry and ignores it, so no joint is ever read as a gripper."""
+        return len(self.joints) + 1
 
     action_dim = dim  # the `Robot` protocol's name, checked against the safety limits at connect
 
@@ -60,14 +62,12 @@ class LeRobotArm:
         if missing:
             raise ConnectionError(f"the arm's observation lacks {missing}; it has {sorted(raw)}")
         state = [self._to_rad(raw[f"{j}.pos"]) for j in self.joints]
-        if self.gripper:
-            state.append(self._g_to_unit(raw[f"{self.gripper}.pos"]))
+        state.append(self._g_to_unit(raw[f"{self.gripper}.pos"]) if self.gripper else -1.0)
         obs = {OBS_STATE: np.asarray(state, np.float32), "timestamp_monotonic": time.monotonic()}
         for cam in self.cameras or [k for k, v in raw.items() if isinstance(v, np.ndarray) and v.ndim == 3]:
             if cam in raw:
                 obs[image_key(cam)] = np.asarray(raw[cam])
-        if self.gripper:
-            obs["gripper_command"] = state[-1]
+        obs["gripper_command"] = state[-1]
         return obs
 
     def send_action(self, action) -> np.ndarray:
@@ -79,8 +79,7 @@ class LeRobotArm:
             cmd[f"{self.gripper}.pos"] = self._g_from_unit(a[-1])
         sent = self.robot.send_action(cmd) or cmd  # LeRobot returns what it actually sent
         out = [self._to_rad(sent[f"{j}.pos"]) for j in self.joints]
-        if self.gripper:
-            out.append(self._g_to_unit(sent[f"{self.gripper}.pos"]))
+        out.append(self._g_to_unit(sent[f"{self.gripper}.pos"]) if self.gripper else float(a[-1]))
         return np.asarray(out, np.float32)
 
     def disconnect(self) -> None:

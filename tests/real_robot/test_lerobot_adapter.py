@@ -55,3 +55,19 @@ def test_under_the_safety_layer():
     sent = safe.send_action([1.0, 0, 0, 0, 0, 0.0])
     assert sent[0] == pytest.approx(0.1, abs=1e-6) and safe.trips[-1].kind in ("step_delta", "velocity_acceleration")
 
+
+
+def test_an_arm_without_a_gripper_never_reads_a_joint_as_one():
+    from real_robot.safety import SafeRobot, SafetyConfig
+
+    drv = _SO101Driver()
+    arm = LeRobotArm(drv, gripper=None)
+    assert arm.action_dim == 6  # 5 joints + the (ignored) gripper entry SafeRobot's layout ends with
+    cfg = SafetyConfig(joint_low=(-2.0,) * 5, joint_high=(2.0,) * 5, workspace_low=(-1, -1, -1), workspace_high=(1, 1, 1))
+    safe = SafeRobot(arm, cfg, fk=lambda q: np.zeros(3))
+    safe.connect()
+    sent = safe.send_action([0, 0, 0, 0, 0.05, 1.0])
+    assert sent[4] == pytest.approx(0.05, abs=1e-6)  # wrist_roll moved as a joint, not clamped as a gripper
+    assert "gripper.pos" in drv.pos and drv.pos["gripper.pos"] == 0.0  # the driver got no gripper command
+    with pytest.raises(ValueError, match="the robot has 5 joints but the safety limits name 4"):
+        SafeRobot(LeRobotArm(_SO101Driver(), gripper=None), SafetyConfig()).connect()
