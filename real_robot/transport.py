@@ -320,7 +320,8 @@ class RemoteRobot:
             sock.send(pack({"method": method, "args": list(args)}))
             frames = sock.recv_multipart()
         except zmq.Again:
-            raise self._lost(f"no reply within {self.timeout_ms} ms (calling {method})") from None
+            hint = "" if self._curve else "; if the server uses CURVE keys, pass --keys"
+            raise self._lost(f"no reply within {self.timeout_ms} ms (calling {method}{hint})") from None
         except zmq.ZMQError as e:
             raise self._lost(f"transport error ({e}; calling {method})") from None
         try:
