@@ -104,6 +104,15 @@ def test_incomplete_changed_or_unverifiable_checkpoints_are_refused(tmp_path):
     assert resume_checkpoint(tmp_path / "empty") == (None, 0)  # nothing committed yet: start from 0
 
 
+def test_saving_the_same_step_again_never_leaves_last_without_a_checkpoint(tmp_path):
+    _write(tmp_path / "h", 3)
+    _write(tmp_path / "h", 3)  # e.g. a resumed run that was already at its last step saves once more
+    last, step = resume_checkpoint(tmp_path / "h")
+    assert step == 3 and last.resolve().name == "ckpt-000000003.1"
+    _write(tmp_path / "h", 4)
+    assert sorted(p.name for p in (tmp_path / "h").glob("ckpt-*")) == ["ckpt-000000003.1", "ckpt-000000004"]
+
+
 def test_corrupt_model_files_give_one_line_naming_the_file(tmp_path):
     net = torch.nn.Linear(3, 3)
     save_pretrained(net, Cfg(), tmp_path / "m")

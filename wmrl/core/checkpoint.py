@@ -20,7 +20,7 @@ from typing import Callable, TypeVar
 
 import torch
 
-from wmrl.core.io import atomic_path
+from wmrl.core.io import atomic_path, write_json
 
 C = TypeVar("C")
 
@@ -96,8 +96,6 @@ def resolve_checkpoint(path: str | Path) -> Path:
 def save_train_state(ck: str | Path, step: int, optimizers: dict[str, torch.optim.Optimizer], **state) -> None:
     """What a training run needs to resume, next to its model checkpoint in `ck`: optimiser states, torch's RNG,
     the step and any JSON-able `state` (e.g. a replay's RNG state, elapsed seconds)."""
-    from wmrl.core.io import write_json
-
     ck = Path(ck)
     for name, opt in optimizers.items():
         with atomic_path(ck / f"optim_{name}.pt") as tmp:
@@ -154,34 +152,31 @@ def commit_checkpoint(home: str | Path, step: int, write: Callable[[Path], None]
     switched to it by one atomic rename. The newest `keep` committed checkpoints are kept."""
     home = Path(home)
     home.mkdir(parents=True, exist_ok=True)
-    name = f"ckpt-{step:09d}"
+    name, n = f"ckpt-{step:09d}", 0
+    while (home / name).exists():  # the same step saved again: a new folder too, so `last` is never without one
+        n += 1
+        name = f"ckpt-{step:09d}.{n}"
     tmp = home / f".{name}.partial"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    write(tmp)
+    write(tmp)  # every file lands through `atomic_path`, fsynced
     files = {p.name: _sha256(p) for p in sorted(tmp.iterdir()) if p.is_file()}
-    (tmp / MANIFEST).write_text(json.dumps({"step": step, "files": files}, indent=2))
-    for p in tmp.iterdir():
-        with open(p, "rb") as f:
-            os.fsync(f.fileno())
+    write_json(tmp / MANIFEST, {"step": step, "files": files})
     final = home / name
-    if final.exists():  # the same step saved again (a rerun of the last save)
-        if (home / "last").is_symlink() and os.readlink(home / "last") == name:
-            _switch_last(home, None)
-        shutil.rmtree(final)
     os.rename(tmp, final)
     _switch_last(home, name)
-    committed = sorted(p for p in home.glob("ckpt-*") if re.fullmatch(r"ckpt-\d{9}", p.name))
+    committed = sorted((p for p in home.glob("ckpt-*") if _CKPT.fullmatch(p.name)),
+                       key=lambda p: tuple(int(x) for x in _CKPT.fullmatch(p.name).groups(default="0")))
     for old in committed[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
 
 
-def _switch_last(home: Path, name: str | None) -> None:
+_CKPT = re.compile(r"ckpt-(\d{9})(?:\.(\d+))?")
+
+
+def _switch_last(home: Path, name: str) -> None:
     link = home / "last"
-    if name is None:
-        link.unlink(missing_ok=True)
-        return
     if link.exists() and not link.is_symlink():
         shutil.rmtree(link)  # a `last` folder from before self-consistent checkpoints
     tmp = home / ".last.tmp"
