@@ -49,27 +49,53 @@ def _make_registered(env_id: str, kwargs: dict) -> gym.Env:
 
 
 def make_vector_env(task: str, num_envs: int = 1, asynchronous: bool = True, **kwargs) -> gym.vector.VectorEnv:
-    """A batched tabletop: `AsyncVectorEnv` (one process per env) or `SyncVectorEnv`. Episodes autoreset on the
-    next step (gymnasium's NEXT_STEP mode)."""
+    """A batched tabletop: `AsyncVectorEnv` (one process per env) or `SyncVectorEnv`, without autoreset: call
+    `reset()` for new episodes (as `wmrl.eval.evaluate` does per batch). Why not NEXT_STEP: gymnasium 1.4's
+    AsyncVectorEnv without shared memory (our observations hold text) keeps a worker's pending-autoreset flag across
+    `reset()`, so the first step after a seeded reset silently became an unseeded reset that ignored the action, and
+    recorded episodes began with a frame from another layout."""
     env_id = resolve_task(task)
     fns = [functools.partial(_make_registered, env_id, kwargs) for _ in range(num_envs)]
+    mode = gym.vector.AutoresetMode.DISABLED
     if asynchronous and num_envs > 1:
-        return gym.vector.AsyncVectorEnv(fns, shared_memory=False, context="spawn")
-    return gym.vector.SyncVectorEnv(fns)
+        return gym.vector.AsyncVectorEnv(fns, shared_memory=False, context="spawn", autoreset_mode=mode)
+    return gym.vector.SyncVectorEnv(fns, autoreset_mode=mode)
 
 
-def replay_in_true_sim(task: str, seed: int, actions: np.ndarray) -> bool:
-    """Open-loop replay of an action sequence from the seeded start; True if the task succeeds on the way."""
+def replay_open_loop(task: str, actions: np.ndarray, seed: int = 0, start_qpos: np.ndarray | None = None,
+                     cube_shift: float = 0.0, shift_seed: int = 0, until_done: bool = True) -> tuple[bool, np.ndarray]:
+    """Open-loop replay of an action sequence in the true simulator from the seeded start (or from a recorded
+    episode's first `qpos`: the arm's start is the same in every episode, the cubes are set from it). `cube_shift`
+    moves every cube this far (m) in a random horizontal direction first: the start a model that is exact up to
+    that error would see, which gives the ceiling of open-loop metrics (pushing is chaotic: a 1 mm shift moves the
+    pushed cube's end by centimetres). `until_done=False` replays every action past the episode's end. Returns (success on the way, final observation.environment_state)."""
+    from sim.tabletop.twin import CUBE_COLOURS
+
     env = make_env(task, cameras=()).unwrapped  # state only: no rendering needed
     env.reset(seed=seed)
-    ok = False
+    rng = np.random.default_rng(shift_seed)
+    for c in CUBE_COLOURS:
+        a = env._cube_qpos[c]
+        if start_qpos is not None:
+            env.data.qpos[a : a + 7] = np.asarray(start_qpos, np.float64)[a : a + 7]
+        ang = rng.uniform(0, 2 * np.pi)
+        env.data.qpos[a : a + 2] += cube_shift * np.array([np.cos(ang), np.sin(ang)])
+    import mujoco
+
+    mujoco.mj_forward(env.model, env.data)
+    ok, obs = False, env._obs()
     for a in actions:
-        _, _, term, trunc, info = env.step(a)
+        obs, _, term, trunc, info = env.step(a)
         ok |= bool(info["success"])
-        if term or trunc:
+        if until_done and (term or trunc):
             break
     env.close()
-    return ok
+    return ok, obs["observation.environment_state"]
+
+
+def replay_in_true_sim(task: str, seed: int, actions: np.ndarray, cube_shift: float = 0.0, shift_seed: int = 0) -> bool:
+    """Open-loop replay of an action sequence from the seeded start; True if the task succeeds on the way."""
+    return replay_open_loop(task, actions, seed, cube_shift=cube_shift, shift_seed=shift_seed)[0]
 
 
 _register()

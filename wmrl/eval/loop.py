@@ -109,7 +109,7 @@ def evaluate(policy: Policy, env: gym.Env | gym.vector.VectorEnv, n_episodes: in
                         tr["extra"][k].append(np.asarray(info[k][i]))
                 if terminated[i] or truncated[i]:
                     active[i] = False
-                    rec = {"episode": len(per_episode), "seed": seed + batch * B + i, "task": tr["obs"][0].get(TASK, ""),
+                    rec = {"episode": len(per_episode), "seed": int(seed + batch * B + i), "task": tr["obs"][0].get(TASK, ""),
                            "success": bool(any(tr["succ"])), "sum_reward": float(np.sum(tr["rew"])),
                            "max_reward": float(np.max(tr["rew"])), "length": len(tr["act"])}
                     per_episode.append(rec)
