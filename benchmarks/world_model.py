@@ -35,8 +35,8 @@ def main(quick: bool = False, size: str = "small", device: str = "cpu", steps_sc
     """The defaults are the committed CPU numbers. Anything else (e.g. `--size base --device cuda --steps-scale 5`)
     trains in its own work folder and writes `world-model-SIZE-DEVICE.json`, never the CPU result."""
     from wmrl.commands.collect import CollectConfig, collect
-    from wmrl.eval.world_model import (auroc_plot, cube_error_at_episode_end, gain_plot, hallucination, pair_auroc,
-                                       success_pairs, window_fidelity)
+    from wmrl.eval.world_model import (auroc_plot, cube_error_at_episode_end, cube_error_in_true_sim, gain_plot,
+                                       hallucination, pair_auroc, success_pairs, window_fidelity)
     from world_models.video.model import VideoWorldModel
     from world_models.video.evaluate import write_side_by_side
     from world_models.video.train import TrainWMConfig, load_split, train_world_model
@@ -82,6 +82,11 @@ def main(quick: bool = False, size: str = "small", device: str = "cpu", steps_sc
     if model.state_channel is not None:
         cube = cube_error_at_episode_end(model, held)
         out["cube_error_cm_end"], out["cube_error_cm_end_p90"] = float(np.median(cube)), float(np.percentile(cube, 90))
+        # the measurement's own checks: the true simulator from the recorded start (0: must reproduce the data) and
+        # from a start 1 mm off (the ceiling of any model exact up to 1 mm: pushing is chaotic)
+        for name, shift in (("sim_exact", 0.0), ("sim_1mm", 1e-3)):
+            c = cube_error_in_true_sim(held, "push-red", shift)
+            out[f"cube_error_cm_end_{name}"], out[f"cube_error_cm_end_{name}_p90"] = float(np.median(c)), float(np.percentile(c, 90))
 
     # ---- success AUROC on prefix-sharing pairs
     pa = pair_auroc(model, success_pairs("push-red", 6 if quick else 130))
@@ -102,6 +107,9 @@ def main(quick: bool = False, size: str = "small", device: str = "cpu", steps_sc
         out["expert_median_disagreement_cm"], out["random_median_disagreement_cm"] = ex["median_disagreement_cm"], rd["median_disagreement_cm"]
         out["random_policy_imagined_success"], out["random_policy_true_success"] = rd["imagined_success"], rd["true_success"]
         out["random_policy_imagined_minus_true"] = rd["imagined_success"] - rd["true_success"]
+        out["expert_true_success"] = ex["true_success"]
+        out["expert_imagined_minus_true"] = ex["imagined_success"] - ex["true_success"]
+        out["hallucinated_success_expert_sim_1mm"] = ex["replay_fails_after_shift"]  # the replay check's ceiling
         out["hallucination_episodes"] = len(seeds)
 
     out["train_minutes"] = ts["seconds"] / 60
