@@ -68,7 +68,10 @@ def replay_open_loop(task: str, actions: np.ndarray, seed: int = 0, start_qpos: 
     episode's first `qpos`: the arm's start is the same in every episode, the cubes are set from it). `cube_shift`
     moves every cube this far (m) in a random horizontal direction first: the start a model that is exact up to
     that error would see, which gives the ceiling of open-loop metrics (pushing is chaotic: a 1 mm shift moves the
-    pushed cube's end by centimetres). `until_done=False` replays every action past the episode's end. Returns (success on the way, final observation.environment_state)."""
+    pushed cube's end by centimetres). `until_done=False` replays every action past the episode's end.
+    Returns (success on the way, final observation.environment_state)."""
+    import mujoco
+
     from sim.tabletop.twin import CUBE_COLOURS
 
     env = make_env(task, cameras=()).unwrapped  # state only: no rendering needed
@@ -80,8 +83,6 @@ def replay_open_loop(task: str, actions: np.ndarray, seed: int = 0, start_qpos: 
             env.data.qpos[a : a + 7] = np.asarray(start_qpos, np.float64)[a : a + 7]
         ang = rng.uniform(0, 2 * np.pi)
         env.data.qpos[a : a + 2] += cube_shift * np.array([np.cos(ang), np.sin(ang)])
-    import mujoco
-
     mujoco.mj_forward(env.model, env.data)
     ok, obs = False, env._obs()
     for a in actions:

@@ -41,7 +41,7 @@ def test_world_model_benchmark_reports_every_result_key():
     assert len(r["windows"]) == r["n_windows"] and r["success_auroc_real_ceiling"] > 0.9
     # the cube-error measurement checked on the true simulator: the recorded start reproduces the data exactly
     assert r["cube_error_cm_end_sim_exact"] < 1e-3 and r["cube_error_cm_end_sim_exact_p90"] < 1e-3
-    assert 0 < r["expert_true_success"] and r["expert_imagined_minus_true"] == r["expert_imagined_success"] - r["expert_true_success"]
+    assert r["expert_true_success"] >= 0.5  # the noisy expert succeeds in the true simulator from these starts
 
 
 def test_imagination_benchmark_reports_every_result_key(quick_demo):

@@ -266,32 +266,22 @@ def hallucination(model, held, task: str, policy_name: str, seeds: list[int], ma
     if policy_name == "random":
         res["true_success"] = float(np.mean([true[i] for i in range(n)]))
     else:  # the policy itself in the true simulator from the same starts, and the chaos ceiling of the replay check
-        res.update(true_closed_loop(task, policy_name, seeds, max_steps))
+        res.update(true_closed_loop(task, seeds, max_steps))
     return res
 
 
-def true_closed_loop(task: str, policy_name: str, seeds: list[int], max_steps: int = 80, cube_shift: float = 1e-3) -> dict:
-    """The policy run closed-loop in the true simulator from the same starts (its true success rate: what imagined
-    success should match), and the ceiling of the open-loop replay check: the share of its *true* successes whose
-    actions fail when replayed from a start with every cube moved `cube_shift` (1 mm). A model exact up to 1 mm
-    cannot score a lower hallucinated share than this."""
+def true_closed_loop(task: str, seeds: list[int], max_steps: int = 80, cube_shift: float = 1e-3) -> dict:
+    """The noisy scripted expert (noise 0.1) run closed-loop in the true simulator from the same starts (its true
+    success rate: what imagined success should match), and the ceiling of the open-loop replay check: the share of
+    its *true* successes whose actions fail when replayed from a start with every cube moved `cube_shift` (1 mm).
+    A model exact up to 1 mm cannot score a lower hallucinated share than this."""
     env = sim.make_env(task, cameras=(), max_episode_steps=max_steps).unwrapped
     ok, fail_shifted = [], []
     for k, s in enumerate(seeds):
-        policy = ScriptedExpert(noise=0.1, seed=k)
-        obs, _ = env.reset(seed=s)
-        policy.reset()
-        acts, success = [], False
-        for _ in range(max_steps):
-            a = policy.select_action({key: (v if key == TASK else v[None]) for key, v in obs.items()})[0]
-            obs, _, term, trunc, info = env.step(a)
-            acts.append(a)
-            success |= bool(info["success"])
-            if term or trunc:
-                break
-        ok.append(success)
-        if success:
-            fail_shifted.append(not replay_in_true_sim(task, s, np.stack(acts), cube_shift=cube_shift, shift_seed=k))
+        r = evaluate(ScriptedExpert(noise=0.1, seed=k), env, 1, seed=s, record=True, progress=False)
+        ok.append(bool(r.per_episode[0]["success"]))
+        if ok[-1]:
+            fail_shifted.append(not replay_in_true_sim(task, s, r.episodes[0]["action"], cube_shift=cube_shift, shift_seed=k))
     env.close()
     return {"true_success": float(np.mean(ok)),
             "replay_fails_after_shift": float(np.mean(fail_shifted)) if fail_shifted else float("nan"),
