@@ -23,6 +23,7 @@ demo: $(STAMP)
 	$(BIN)/wmrl demo --out runs/demo --overwrite
 
 test: $(STAMP)
+	$(BIN)/lint-imports --no-cache  # the layer contract in pyproject.toml: an upward import fails the build
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)

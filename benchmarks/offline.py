@@ -56,7 +56,7 @@ def _runs(data: Path, work: Path, algos, dynamics, seeds, **kw) -> dict:
 
 
 def _summary(rows: list[dict], reference: dict) -> dict:
-    from wmrl.datasets.offline import normalized_score
+    from wmrl.rl.d4rl import normalized_score
 
     final = [normalized_score(r["final_return"], reference) for r in rows]
     q_end = [r["curve"][-1].get("q_dataset", float("nan")) for r in rows]
@@ -137,7 +137,7 @@ def _plot_point_q(data: Path, work: Path, path: Path) -> dict:
 def _weighting(work: Path, seeds: int, quick: bool, hidden: int) -> dict:
     """Trajectory weighting (Hong et al. 2023) on a mixed point dataset: 95% random + 5% SAC transitions, TD3+BC with
     uniform against return-weighted sampling."""
-    from wmrl.datasets.offline import MakeDatasetConfig, make_dataset
+    from wmrl.rl.d4rl import MakeDatasetConfig, make_dataset
 
     data = work / "PointEdge-v0-mixed"
     if not (data / "meta" / "make.json").exists():
@@ -156,7 +156,7 @@ def _weighting(work: Path, seeds: int, quick: bool, hidden: int) -> dict:
 
 def _finetuning(work: Path, seeds: int, quick: bool, steps: int) -> dict:
     """WSRL against naive fine-tuning (with and without the offline data) from the RAVL agents of part 1."""
-    from wmrl.datasets.offline import normalized_score
+    from wmrl.rl.d4rl import normalized_score
     from wmrl.rl.wsrl import FinetuneConfig, finetune
 
     data = work / "PointEdge-v0-random"
@@ -204,7 +204,7 @@ def main(quick: bool = False, envs: str = "point,HalfCheetah", seeds: int = 3, p
          cheetah_epochs: int = 20, cheetah_updates: int = 400, cheetah_rollouts: int = 1000, cheetah_model_epochs: int = 60,
          cheetah_transitions: int = 50_000, cheetah_sac_steps: int = 100_000, hidden: int = 64,
          finetune_steps: int = 3000, cheetah_seeds: int = 1) -> dict:
-    from wmrl.datasets.offline import MakeDatasetConfig, make_dataset
+    from wmrl.rl.d4rl import MakeDatasetConfig, make_dataset
 
     work = Path(tempfile.mkdtemp(prefix="wmrl-bench-offline-")) if quick else WORK
     docs = REPO / "docs"

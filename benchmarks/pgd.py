@@ -45,7 +45,7 @@ def _cached(path: Path, budget: dict, fn):
 
 
 def _dataset(work: Path, env: str, quick: bool) -> Path:
-    from wmrl.datasets.offline import MakeDatasetConfig, make_dataset
+    from wmrl.rl.d4rl import MakeDatasetConfig, make_dataset
 
     if env == "PointEdge-v0":
         data = work / "PointEdge-v0-mixed"
@@ -151,7 +151,7 @@ def main(quick: bool = False, envs: str = "HalfCheetah,Hopper", seeds: int = 3, 
          eval_episodes: int = 5) -> dict:
     import torch
 
-    from wmrl.datasets.offline import normalized_score
+    from wmrl.rl.d4rl import normalized_score
     from wmrl.rl.agents import load_agent
     from wmrl.rl.pgd import PGDConfig, diffusion_model, generate, true_dynamics_error
     from wmrl.rl.ravl import OfflineConfig, load_offline_data, make_dynamics

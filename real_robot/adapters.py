@@ -12,27 +12,17 @@ from __future__ import annotations
 
 import numpy as np
 
+from wmrl.core.arm import EE_STEP, inverse_kinematics, step_hand
 from wmrl.core.features import OBS_STATE
-
-
-def step_hand(ee: np.ndarray, delta: np.ndarray, ee_step: float) -> np.ndarray:
-    """The hand target one end-effector delta (in [-1, 1] units of `ee_step`) away, kept in the workspace."""
-    from sim.tabletop.model import WORKSPACE_HIGH, WORKSPACE_LOW
-
-    return np.clip(ee + np.clip(delta[:3], -1, 1) * ee_step, WORKSPACE_LOW, WORKSPACE_HIGH)
 
 
 def joint_command(ee_target: np.ndarray, gripper: float) -> np.ndarray:
     """[4 arm joint targets from the closed-form IK, gripper in [-1, 1]]."""
-    from sim.tabletop.model import inverse_kinematics
-
     return np.concatenate([inverse_kinematics(ee_target), [float(np.clip(gripper, -1, 1))]])
 
 
 class EEDeltaChunkToJoint:
     def __init__(self, policy, horizon: int = 8, ee_step: float | None = None):
-        from sim.tabletop.env import EE_STEP
-
         if horizon < 1:
             raise ValueError(f"horizon must be >= 1, got {horizon}")
         self.policy, self.horizon, self.ee_step = policy, horizon, ee_step or EE_STEP

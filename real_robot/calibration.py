@@ -27,6 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
+from real_robot.adapters import joint_command
+from wmrl.core.arm import EE_STEP, HOME_EE, forward_kinematics, inverse_kinematics, step_hand
 from wmrl.core.features import ACTION, OBS_ENV_STATE, OBS_STATE
 
 REQUIRED = (OBS_STATE, ACTION, "layout_seed")
@@ -306,9 +308,6 @@ MOTIONS = ("sweep", "push")
 def _sweep(rng: np.random.Generator, steps: int, amplitude: float):
     """Multi-sine joint sweeps around the home pose, the hand kept at least 12 cm above the table: free-space motion
     that identifies the arm's gains, damping and latency. Yields joint commands; ignores observations."""
-    from sim.tabletop.env import HOME_EE
-    from sim.tabletop.model import forward_kinematics, inverse_kinematics
-
     home = inverse_kinematics(np.asarray(HOME_EE) + np.array([0.05, 0.0, 0.0]))
     freq = rng.uniform(0.3, 1.2, 4)  # rad per control step: different per joint, so their effects separate
     phase = rng.uniform(0, 2 * np.pi, 4)
@@ -324,8 +323,6 @@ def _sweep(rng: np.random.Generator, steps: int, amplitude: float):
 def _push(robot, steps: int):
     """The scripted push expert, closed loop on the robot's observations, as joint commands: contact-rich motion
     (the cube slides under the finger) that identifies the cube's friction and mass."""
-    from real_robot.adapters import joint_command, step_hand
-    from sim.tabletop.env import EE_STEP
     from sim.tabletop.experts import ScriptedExpert
 
     expert = ScriptedExpert()

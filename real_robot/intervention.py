@@ -18,6 +18,8 @@ from typing import Protocol
 
 import numpy as np
 
+from real_robot.adapters import joint_command
+from wmrl.core.arm import EE_STEP, forward_kinematics, step_hand
 from wmrl.core.features import OBS_STATE, SOURCE
 
 PHASES = {0: "policy", 1: "recovery", 2: "correction"}
@@ -46,8 +48,6 @@ class ScriptedOperator:
         self.phase, self.bad, self.anchor, self.corrected = 0, 0, None, 0
 
     def step(self, obs: dict, policy_action: np.ndarray) -> tuple[np.ndarray | None, int]:
-        from sim.tabletop.env import EE_STEP
-
         ee = np.asarray(obs[OBS_STATE], np.float64)[5:8]
         expert = self.expert.select_action({k: v if k == "task" else np.asarray(v)[None] for k, v in obs.items()
                                             if k in (OBS_STATE, "observation.environment_state", "task")})[0]
@@ -135,10 +135,6 @@ class JointOperator:
         self.operator.reset()
 
     def step(self, obs: dict, policy_command: np.ndarray) -> tuple[np.ndarray | None, int]:
-        from real_robot.adapters import joint_command, step_hand
-        from sim.tabletop.env import EE_STEP
-        from sim.tabletop.model import forward_kinematics
-
         ee = np.asarray(obs[OBS_STATE], np.float64)[5:8]
         implied = np.concatenate([(forward_kinematics(np.asarray(policy_command[:4])) - ee) / EE_STEP, [policy_command[4]]])
         a, phase = self.operator.step(obs, implied)

@@ -32,6 +32,8 @@ from typing import Callable
 
 import numpy as np
 
+from wmrl.core.arm import forward_kinematics
+
 log = logging.getLogger("wmrl.safety")
 CLAMPS = ("joint_limit", "step_delta", "velocity_acceleration", "workspace", "gripper_limit")
 
@@ -207,7 +209,7 @@ class SafeRobot:
         self.cfg = cfg or SafetyConfig()
         self.cfg.validate()
         if fk is None:
-            from sim.tabletop.model import forward_kinematics as fk
+            fk = forward_kinematics
         self.robot, self.fk, self.clock = robot, fk, clock
         self.trips: list[Trip] = []
         self.step_trips: list[str] = []  # trips of the current step, cleared by each send_action

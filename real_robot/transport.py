@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import multiprocessing as mp
 import os
 import shutil
 import time
@@ -377,35 +376,5 @@ class RemoteRobot:
             self._sock = None
 
 
-def _serve_sim_robot(address: str, kwargs: dict, safety, keys, ready) -> None:
-    os.environ.setdefault("MUJOCO_GL", "egl")
-    logging.getLogger("wmrl.safety").setLevel(logging.ERROR)  # the client logs its own trips; these are kept
-    from real_robot.sim_robot import SimRealRobot
-
-    serve_robot(SimRealRobot(realtime=True, **kwargs), address, safety=safety, keys=keys, ready=ready)
-
-
-def spawn_sim_robot(address: str = "tcp://127.0.0.1:5599", start_timeout_s: float = 60.0, safety=None,
-                    keys: str | Path | None = None, **kwargs) -> mp.Process:
-    """Start a real-time `SimRealRobot` server (with its own safety layer, `safety` or the defaults at its control
-    rate) in its own process (spawned, so no state is inherited)."""
-    from real_robot.safety import SafetyConfig
-
-    if safety is None:
-        safety = SafetyConfig(control_hz=kwargs.get("control_hz", 10.0))
-    safety.validate()
-    check_bind(address, None if keys is None else Path(keys), allow_remote=False)
-    ctx = mp.get_context("spawn")
-    ready = ctx.Event()
-    proc = ctx.Process(target=_serve_sim_robot, args=(address, kwargs, safety, keys, ready), daemon=True)
-    proc.start()
-    t0 = time.monotonic()
-    while not ready.wait(0.1):
-        if not proc.is_alive() or time.monotonic() - t0 > start_timeout_s:
-            proc.kill()
-            raise ConnectionError(f"the robot server did not start at {address} (exit code {proc.exitcode})")
-    return proc
-
-
-__all__ = ["pack", "unpack", "serve", "serve_robot", "RobotService", "RemoteRobot", "spawn_sim_robot", "make_keys",
+__all__ = ["pack", "unpack", "serve", "serve_robot", "RobotService", "RemoteRobot", "make_keys",
            "check_bind", "ROBOT_METHODS"]

@@ -145,7 +145,7 @@ def test_overwrite_only_deletes_runs_and_datasets(tmp_path, capsys):
 def test_resume_with_a_different_config_is_refused(tmp_path):
     from dataclasses import dataclass
 
-    from wmrl.run import prepare_run_dir, save_config
+    from wmrl.core.run import prepare_run_dir, save_config
 
     @dataclass
     class Cfg:
@@ -169,14 +169,14 @@ def test_resume_with_a_different_config_is_refused(tmp_path):
 
 
 def test_bench_json_stdout_is_the_json_alone(tmp_path, capsys, monkeypatch):
-    import wmrl.cli
+    import wmrl.commands.bench
 
     (tmp_path / "noisy.py").write_text(
         "print('INFO a library logs on import')\n"
         "def main(quick=False):\n"
         "    print('INFO some library says hello')\n"  # as torchrl's logger does, on stdout
         "    return {'benchmark': 'noisy', 'value': 1}\n")
-    monkeypatch.setattr(wmrl.cli, "BENCHMARKS", tmp_path)
+    monkeypatch.setattr(wmrl.commands.bench, "BENCHMARKS", tmp_path)
     assert main(["bench", "noisy", "--json"]) == 0
     out, err = capsys.readouterr()
     assert json.loads(out) == {"benchmark": "noisy", "value": 1} and "hello" in err  # the log went to stderr

@@ -7,140 +7,47 @@ defaults that flags then override.
 
 from __future__ import annotations
 
+import importlib
 import json
 import math
-import runpy
 import sys
 import types
 import typing
-from dataclasses import dataclass, fields, is_dataclass
+from dataclasses import fields, is_dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 import yaml
 
-REPO = Path(__file__).resolve().parent.parent
-BENCHMARKS = REPO / "benchmarks"
+# name -> (module in wmrl/commands, its config class, its function, one line of help). Modules are imported only for
+# the command that runs (and for `wmrl --help`), so `wmrl tasks` does not pay for torch.
+COMMANDS: dict[str, tuple[str, str, str, str]] = {
+    "demo": ("demo", "DemoConfig", "run_demo", "collect data, evaluate policies, write a report (the main job)"),
+    "collect": ("collect", "CollectConfig", "collect", "record scripted-expert episodes into a LeRobot v3 dataset"),
+    "eval": ("evaluate", "EvalConfig", "run_eval", "evaluate a policy on a task; metrics, videos, plots"),
+    "train-wm": ("train_wm", "TrainWMConfig", "train_world_model", "train the video world model on a LeRobot v3 dataset"),
+    "train-policy": ("train_policy", "TrainPolicyConfig", "train_policy", "behaviour-clone the VLA policy on LeRobot v3 datasets"),
+    "imagine": ("imagine", "ImagineConfig", "imagine", "RL (GRPO or PPO) of a VLA policy inside a video world model"),
+    "rank": ("rank", "RankConfig", "run_rank", "rank policies in the world model and in the true simulator; agreement"),
+    "datasets-make": ("datasets_make", "MakeDatasetConfig", "make_dataset", "make a D4RL-style state dataset (SAC locally, qpos/qvel)"),
+    "offline": ("offline", "OfflineConfig", "offline", "offline RL: ravl | mopo | mbpo | sac-n | td3bc | iql"),
+    "finetune": ("finetune", "FinetuneConfig", "finetune", "offline-to-online fine-tuning: wsrl | naive | naive-retain"),
+    "pgd": ("pgd", "PGDConfig", "pgd", "policy-guided diffusion: td3bc | iql on synthetic + real data"),
+    "deploy": ("deploy", "DeployConfig", "deploy", "run a policy on a robot arm: safety layer, sync | async | aligned chunks"),
+    "serve-robot": ("serve_robot", "ServeRobotConfig", "serve_robot_command", "serve a robot arm with server-side safety (loopback, or CURVE keys)"),
+    "robot-keys": ("robot_keys", "RobotKeysConfig", "robot_keys", "make CURVE key pairs for an authenticated robot link"),
+    "sysid": ("sysid", "SysIdConfig", "record_sysid", "record system-identification episodes on the sim-real arm"),
+    "calibrate-twin": ("calibrate_twin", "CalibrateConfig", "calibrate_twin", "fit the digital twin's parameters to logged robot episodes (CMA-ES)"),
+    "tasks": ("tasks", "TasksConfig", "tasks", "list the registered tasks"),
+    "bench": ("bench", "BenchConfig", "bench", "run a benchmark from benchmarks/ and print its JSON"),
+}
 
 
-@dataclass
-class TasksConfig:
-    json: bool = False
-    """Print the task list as JSON."""
-
-
-@dataclass
-class BenchConfig:
-    name: str = "replay"
-    json: bool = True
-    """Print one JSON object (always written to benchmarks/results/NAME.json too)."""
-    quick: bool = False
-    """Tiny sizes, for smoke tests."""
-    options: tuple[str, ...] = ()
-    """KEY=VALUE arguments of the benchmark's main(), e.g. `--options size=base device=cuda steps_scale=5`."""
-
-
-def _tasks(cfg: TasksConfig) -> dict:
-    import sim
-
-    ids = sim.env_ids()
-    if cfg.json:
-        print(json.dumps(ids))
-    else:
-        for i in ids:
-            print(i)
-    return {"tasks": ids}
-
-
-def _bench(cfg: BenchConfig) -> dict:
-    available = sorted(p.stem.replace("_", "-") for p in BENCHMARKS.glob("*.py") if not p.stem.startswith("_"))
-    if cfg.name not in available:
-        raise ValueError(f"unknown benchmark {cfg.name!r}; valid: {', '.join(available)}")
-    import contextlib
-
-    with contextlib.redirect_stdout(sys.stderr):  # libraries' log lines must not precede the JSON on stdout
-        mod = runpy.run_path(str(BENCHMARKS / f"{cfg.name.replace('-', '_')}.py"), run_name="wmrl_bench")
-    import inspect
-
-    import yaml
-
-    kwargs = {}
-    for opt in cfg.options:
-        key, sep, value = opt.partition("=")
-        if not sep:
-            raise ValueError(f"--options: expected KEY=VALUE, got {opt!r}")
-        kwargs[key] = yaml.safe_load(value)  # numbers become numbers, words stay strings
-    params = set(inspect.signature(mod["main"]).parameters) - {"quick"}
-    if unknown := set(kwargs) - params:
-        raise ValueError(f"--options: {cfg.name} has no option(s) {sorted(unknown)}; valid: {sorted(params) or 'none'}")
-    with contextlib.redirect_stdout(sys.stderr):
-        result = mod["main"](quick=cfg.quick, **kwargs)
-    print(json.dumps(result, indent=None if cfg.json else 2))
-    return result
-
-
-def _offline(cfg):
-    from wmrl.rl.ravl import train_offline
-
-    result = train_offline(cfg)
-    return {k: v for k, v in result.items() if k != "curve"}
-
-
-def _pgd(cfg):
-    from wmrl.rl.pgd import train_pgd
-
-    return {k: v for k, v in train_pgd(cfg).items() if k != "curve"}
-
-
-def _calibrate(cfg):
-    from real_robot.calibration import calibrate
-
-    return {k: v for k, v in calibrate(cfg).items() if k != "curve"}
-
-
-def _finetune(cfg):
-    from wmrl.rl.wsrl import finetune
-
-    return {k: v for k, v in finetune(cfg).items() if k != "curve"}
-
-
-def _commands() -> dict[str, tuple[type, Callable[[Any], Any], str]]:
-    from wmrl.commands.collect import CollectConfig, collect
-    from wmrl.commands.demo import DemoConfig, run_demo
-    from wmrl.commands.evaluate import EvalConfig, run_eval
-    from wmrl.commands.train_policy import TrainPolicyConfig, train_policy
-    from wmrl.eval.rank import RankConfig, run_rank
-    from wmrl.rl.imagine import ImagineConfig, imagine
-    from world_models.video.train import TrainWMConfig, train_world_model
-    from wmrl.datasets.offline import MakeDatasetConfig, make_dataset
-    from wmrl.rl.ravl import OfflineConfig
-    from real_robot.calibration import CalibrateConfig, SysIdConfig, record_sysid
-    from wmrl.commands.deploy import DeployConfig, deploy
-    from wmrl.commands.robot_keys import RobotKeysConfig, robot_keys
-    from wmrl.commands.serve_robot import ServeRobotConfig, serve_robot_command
-    from wmrl.rl.pgd import PGDConfig
-    from wmrl.rl.wsrl import FinetuneConfig
-
-    return {
-        "demo": (DemoConfig, run_demo, "collect data, evaluate policies, write a report (the main job)"),
-        "collect": (CollectConfig, collect, "record scripted-expert episodes into a LeRobot v3 dataset"),
-        "eval": (EvalConfig, run_eval, "evaluate a policy on a task; metrics, videos, plots"),
-        "train-wm": (TrainWMConfig, train_world_model, "train the video world model on a LeRobot v3 dataset"),
-        "train-policy": (TrainPolicyConfig, train_policy, "behaviour-clone the VLA policy on LeRobot v3 datasets"),
-        "imagine": (ImagineConfig, imagine, "RL (GRPO or PPO) of a VLA policy inside a video world model"),
-        "rank": (RankConfig, run_rank, "rank policies in the world model and in the true simulator; agreement"),
-        "datasets-make": (MakeDatasetConfig, make_dataset, "make a D4RL-style state dataset (SAC locally, qpos/qvel)"),
-        "offline": (OfflineConfig, _offline, "offline RL: ravl | mopo | mbpo | sac-n | td3bc | iql"),
-        "finetune": (FinetuneConfig, _finetune, "offline-to-online fine-tuning: wsrl | naive | naive-retain"),
-        "pgd": (PGDConfig, _pgd, "policy-guided diffusion: td3bc | iql on synthetic + real data"),
-        "deploy": (DeployConfig, deploy, "run a policy on a robot arm: safety layer, sync | async | aligned chunks"),
-        "serve-robot": (ServeRobotConfig, serve_robot_command, "serve a robot arm with server-side safety (loopback, or CURVE keys)"),
-        "robot-keys": (RobotKeysConfig, robot_keys, "make CURVE key pairs for an authenticated robot link"),
-        "sysid": (SysIdConfig, record_sysid, "record system-identification episodes on the sim-real arm"),
-        "calibrate-twin": (CalibrateConfig, _calibrate, "fit the digital twin's parameters to logged robot episodes (CMA-ES)"),
-        "tasks": (TasksConfig, _tasks, "list the registered tasks"),
-        "bench": (BenchConfig, _bench, "run a benchmark from benchmarks/ and print its JSON"),
-    }
+def load_command(name: str) -> tuple[type, Callable[[Any], Any], str]:
+    """(config class, function, help) of a subcommand, importing its module from `wmrl.commands`."""
+    module, config, fn, doc = COMMANDS[name]
+    mod = importlib.import_module(f"wmrl.commands.{module}")
+    return getattr(mod, config), getattr(mod, fn), doc
 
 
 def _coerce(value: Any, tp: Any, where: str) -> Any:
@@ -248,19 +155,18 @@ def main(argv: list[str] | None = None) -> int:
     import tyro
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    cmds = _commands()
     if not argv or argv[0] in ("-h", "--help"):
         print("usage: wmrl COMMAND [--help] [--config FILE.yaml] [flags]\n\ncommands:")
-        for name, (_, _, doc) in cmds.items():
+        for name, (_, _, _, doc) in COMMANDS.items():
             print(f"  {name.replace('datasets-make', 'datasets make'):<14}{doc}")
         return 0
     name, rest = argv[0], argv[1:]
     if name == "datasets" and rest[:1] == ["make"]:  # `wmrl datasets make ...`
         name, rest = "datasets-make", rest[1:]
-    if name not in cmds:
-        print(f"error: unknown command {name!r}; valid: {', '.join(cmds)}", file=sys.stderr)
+    if name not in COMMANDS:
+        print(f"error: unknown command {name!r}; valid: {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
-    cls, fn, doc = cmds[name]
+    cls, fn, doc = load_command(name)
     policy_field = next((f for f in fields(cls) if f.name == "policy"), None)
     if "--policy" in rest and policy_field is not None and callable(policy_field.default_factory):
         # `--policy NAME` is short for `--policy.type NAME` where `policy` is a nested PolicyConfig
@@ -284,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         result = fn(cfg)
     except (ValueError, OSError, KeyError, RuntimeError, FloatingPointError, ConnectionError) as e:
         if fresh:
-            from wmrl.run import discard_if_unused
+            from wmrl.core.run import discard_if_unused
 
             discard_if_unused(out)  # a run that failed during set-up leaves no folder behind
         print(f"error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)

@@ -23,6 +23,7 @@ imagination unchanged (RLinf's BaseWorldEnv / DIAMOND's WorldModelEnv, with WoVR
 from __future__ import annotations
 
 import string
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -30,7 +31,9 @@ import torch
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
+from sim.tabletop.tasks import success_and_reward
 from world_models.video.model import VideoWorldModel, imagined_success
+from world_models.video.train import load_split
 
 STATE = "observation.state"
 ENV_STATE = "observation.environment_state"
@@ -257,3 +260,18 @@ class WorldModelSingleEnv(gym.Env):
     def step(self, action):
         obs, r, term, trunc, info = self.venv.step(np.asarray(action, dtype=np.float32)[None])
         return self._one(obs), float(r[0]), bool(term[0]), bool(trunc[0]), {k: v[0] for k, v in info.items()}
+
+
+def require_success_head(model) -> None:
+    if not getattr(model, "has_success_head", False):
+        raise ValueError(f"{type(model).__name__}: this world model has no success head, so imagined episodes cannot "
+                         "be scored (reward, success); train one with heads (`wmrl train-wm`)")
+
+
+def make_imagination_env(model, data: Path, num_envs: int, max_steps: int, keyframe_prob: float = 0.0,
+                         success_threshold: float = 0.9, sampling_steps: int | None = 1):
+    require_success_head(model)
+    _, train, _ = load_split(data, holdout=0.0)
+    return WorldModelEnv(model, train, num_envs=num_envs, keyframe_prob=keyframe_prob, max_episode_steps=max_steps,
+                         success_threshold=success_threshold, sampling_steps=sampling_steps, decode_images=True,
+                         rules=success_and_reward)  # success from the task's rules where the model has a state channel

@@ -20,13 +20,12 @@ from gymnasium import spaces
 from sim.tabletop import model as M
 from sim.tabletop.tasks import MAX_STEPS, Layout, SceneState, parse_task, reward, sample_layout, success, instruction
 from sim.tabletop.twin import CUBE_COLOURS, REAL_WORLD, ZONE_COLOURS, TwinParams, apply_twin_params, read_nominal
+from wmrl.core.arm import EE_STEP, HOME_EE  # noqa: F401  (re-exported)
 from wmrl.core.features import OBS_ENV_STATE, OBS_STATE, TASK, image_key
 
-EE_STEP = 0.05  # m per control step at |action| = 1
 STATE_NAMES = ["yaw", "shoulder", "elbow", "wrist", "gripper_opening", "ee_x", "ee_y", "ee_z"]
 ENV_STATE_NAMES = [f"{c}_{a}" for c in CUBE_COLOURS for a in "xyz"] + [f"zone_{z}_{a}" for z in ZONE_COLOURS for a in "xy"]
 TEXT_CHARSET = string.ascii_lowercase + string.digits + " "
-HOME_EE = np.array([0.3, 0.0, 0.2])
 
 
 def validate_action(action, shape: tuple[int, ...], field: str = "action") -> np.ndarray:

@@ -1,29 +1,10 @@
-"""Hand-written MJCF of the tabletop cell and the arm's closed-form kinematics.
-
-The arm: base yaw, shoulder pitch, elbow pitch, wrist pitch (4 hinges) and a parallel gripper (2 slide fingers).
-With the three pitch joints summing to zero the hand points straight down, which gives a closed-form inverse
-kinematics for end-effector position control (no iterative solver in the control loop).
-"""
+"""Hand-written MJCF of the tabletop cell. The arm's geometry and kinematics live in `wmrl.core.arm`, where the
+deployment side reads them without the simulator; they are re-exported here for the simulator's modules."""
 
 from __future__ import annotations
 
-import math
-
-import numpy as np
-
-BASE_HEIGHT = 0.1  # yaw joint height
-SHOULDER_Z = 0.15  # shoulder joint height above the table
-L1 = 0.32  # shoulder -> elbow
-L2 = 0.32  # elbow -> wrist
-HAND_DROP = 0.11  # wrist joint -> end-effector site (centre of the fingers), straight down
-FINGER_MAX = 0.045  # each finger's opening travel (m)
-TABLE_Z = 0.0
-
-WORKSPACE_LOW = np.array([0.2, -0.28, 0.015])
-WORKSPACE_HIGH = np.array([0.62, 0.28, 0.3])
-
-JOINT_LOW = np.array([-1.6, -1.2, -0.5, -2.8, 0.0])  # 4 arm joints + gripper command in [0, 1]
-JOINT_HIGH = np.array([1.6, 1.6, 2.8, 2.8, 1.0])
+from wmrl.core.arm import (BASE_HEIGHT, FINGER_MAX, HAND_DROP, JOINT_HIGH, JOINT_LOW, L1, L2,  # noqa: F401
+                           SHOULDER_Z, TABLE_Z, WORKSPACE_HIGH, WORKSPACE_LOW, forward_kinematics, inverse_kinematics)
 
 MJCF = """
 <mujoco model="wmrl_tabletop">
@@ -109,37 +90,3 @@ MJCF = """
 """.format(
     base=BASE_HEIGHT, shoulder_off=SHOULDER_Z - BASE_HEIGHT, l1=L1, l2=L2, drop=HAND_DROP, fmax=FINGER_MAX
 )
-
-
-def inverse_kinematics(ee: np.ndarray) -> np.ndarray:
-    """Closed-form IK for an end-effector position with the hand pointing down.
-
-    Returns the 4 arm joint angles (yaw, shoulder, elbow, wrist), elbow-up branch. Unreachable targets are pulled
-    onto the reachable sphere, so the result is always a valid configuration.
-    """
-    x, y, z = float(ee[0]), float(ee[1]), float(ee[2])
-    yaw = math.atan2(y, x)
-    r = math.hypot(x, y)
-    wz = z + HAND_DROP - SHOULDER_Z  # wrist joint height relative to the shoulder
-    d = math.hypot(r, wz)
-    d = min(max(d, 0.05), L1 + L2 - 1e-4)
-    beta = math.atan2(r, wz)  # angle of the shoulder->wrist line from vertical
-    alpha = math.acos(np.clip((L1 * L1 + d * d - L2 * L2) / (2 * L1 * d), -1.0, 1.0))
-    a1 = beta - alpha  # upper-arm angle from vertical (elbow up)
-    er, ez = L1 * math.sin(a1), L1 * math.cos(a1)
-    tr, tz = d * math.sin(beta), d * math.cos(beta)
-    a2 = math.atan2(tr - er, tz - ez)  # forearm angle from vertical
-    shoulder = a1
-    elbow = a2 - a1 - math.pi / 2
-    wrist = math.pi / 2 - a2
-    return np.array([yaw, shoulder, elbow, wrist])
-
-
-def forward_kinematics(q: np.ndarray) -> np.ndarray:
-    """End-effector position for arm joints q (used by tests to check IK, and by the joint-position mode)."""
-    yaw, a1 = q[0], q[1]
-    a2 = q[2] + a1 + math.pi / 2
-    a3 = q[3] + a2 + math.pi / 2
-    r = L1 * math.sin(a1) + L2 * math.sin(a2) + HAND_DROP * math.sin(a3)
-    z = SHOULDER_Z + L1 * math.cos(a1) + L2 * math.cos(a2) + HAND_DROP * math.cos(a3)
-    return np.array([r * math.cos(yaw), r * math.sin(yaw), z])

@@ -3,7 +3,8 @@ import pytest
 import torch
 
 from policies.vla import VLAConfig, VLAPolicy
-from wmrl.commands.train_policy import TrainPolicyConfig, bc_batch, bc_train, load_replay, train_policy
+from policies.vla.bc import bc_batch, bc_train, load_replay
+from wmrl.commands.train_policy import TrainPolicyConfig, train_policy
 
 
 def _policy(head="gaussian", **kw):

@@ -57,7 +57,7 @@ def test_correction_frames_can_be_upweighted_for_fine_tuning(tmp_path):
 
     from real_robot.intervention import ScriptedOperator, rollout_with_operator
     from sim.tabletop.env import TabletopEnv
-    from wmrl.commands.train_policy import load_replay, weight_interventions
+    from policies.vla.bc import load_replay, weight_interventions
     from wmrl.core.episode import features_for
     from wmrl.datasets.lerobot_v3 import LeRobotV3Writer, write_episode
 

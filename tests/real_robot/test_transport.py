@@ -6,7 +6,8 @@ import threading
 import numpy as np
 import pytest
 
-from real_robot.transport import RemoteRobot, pack, spawn_sim_robot, unpack
+from real_robot.sim_robot import spawn_sim_robot
+from real_robot.transport import RemoteRobot, pack, unpack
 
 
 def test_pack_round_trips_observations_exactly():

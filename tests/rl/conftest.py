@@ -9,7 +9,7 @@ ENV = "PointEdge-v0"
 def point_data(tmp_path_factory):
     """3,000 transitions of the point task, 70% random policy and 30% from a briefly trained SAC ("mixed"), with
     qpos/qvel and reference returns."""
-    from wmrl.datasets.offline import MakeDatasetConfig, make_dataset
+    from wmrl.rl.d4rl import MakeDatasetConfig, make_dataset
 
     root = tmp_path_factory.mktemp("offline")
     res = make_dataset(MakeDatasetConfig(env=ENV, kind="mixed", out=root / "data", transitions=3000, sac_steps=2500,

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import torch
 
-from wmrl.rl.imagine import (ImagineConfig, clipped_surrogate, gae, grpo_advantages, imagine, ppo_loss,
-                             require_success_head, rollout_mean)
+from wmrl.rl.imagine import ImagineConfig, clipped_surrogate, gae, grpo_advantages, imagine, ppo_loss, rollout_mean
+from world_models.env import require_success_head
 
 
 def test_grpo_advantages_are_group_standardised_and_uninformative_groups_dropped():

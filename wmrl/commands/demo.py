@@ -86,12 +86,13 @@ class Stages:
 def run_demo(cfg: DemoConfig, progress: bool = True) -> dict:
     from policies.vla import VLAPolicy
     from wmrl.commands.collect import CollectConfig, collect
-    from wmrl.commands.train_policy import TrainPolicyConfig, evaluate_on_tasks, train_policy
+    from wmrl.commands.train_policy import TrainPolicyConfig, train_policy
+    from wmrl.eval import evaluate_on_tasks
     from wmrl.core.checkpoint import resolve_checkpoint
     from wmrl.eval.rank import RankConfig, run_rank
     from wmrl.rl.coevolve import evolve_world_model, hallucination_rate
     from wmrl.rl.imagine import ImagineConfig, imagine
-    from wmrl.run import Tracker, prepare_run_dir, save_config
+    from wmrl.core.run import Tracker, prepare_run_dir, save_config
     from world_models.video.model import VideoWorldModel
     from world_models.video.train import TrainWMConfig, train_world_model
 
@@ -217,7 +218,7 @@ def data_task(run: Path) -> str:
 
 
 def write_demo_report(run: Path, cfg: DemoConfig, s: dict, evals: dict, coevo: dict, rank: dict, wm_eval: dict) -> Path:
-    from wmrl.report import metrics_table, plot_curves, write_report
+    from wmrl.core.report import metrics_table, plot_curves, write_report
 
     plot_curves(run / "policy_bc" / "metrics.jsonl", run / "bc_curve.png", ["bc_loss"], title="behaviour cloning")
     rows = [{"policy": "BC", **evals["policy_bc"]}, {"policy": "BC + GRPO in imagination", **evals["policy_rl"]},

@@ -63,14 +63,15 @@ def deploy(cfg: DeployConfig) -> dict:
     from real_robot.adapters import EEDeltaChunkToJoint
     from real_robot.executor import run_episode
     from real_robot.safety import SafeRobot
-    from real_robot.transport import RemoteRobot, spawn_sim_robot
+    from real_robot.sim_robot import spawn_sim_robot
+    from real_robot.transport import RemoteRobot
     from sim.tabletop.env import TabletopEnv
     from sim.tabletop.tasks import MAX_STEPS, parse_task
     from wmrl.core.episode import build_episode, features_for
     from wmrl.core.io import write_json
     from wmrl.datasets.lerobot_v3 import LeRobotV3Writer, write_episode
-    from wmrl.factory import make_policy
-    from wmrl.run import prepare_run_dir, save_config
+    from policies.factory import make_policy
+    from wmrl.core.run import prepare_run_dir, save_config
 
     ExecutorConfig(mode=cfg.mode, control_hz=cfg.control_hz).validate()
     if cfg.operator not in ("none", "scripted", "keyboard"):

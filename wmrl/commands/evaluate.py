@@ -7,26 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-
-@dataclass
-class PolicyConfig:
-    type: str = "scripted"
-    """Registered policy name (`--policy.type scripted`; `--policy scripted` is short for it)."""
-    noise: float = 0.0
-    """Scripted expert only: action noise."""
-    failure_prob: float = 0.0
-    """Scripted expert only: share of episodes in near-success failure mode."""
-    path: Optional[Path] = None
-    """Learned policies (vla): a `wmrl train-policy` run folder or checkpoint folder."""
-    stochastic: bool = False
-    """Learned policies: sample actions instead of acting with the mean."""
-
-    def build(self, env, seed: int = 0):
-        """The policy for `env` (a vector env); learned policies are checked against its spaces."""
-        from wmrl.factory import make_policy
-
-        return make_policy(self.type, env.single_action_space, seed=seed, noise=self.noise, failure_prob=self.failure_prob,
-                           path=self.path, stochastic=self.stochastic, observation_space=env.single_observation_space)
+from policies.factory import PolicyConfig
 
 
 @dataclass
@@ -67,7 +48,7 @@ def plot_episodes(per_episode: list[dict], path: Path, title: str) -> None:
 def run_eval(cfg: EvalConfig, progress: bool = True) -> dict:
     import sim
     from wmrl.eval import evaluate
-    from wmrl.run import Tracker, prepare_run_dir, save_config
+    from wmrl.core.run import Tracker, prepare_run_dir, save_config
 
     pol = cfg.policy.type
     out = cfg.out or Path("runs/eval") / f"{pol}-{cfg.task}-{time.strftime('%Y%m%d-%H%M%S')}"

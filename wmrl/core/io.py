@@ -52,7 +52,7 @@ def _json_default(o):
 
 
 # ---------------------------------------------------------------------- what --overwrite may delete
-RUN_MARKER = "wmrl-run.json"  # written into every run folder by `wmrl.run.prepare_run_dir`
+RUN_MARKER = "wmrl-run.json"  # written into every run folder by `wmrl.core.run.prepare_run_dir`
 LEGACY_RUN_FILES = ("metrics.jsonl", "summary.json", "checkpoints", "report.html")
 
 

@@ -1,3 +1,3 @@
-from wmrl.eval.loop import EvalResult, evaluate, wilson_interval
+from wmrl.eval.loop import EvalResult, evaluate, evaluate_on_tasks, wilson_interval
 
-__all__ = ["EvalResult", "evaluate", "wilson_interval"]
+__all__ = ["EvalResult", "evaluate", "evaluate_on_tasks", "wilson_interval"]

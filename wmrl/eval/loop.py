@@ -135,7 +135,7 @@ def evaluate(policy: Policy, env: gym.Env | gym.vector.VectorEnv, n_episodes: in
         episodes=episodes if record else [],
     )
     if video_dir is not None and episodes:
-        from wmrl.eval.video import write_episode_videos
+        from wmrl.datasets.episode_videos import write_episode_videos
 
         result.video_paths = write_episode_videos(episodes[:max_videos], video_dir, per_episode[:max_videos])
     return result
@@ -143,3 +143,22 @@ def evaluate(policy: Policy, env: gym.Env | gym.vector.VectorEnv, n_episodes: in
 
 def camera_keys(ep: dict[str, Any]) -> list[str]:
     return [k for k in ep if is_image_key(k)]
+
+
+def evaluate_on_tasks(policy, instructions: list[str], episodes: int, out: Path | None, seed: int, num_envs: int = 2,
+                      progress: bool = True) -> dict:
+    """True-simulator success of `policy` on each task named by an instruction (per task: metrics, videos)."""
+    import sim
+    from sim.tabletop.tasks import task_from_instruction
+
+    out_ = {}
+    for task in sorted({task_from_instruction(t) for t in instructions}):
+        env = sim.make_vector_env(task, num_envs)
+        try:
+            policy.check_spaces(env.single_observation_space, env.single_action_space)
+            r = evaluate(policy, env, episodes, seed=seed, progress=progress,
+                         video_dir=(out / task / "videos") if out is not None else None, max_videos=4)
+        finally:
+            env.close()
+        out_[task] = r.metrics()
+    return out_

@@ -18,6 +18,8 @@ from typing import Optional
 
 import numpy as np
 
+from policies.factory import PolicyConfig
+
 WORKERS = ("local", "ray")
 
 
@@ -43,8 +45,6 @@ class RankConfig:
 
 def parse_policy_spec(spec: str):
     """'scripted:noise=0.3,failure_prob=0.5' | 'random' | FOLDER | FOLDER:stochastic -> PolicyConfig."""
-    from wmrl.commands.evaluate import PolicyConfig
-
     name, _, args = spec.partition(":")
     if name in ("scripted", "random"):
         kw = {}
@@ -81,8 +81,8 @@ def score_policy(spec: str, world_model: str, data: str, task: str, episodes: in
 
     import sim
     from wmrl.eval import evaluate
-    from wmrl.factory import make_world_model
-    from wmrl.rl.imagine import make_imagination_env
+    from world_models.factory import make_world_model
+    from world_models.env import make_imagination_env
 
     if threads:
         torch.set_num_threads(threads)
@@ -158,8 +158,8 @@ def plot_scatter(rows: list[dict], path: Path, stats: dict) -> Path:
 
 def run_rank(cfg: RankConfig, progress: bool = True) -> dict:
     from wmrl.core.io import write_json
-    from wmrl.rl.imagine import world_model_data
-    from wmrl.run import Tracker, prepare_run_dir, save_config
+    from world_models.video.train import world_model_data
+    from wmrl.core.run import Tracker, prepare_run_dir, save_config
 
     run = prepare_run_dir(cfg.out, cfg.overwrite, cfg.resume)
     save_config(run, cfg)

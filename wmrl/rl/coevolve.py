@@ -94,7 +94,7 @@ def evolve_world_model(wm_run: Path, policy_path: Path, task: str, budget: int, 
     """Collect `budget` true rollouts of the evolved policy and fine-tune the world model on them plus its data."""
     import yaml
 
-    from wmrl.commands.collect import CollectConfig, collect
+    from wmrl.eval.record import CollectConfig, collect
     from world_models.video.train import TrainWMConfig, train_world_model
 
     data = collect(CollectConfig(task=task, episodes=budget, out=out / "rollouts", policy_path=policy_path, seed=seed,
@@ -114,7 +114,7 @@ def imagined_success_sft(policy, model, task: str, n: int, steps: int, out: Path
                          progress: bool = True, rules=success_and_reward) -> dict:
     """Ctrl-World's recipe: keep the imagined trajectories the world model judges successful and behaviour-clone
     them (from true-simulator start frames, with the policy sampling so that trajectories differ)."""
-    from wmrl.commands.train_policy import bc_train
+    from policies.vla.bc import bc_train
     from wmrl.core.episode import build_episode
     from wmrl.replay import EpisodeReplay
 

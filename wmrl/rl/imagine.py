@@ -25,7 +25,9 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from wmrl.core.features import OBS_STATE, TASK
+from wmrl.core.features import TASK
+from world_models.env import make_imagination_env
+from world_models.video.train import world_model_data
 
 ALGOS = ("grpo", "ppo")
 
@@ -233,44 +235,15 @@ def update(policy, opt, ro: Rollouts, cfg: ImagineConfig, ref=None) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------- the command
-def require_success_head(model) -> None:
-    if not getattr(model, "has_success_head", False):
-        raise ValueError(f"{type(model).__name__}: this world model has no success head, so imagined episodes cannot "
-                         "be scored (reward, success); train one with heads (`wmrl train-wm`)")
-
-
-def world_model_data(wm_path: Path) -> Path:
-    """The dataset a `wmrl train-wm` run was trained on (from its config.yaml)."""
-    import yaml
-
-    cfg = Path(wm_path) / "config.yaml"
-    if not cfg.exists():
-        raise ValueError(f"{wm_path}: no config.yaml to find the world model's dataset; pass --data")
-    return Path(yaml.safe_load(cfg.read_text())["data"])
-
-
-def make_imagination_env(model, data: Path, num_envs: int, max_steps: int, keyframe_prob: float = 0.0,
-                         success_threshold: float = 0.9, sampling_steps: int | None = 1):
-    from sim.tabletop.tasks import success_and_reward
-    from world_models.env import WorldModelEnv
-    from world_models.video.train import load_split
-
-    require_success_head(model)
-    _, train, _ = load_split(data, holdout=0.0)
-    return WorldModelEnv(model, train, num_envs=num_envs, keyframe_prob=keyframe_prob, max_episode_steps=max_steps,
-                         success_threshold=success_threshold, sampling_steps=sampling_steps, decode_images=True,
-                         rules=success_and_reward)  # success from the task's rules where the model has a state channel
-
-
 def imagine(cfg: ImagineConfig, progress: bool = True) -> dict:
     from policies.vla import VLAPolicy
     from sim.tabletop.env import TabletopEnv
-    from wmrl.commands.train_policy import evaluate_on_tasks
+    from wmrl.eval import evaluate_on_tasks
     from wmrl.core.checkpoint import (commit_checkpoint, load_train_state, resolve_checkpoint, resume_checkpoint,
                                       save_train_state)
-    from wmrl.factory import make_world_model
-    from wmrl.report import plot_curves
-    from wmrl.run import Tracker, prepare_run_dir, save_config
+    from world_models.factory import make_world_model
+    from wmrl.core.report import plot_curves
+    from wmrl.core.run import Tracker, prepare_run_dir, save_config
 
     if cfg.algo not in ALGOS:
         raise ValueError(f"algo: expected one of {ALGOS}, got {cfg.algo!r}")

@@ -191,7 +191,7 @@ def train_pgd(cfg: PGDConfig) -> dict:
     real = load_offline_data(cfg.data, cfg.seed)
     if real.data[ACTION].shape[1] != spaces["act_dim"]:
         raise ValueError(f"{cfg.data}: action dim {real.data[ACTION].shape[1]} does not match {env_id}'s {spaces['act_dim']}")
-    from wmrl.run import prepare_run_dir, save_config
+    from wmrl.core.run import prepare_run_dir, save_config
 
     run = prepare_run_dir(cfg.out, overwrite=cfg.overwrite, resume=cfg.resume)
     save_config(run, cfg)

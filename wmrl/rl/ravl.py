@@ -200,7 +200,7 @@ def train_offline(cfg: OfflineConfig, synthetic=None) -> dict:
     from wmrl.core.checkpoint import commit_checkpoint, load_train_state, resume_checkpoint, save_train_state
     from wmrl.replay import EpisodeReplay, MixedReplay
     from wmrl.rl.sac import evaluate_return
-    from wmrl.run import Tracker, prepare_run_dir, save_config
+    from wmrl.core.run import Tracker, prepare_run_dir, save_config
 
     n_critics, eta, penalty, use_model = resolve_algo(cfg)
     env_id = cfg.env or dataset_env(cfg.data)

@@ -50,7 +50,7 @@ def finetune(cfg: FinetuneConfig) -> dict:
     from wmrl.replay import EpisodeReplay, MixedReplay
     from wmrl.rl.ravl import dataset_env
     from wmrl.rl.sac import SAC
-    from wmrl.run import Tracker, prepare_run_dir, save_config
+    from wmrl.core.run import Tracker, prepare_run_dir, save_config
 
     if cfg.algo not in METHODS:
         raise ValueError(f"algo: expected one of {', '.join(METHODS)}, got {cfg.algo!r}")

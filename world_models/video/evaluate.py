@@ -162,7 +162,7 @@ def rollout(model: VideoWorldModel, held, starts: list[tuple[int, int]], horizon
 def write_side_by_side(model: VideoWorldModel, held, out_dir: Path, n: int = 3, fps: int = 10) -> list[str]:
     """For n held-out episodes: real | imagined, every camera, whole episode from its first frame under the
     recorded actions. mp4 per episode and one GIF of all of them."""
-    from wmrl.eval.video import write_clips
+    from wmrl.datasets.episode_videos import write_clips
 
     cams = [f"observation.images.{c}" for c in model.cfg.cameras]
     clips = []

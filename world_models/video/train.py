@@ -22,6 +22,7 @@ from typing import Optional
 
 import numpy as np
 import torch
+import yaml
 from tqdm.auto import tqdm
 
 from world_models.video.model import VideoWorldModel, WorldModelConfig, commanded_pose
@@ -248,7 +249,7 @@ def unrolled_batch(model: VideoWorldModel, d: dict, H: int, gen: torch.Generator
 
 def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
     from wmrl.core.checkpoint import load_train_state, resolve_checkpoint, resume_checkpoint
-    from wmrl.run import Tracker, prepare_run_dir, save_config
+    from wmrl.core.run import Tracker, prepare_run_dir, save_config
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -359,3 +360,11 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
     tracker.log({"stage": "done", **{k: v for k, v in result.items() if k != "videos"}})
     tracker.close()
     return result
+
+
+def world_model_data(wm_path: Path) -> Path:
+    """The dataset a `wmrl train-wm` run was trained on (from its config.yaml)."""
+    cfg = Path(wm_path) / "config.yaml"
+    if not cfg.exists():
+        raise ValueError(f"{wm_path}: no config.yaml to find the world model's dataset; pass --data")
+    return Path(yaml.safe_load(cfg.read_text())["data"])

@@ -1,0 +1,63 @@
+"""Policies by registered name (`--policy.type scripted | random | vla`), LeRobot's `make_policy`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import gymnasium as gym
+
+from policies.random_policy import RandomPolicy
+from policies.vla import VLAPolicy
+from sim.tabletop.experts import ScriptedExpert
+from wmrl.core.checkpoint import resolve_checkpoint
+from wmrl.core.registry import POLICIES
+
+
+@POLICIES.register("scripted")
+def _scripted(action_space: gym.spaces.Box, seed: int = 0, noise: float = 0.0, failure_prob: float = 0.0,
+              perturb_prob: float = 0.0, **_):
+    if action_space.shape != (4,):
+        raise ValueError("the scripted expert drives the end-effector delta control (4-D actions)")
+    return ScriptedExpert(noise=noise, failure_prob=failure_prob, seed=seed, perturb_prob=perturb_prob)
+
+
+@POLICIES.register("random")
+def _random(action_space: gym.spaces.Box, seed: int = 0, **_):
+    return RandomPolicy(action_space, seed=seed)
+
+
+@POLICIES.register("vla")
+def _vla(action_space: gym.spaces.Box, path: str | None = None, device: str = "cpu", stochastic: bool = False,
+         observation_space: gym.spaces.Dict | None = None, **_):
+    """A trained VLA policy from a `wmrl train-policy` run folder or checkpoint folder."""
+    if path is None:
+        raise ValueError("policy vla needs a checkpoint: --policy.path RUN_DIR")
+    policy = VLAPolicy.load(resolve_checkpoint(path), device=device).eval()
+    policy.check_spaces(observation_space, action_space)
+    policy.stochastic = stochastic
+    return policy
+
+
+def make_policy(name: str, action_space: gym.spaces.Box, **kwargs):
+    return POLICIES.get(name)(action_space, **kwargs)
+
+
+@dataclass
+class PolicyConfig:
+    type: str = "scripted"
+    """Registered policy name (`--policy.type scripted`; `--policy scripted` is short for it)."""
+    noise: float = 0.0
+    """Scripted expert only: action noise."""
+    failure_prob: float = 0.0
+    """Scripted expert only: share of episodes in near-success failure mode."""
+    path: Optional[Path] = None
+    """Learned policies (vla): a `wmrl train-policy` run folder or checkpoint folder."""
+    stochastic: bool = False
+    """Learned policies: sample actions instead of acting with the mean."""
+
+    def build(self, env, seed: int = 0):
+        """The policy for `env` (a vector env); learned policies are checked against its spaces."""
+        return make_policy(self.type, env.single_action_space, seed=seed, noise=self.noise, failure_prob=self.failure_prob,
+                           path=self.path, stochastic=self.stochastic, observation_space=env.single_observation_space)

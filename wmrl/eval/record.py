@@ -1,0 +1,95 @@
+"""Record a policy's episodes on a task (the scripted expert by default) into a LeRobot v3 dataset: the one evaluation
+loop with its episodes written out. `wmrl collect` is its command; co-evolution records true rollouts with it."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import sim
+from policies.factory import make_policy
+from wmrl.core.episode import features_for
+from wmrl.core.io import check_out, recognise
+from wmrl.datasets import LeRobotV3Dataset, LeRobotV3Writer, write_episode
+from wmrl.datasets.video import check_codec
+from wmrl.eval.loop import evaluate
+
+
+@dataclass
+class CollectConfig:
+    task: str = "push-red"
+    """Task name (`wmrl tasks` lists them), e.g. push-red or tabletop-real-lift-blue."""
+    episodes: int = 50
+    out: Path = Path("data/push-red")
+    noise: float = 0.0
+    """Std of Gaussian noise on the expert's translational actions."""
+    failures: float = 0.0
+    """Share of episodes recorded in near-success failure mode (missed grasps, pushes that stop short)."""
+    perturbed: float = 0.0
+    """Share of episodes perturbed like a learning policy (extra noise, random-action segments, then recovery), so a
+    world model trained on the data sees the states RL in imagination and ranking visit."""
+    seed: int = 0
+    num_envs: int = 2
+    """Parallel simulator processes (gymnasium AsyncVectorEnv)."""
+    image_size: int = 64
+    post_success_steps: int = 0
+    """Keep recording this many steps after success before the episode ends (more success frames)."""
+    codec: str = "h264"
+    overwrite: bool = False
+    resume: bool = False
+    """Append to an existing dataset (episodes continue from its last one)."""
+    policy_path: Optional[Path] = None
+    """Record a learned (VLA) policy instead of the scripted expert, sampling its actions (failures included)."""
+
+
+def collect(cfg: CollectConfig, progress: bool = True) -> dict:
+    check_codec(cfg.codec)  # before simulating anything
+    check_out(cfg.out)
+    for name in ("num_envs", "image_size", "post_success_steps"):
+        if getattr(cfg, name) < (0 if name == "post_success_steps" else 1):
+            raise ValueError(f"--{name.replace('_', '-')} must be >= {0 if name == 'post_success_steps' else 1}, got {getattr(cfg, name)}")
+    if not (math.isfinite(cfg.noise) and cfg.noise >= 0):
+        raise ValueError(f"--noise must be a finite number >= 0, got {cfg.noise}")
+    if cfg.episodes <= 0:
+        raise ValueError(f"--episodes must be positive, got {cfg.episodes}")
+    if not 0.0 <= cfg.failures <= 1.0:
+        raise ValueError(f"--failures must be in [0, 1], got {cfg.failures}")
+    if not 0.0 <= cfg.perturbed <= 1.0:
+        raise ValueError(f"--perturbed must be in [0, 1], got {cfg.perturbed}")
+    mode = "overwrite" if cfg.overwrite else ("resume" if cfg.resume else "create")
+    if cfg.overwrite and cfg.resume:
+        raise ValueError("--overwrite and --resume exclude each other")
+    existing = cfg.out.exists() and (not cfg.out.is_dir() or any(cfg.out.iterdir()))
+    if mode == "create" and existing:
+        raise FileExistsError(f"{cfg.out} already exists; pass --overwrite to replace it or --resume to append")
+    if existing and recognise(cfg.out) != "dataset" and not (mode == "overwrite" and recognise(cfg.out) == "run"):
+        raise FileExistsError(f"{cfg.out} is not a LeRobot dataset; --{mode} refuses to touch it")
+    env = sim.make_vector_env(cfg.task, cfg.num_envs, image_size=cfg.image_size,
+                              post_success_steps=cfg.post_success_steps)
+    try:
+        if cfg.policy_path is not None:
+            policy = make_policy("vla", env.single_action_space, path=cfg.policy_path, stochastic=True,
+                                 observation_space=env.single_observation_space)
+        else:
+            policy = make_policy("scripted", env.single_action_space, seed=cfg.seed, noise=cfg.noise,
+                                 failure_prob=cfg.failures, perturb_prob=cfg.perturbed)
+        writer: list[LeRobotV3Writer] = []
+
+        def on_episode(ep: dict) -> None:
+            if not writer:  # features come from the first episode
+                writer.append(LeRobotV3Writer(cfg.out, fps=10, features=features_for(ep), robot_type="wmrl_tabletop",
+                                              mode=mode, codec=cfg.codec, extra_meta={"task": cfg.task}))
+            write_episode(writer[0], ep)
+
+        seed = cfg.seed
+        if mode == "resume":  # continue the seed sequence so resumed episodes are new ones
+            seed += LeRobotV3Dataset(cfg.out).num_episodes
+        source, pid = ("policy", str(cfg.policy_path)) if cfg.policy_path is not None else ("expert", "scripted")
+        result = evaluate(policy, env, cfg.episodes, seed=seed, source=source, policy_id=pid,
+                          on_episode=on_episode, progress=progress)
+        writer[0].finalize()
+    finally:
+        env.close()
+    return {"dataset": str(cfg.out), "episodes": cfg.episodes, "frames": writer[0].num_frames, **result.metrics()}

@@ -1,0 +1,17 @@
+"""World models by registered kind (`--world-model-kind video`), loaded from a run or checkpoint folder."""
+
+from __future__ import annotations
+
+from wmrl.core.checkpoint import resolve_checkpoint
+from wmrl.core.registry import WORLD_MODELS
+from world_models.video.model import VideoWorldModel
+
+
+@WORLD_MODELS.register("video")
+def _video_world_model(path: str, device: str = "cpu", **_):
+    """A trained video world model from a `wmrl train-wm` run folder or checkpoint folder."""
+    return VideoWorldModel.load(resolve_checkpoint(path), device=device)
+
+
+def make_world_model(kind: str, path: str, **kwargs):
+    return WORLD_MODELS.get(kind)(path, **kwargs)
