@@ -4,7 +4,10 @@ tools rely on. Quick mode: tiny sizes, and the committed results are left alone.
 import runpy
 from pathlib import Path
 
+import numpy as np
 import pytest
+
+from wmrl.eval.rank import rank_statistics
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 
@@ -21,12 +24,15 @@ def test_replay_benchmark_keys_and_memory():
     assert r["torchrl_bytes_per_frame_ratio"] > 1.9  # torchrl's transitions keep a copy of the next observation
 
 
-@pytest.mark.parametrize("name,keys", [("sim", ["steps_per_s_physics", "steps_per_s_render_2cam_64"]),
-                                       ("dataset", ["write_frames_per_s", "read_frames_per_s"])])
-def test_benchmark_keys(name, keys):
-    r = _run(name)
-    for k in keys:
-        assert r[k] > 0
+def test_sim_benchmark_rendering_costs_more_than_physics():
+    r = _run("sim")
+    assert r["steps_per_s_physics"] > r["steps_per_s_render_2cam_64"] > 0  # two camera renders per step are not free
+
+
+def test_dataset_benchmark_reads_every_frame_back_and_stores_frames_as_video():
+    r = _run("dataset")  # the script itself checks that every written frame is read back
+    assert r["frames"] == 3 * 21 and r["write_frames_per_s"] > 0 and r["read_frames_per_s"] > 0
+    assert r["bytes_per_frame_on_disk"] < 0.25 * 2 * 64 * 64 * 3  # two 64x64 cameras, raw 24 KiB: the codec compresses
 
 
 def test_world_model_benchmark_reports_every_result_key():
@@ -47,12 +53,22 @@ def test_world_model_benchmark_reports_every_result_key():
 def test_imagination_benchmark_reports_every_result_key(quick_demo):
     bench = runpy.run_path(str(BENCH / "imagination.py"), run_name="bench")
     r = bench["main"](quick=True, work=str(quick_demo.parent))  # resumes the shared quick demo
-    for k in ("success_bc", "success_rl", "success_after_imagined_sft", "rank_spearman", "success_abs_error",
-              "hallucinated_success_before", "hallucinated_success_after"):
-        assert 0 <= r[k] <= 1 or (k == "rank_spearman" and (r[k] != r[k] or -1 <= r[k] <= 1)), k
+    for name in ("bc", "rl"):  # a success rate is the mean of its per-seed rates, each a count over the episodes
+        per_seed = r[f"success_{name}_per_seed"]
+        assert len(per_seed) == r["eval_seeds"] and r[f"success_{name}"] == pytest.approx(np.mean(per_seed))
+        assert all(abs(x * r["episodes_per_seed"] - round(x * r["episodes_per_seed"])) < 1e-9 for x in per_seed)
     lo, hi = r["success_rl_ci95"]
     assert lo <= r["success_rl"] <= hi
-    assert r["true_env_steps_during_rl"] == 0 and r["n_policies"] >= 8 and r["demo_minutes"] > 0
+    assert r["true_env_steps_during_rl"] == 0 and r["n_policies"] == len(r["population"]) >= 8
+    # the reported agreement is computed from the population's rows, and the true-simulator side of the ranking
+    # separates the scripted expert from a random policy (else no world model could be judged against it)
+    rows = {p["policy"]: p for p in r["population"]}
+    recomputed = rank_statistics([p["imagined_success"] for p in r["population"]],
+                                 [p["true_success"] for p in r["population"]])
+    assert r["success_abs_error"] == pytest.approx(recomputed["success_abs_error"])
+    assert rows["scripted:noise=0.3"]["true_success"] > rows["random"]["true_success"]
+    if r["imagined_sft"]["steps"] == 0:  # nothing was imagined successfully: the policy is unchanged
+        assert r["success_after_imagined_sft"] == r["success_bc"]
 
 
 def test_offline_benchmark_reports_point_results_and_budgets():
@@ -95,7 +111,7 @@ def test_twin_benchmark_reports_parameter_recovery():
     for stage in ("traj_error", "image_error", "push_traj_error"):  # never worse than the starting twin
         assert r[f"{stage}_after"] <= r[f"{stage}_before"], stage
     assert r["reprojection_px_before"] > 0 and r["camera_position_error_mm"] >= 0
-    for k in ("real_success_nominal", "real_success_twin", "real_success_twin_guided"):
-        assert 0.0 <= r[k] <= 1.0, k
     assert [c["real_steps"] for c in r["twinrl_curves"]["guided"][0]][0] == 0
-    assert set(r["twinrl_curves"]) == {"guided", "uniform", "corrections"} and 0 <= r["final_real_success_corrections"] <= 1
+    assert set(r["twinrl_curves"]) == {"guided", "uniform", "corrections"}
+    # the guided run's reported final success is the last point of its curves (the sim-to-real table's source)
+    assert r["real_success_twin_guided"] == pytest.approx(np.mean([c[-1]["real_success"] for c in r["twinrl_curves"]["guided"]]))

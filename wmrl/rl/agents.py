@@ -27,6 +27,12 @@ def _register() -> None:
             AGENTS.register(name)(pair)
 
 
+def agent_kinds() -> list[str]:
+    """Every registered agent (`--algo` names of the offline and online trainers' networks)."""
+    _register()
+    return AGENTS.names()
+
+
 def make_agent(kind: str, spaces: dict, **fields):
     _register()
     cls, cfg_cls = AGENTS.get(kind)
@@ -69,4 +75,4 @@ def load_agent(path: str | Path, **overrides):
     return load_state(cls(dataclasses.replace(cfg, **overrides)), path)
 
 
-__all__ = ["AGENTS", "make_agent", "save_agent", "load_agent", "agent_kind"]
+__all__ = ["AGENTS", "agent_kinds", "make_agent", "save_agent", "load_agent", "agent_kind"]
