@@ -16,24 +16,15 @@ from tqdm.auto import tqdm
 
 from wmrl.core.checkpoint import commit_checkpoint, save_train_state
 from wmrl.core.features import ACTION, INTERVENTION, OBS_STATE, TASK, image_key
-from wmrl.datasets import LeRobotV3Dataset
 from wmrl.replay import EpisodeReplay
 
 
 def load_replay(paths, seed: int = 0, successful_only: bool = False):
     """The episodes of one or more datasets in one replay (cameras, state, action, task and outcomes)."""
-    dss = [LeRobotV3Dataset(p) for p in paths]
-    replay = EpisodeReplay(sum(d.num_frames for d in dss), seed=seed)
-    for d in dss:
-        keep = set(d.camera_keys) | {OBS_STATE, ACTION, TASK, INTERVENTION, "next.success", "next.terminated",
-                                     "next.truncated", "next.reward", "is_last"}
-        missing = sorted({OBS_STATE, ACTION} - set(d.features))
-        if missing:
-            raise ValueError(f"{d.root}: dataset lacks {missing}; it has {sorted(d.features)}")
-        for ep in d.iter_episodes():
-            if successful_only and not ep["next.success"].any():
-                continue
-            replay.add_episode({k: v for k, v in ep.items() if k in keep})
+    dss, replay, _ = EpisodeReplay.from_datasets(
+        paths, keys=lambda d: set(d.camera_keys) | {OBS_STATE, ACTION, TASK, INTERVENTION, "next.success",
+                                                   "next.terminated", "next.truncated", "next.reward", "is_last"},
+        require=(OBS_STATE, ACTION), where=(lambda ep: ep["next.success"].any()) if successful_only else None, seed=seed)
     if replay.num_episodes == 0:
         raise ValueError(f"{list(map(str, paths))}: no episodes to clone" + (" (none succeeded)" if successful_only else ""))
     return dss, replay

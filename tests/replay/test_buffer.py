@@ -133,3 +133,19 @@ def test_kept_batches_are_never_overwritten_and_dropped_ones_are_recycled(episod
     assert b.sample(64)["observation.state"].__array_interface__["data"][0] == addr  # dropped, then recycled
     w = b.sample_windows(8, 4)
     assert w["observation.images.front"].shape == (8, 4, 8, 8, 3)
+
+
+def test_from_datasets_holds_out_the_first_datasets_last_episodes_and_filters(tmp_path, episode_factory):
+    _filled(episode_factory, [3, 4, 5, 6]).to_lerobot(tmp_path / "a", fps=10)
+    _filled(episode_factory, [7]).to_lerobot(tmp_path / "b", fps=10)
+    dss, train, held = EpisodeReplay.from_datasets([tmp_path / "a", tmp_path / "b"], holdout=0.5)
+    length = lambda r: sorted(len(r.get_episode(e)["action"]) for e in r.episodes)
+    assert len(dss) == 2 and length(held) == [6, 7] and length(train) == [4, 5, 8]  # a's last two held; all of b trains
+    assert "frame_index" not in train.data and "observation.state" in train.data  # bookkeeping dropped
+    _, only, _ = EpisodeReplay.from_datasets([tmp_path / "a"], keys=lambda d: {"action", "is_last"},
+                                             where=lambda ep: len(ep["action"]) > 5)
+    assert set(only.data) == {"action", "is_last"} and length(only) == [6, 7]
+    with pytest.raises(ValueError, match="lacks \\['observation.environment_state'\\]"):
+        EpisodeReplay.from_datasets([tmp_path / "a"], require=("observation.environment_state",))
+    with pytest.raises(ValueError, match="holdout"):
+        EpisodeReplay.from_datasets([tmp_path / "a"], holdout=1.0)

@@ -11,7 +11,7 @@ import sim
 from policies.random_policy import RandomPolicy
 from sim.tabletop.experts import ScriptedExpert
 from sim.tabletop.tasks import success_and_reward
-from tests.conftest import tiny_wm_config
+from tests.helpers import tiny_wm_config
 from wmrl.eval import evaluate
 from world_models.edm import edm_coefficients
 from world_models.env import WorldModelEnv, WorldModelSingleEnv

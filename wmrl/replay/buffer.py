@@ -17,13 +17,16 @@ import os
 import shutil
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from wmrl.core.episode import features_for
 from wmrl.core.features import IS_LAST
 from wmrl.core.io import write_json
+from wmrl.datasets import LeRobotV3Dataset, LeRobotV3Writer, write_episode
+
+BOOKKEEPING = {"timestamp", "frame_index", "episode_index", "index", "task_index"}  # rebuilt by any writer
 
 class EpisodeReplay:
     def __init__(self, capacity: int, seed: int = 0):
@@ -309,19 +312,41 @@ class EpisodeReplay:
 
     # ------------------------------------------------------------------ LeRobot v3
     @classmethod
-    def from_lerobot(cls, root: str | Path, capacity: int | None = None, seed: int = 0) -> "EpisodeReplay":
-        from wmrl.datasets import LeRobotV3Dataset
+    def from_datasets(cls, paths, *, keys: Callable[[Any], set[str]] | None = None, drop: set[str] = BOOKKEEPING,
+                      require: tuple[str, ...] = (), holdout: float = 0.0, where: Callable[[dict], bool] | None = None,
+                      seed: int = 0) -> tuple[list, "EpisodeReplay", "EpisodeReplay"]:
+        """The one way from LeRobot v3 datasets to replays: `(datasets, train, held)`.
 
-        ds = LeRobotV3Dataset(root)
-        buf = cls(capacity or ds.num_frames, seed=seed)
-        skip = {"timestamp", "frame_index", "episode_index", "index", "task_index"}
-        for ep in ds.iter_episodes():
-            buf.add_episode({k: v for k, v in ep.items() if k not in skip})
-        return buf
+        `paths`: one or more dataset folders. `holdout`: the last share of the *first* dataset's episodes go to
+        `held` (at least one when > 0); every other episode trains. `keys(dataset)`: the features to keep (default:
+        all but `drop`, the bookkeeping columns). `require`: features every dataset must have (one error naming the
+        missing ones). `where(episode)`: keep only the episodes it accepts."""
+        paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
+        if not (isinstance(holdout, (int, float)) and 0 <= holdout < 1):
+            raise ValueError(f"--holdout must be in [0, 1), got {holdout}")
+        dss = [LeRobotV3Dataset(p) for p in paths]
+        for d in dss:
+            if missing := [k for k in require if k not in d.features]:
+                raise ValueError(f"{d.root}: dataset lacks {missing}; it has {sorted(d.features)}")
+        first = dss[0]
+        n_hold = max(1, int(round(first.num_episodes * holdout))) if holdout > 0 else 0
+        train = cls(sum(d.num_frames for d in dss), seed=seed)
+        held = cls(first.num_frames, seed=seed + 1)
+        for j, d in enumerate(dss):
+            keep = keys(d) if keys is not None else None
+            for i, ep in enumerate(d.iter_episodes()):
+                if where is not None and not where(ep):
+                    continue
+                dest = held if j == 0 and i >= first.num_episodes - n_hold else train
+                dest.add_episode({k: v for k, v in ep.items() if (k in keep if keep is not None else k not in drop)})
+        return dss, train, held
+
+    @classmethod
+    def from_lerobot(cls, root: str | Path, seed: int = 0) -> "EpisodeReplay":
+        """One dataset, every episode, in one replay."""
+        return cls.from_datasets([root], seed=seed)[1]
 
     def to_lerobot(self, root: str | Path, fps: int, mode: str = "create", robot_type: str | None = None) -> int:
-        from wmrl.datasets import LeRobotV3Writer, write_episode
-
         if not self.episodes:
             raise ValueError("the replay buffer is empty; nothing to export")
         eps = [self.get_episode(e) for e in self.episodes]

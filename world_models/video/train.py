@@ -23,6 +23,9 @@ from typing import Optional
 import numpy as np
 import torch
 import yaml
+
+from wmrl.replay import EpisodeReplay
+from wmrl.replay.buffer import BOOKKEEPING
 from tqdm.auto import tqdm
 
 from world_models.video.model import VideoWorldModel, WorldModelConfig, commanded_pose
@@ -86,30 +89,12 @@ def load_split(data: Path, holdout: float, seed: int = 0, extra: tuple[Path, ...
     """The dataset as two replays: train episodes and held-out episodes (the last `holdout` share of `data`).
     Episodes of the `extra` datasets (e.g. rollouts of an evolved policy) all go to training. `keep`: bookkeeping
     columns to keep (e.g. `qpos` for re-rendering held-out frames)."""
-    from wmrl.datasets import LeRobotV3Dataset
-    from wmrl.replay import EpisodeReplay
-
-    dss = [LeRobotV3Dataset(p) for p in (data, *extra)]
-    needed = [STATE, ACTION, SUCC, REW, TERM, "observation.images.front", "observation.images.wrist"]
-    for d in dss:
-        missing = [k for k in needed if k not in d.features]
-        if missing:
-            raise ValueError(f"{d.root}: dataset lacks {missing}; it has {sorted(d.features)}")
-    ds = dss[0]
-    if not (isinstance(holdout, (int, float)) and 0 <= holdout < 1):
-        raise ValueError(f"--holdout must be in [0, 1), got {holdout}")
-    n_hold = max(1, int(round(ds.num_episodes * holdout))) if holdout > 0 else 0
-    if ds.num_episodes - n_hold < 2:
-        raise ValueError(f"{data}: {ds.num_episodes} episodes are too few to train a world model")
-    skip = {"timestamp", "frame_index", "episode_index", "index", "task_index", "qpos", "qvel"} - set(keep)
-    total = sum(d.num_frames for d in dss)
-    train = EpisodeReplay(total, seed=seed)
-    held = EpisodeReplay(ds.num_frames, seed=seed + 1)
-    for j, d in enumerate(dss):
-        for i, ep in enumerate(d.iter_episodes()):
-            dest = held if j == 0 and i >= ds.num_episodes - n_hold else train
-            dest.add_episode({k: v for k, v in ep.items() if k not in skip})
-    return ds, train, held
+    needed = (STATE, ACTION, SUCC, REW, TERM, "observation.images.front", "observation.images.wrist")
+    drop = (BOOKKEEPING | {"qpos", "qvel"}) - set(keep)
+    dss, train, held = EpisodeReplay.from_datasets([data, *extra], drop=drop, require=needed, holdout=holdout, seed=seed)
+    if dss[0].num_episodes - held.num_episodes < 2:
+        raise ValueError(f"{data}: {dss[0].num_episodes} episodes are too few to train a world model")
+    return dss[0], train, held
 
 
 def model_config(cfg: TrainWMConfig, ds) -> WorldModelConfig:

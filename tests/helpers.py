@@ -1,0 +1,26 @@
+"""Helpers shared by test modules (fixtures live in conftest.py)."""
+
+import numpy as np
+
+
+def make_episode(T: int, tag: str = "task", image: bool = True, start: int = 0, terminal: bool = True):
+    """A synthetic episode whose frame values encode their time index (so tests can check alignment)."""
+    from wmrl.core.episode import build_episode
+
+    obs = []
+    for i in range(T + 1):
+        o = {"observation.state": np.full(3, start + i, np.float32), "task": tag}
+        if image:
+            o["observation.images.front"] = np.full((8, 8, 3), (start + i) % 256, np.uint8)
+        obs.append(o)
+    return build_episode(obs, [np.full(2, start + i, np.float32) for i in range(T)], [float(i) for i in range(T)],
+                         [terminal and i == T - 1 for i in range(T)], [(not terminal) and i == T - 1 for i in range(T)],
+                         [terminal and i == T - 1 for i in range(T)], source="expert")
+
+
+def tiny_wm_config(data, out, **kw):
+    from world_models.video.train import TrainWMConfig
+
+    base = dict(data=data, out=out, size="tiny", ae_steps=30, state_steps=20, dyn_steps=30, unroll_steps=6, batch_size=8,
+                log_every=1, ckpt_every=1000, videos=0, holdout=0.25, overwrite=True)
+    return TrainWMConfig(**{**base, **kw})
