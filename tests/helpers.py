@@ -24,3 +24,19 @@ def tiny_wm_config(data, out, **kw):
     base = dict(data=data, out=out, size="tiny", ae_steps=30, state_steps=20, dyn_steps=30, unroll_steps=6, batch_size=8,
                 log_every=1, ckpt_every=1000, videos=0, holdout=0.25, overwrite=True)
     return TrainWMConfig(**{**base, **kw})
+
+
+def tiny_vla(head="gaussian", **kw):
+    from policies.vla import VLAConfig, VLAPolicy
+
+    cfg = VLAConfig(head=head, vision_width=8, hidden=32, text_dim=8, task_vocab=["push", "the", "red", "cube"],
+                    state_mean=[0.5] * 8, state_std=[2.0] * 8, action_mean=[0.1, 0.0, 0.0, 0.0],
+                    action_std=[0.5, 0.5, 0.5, 1.0], **kw)
+    return VLAPolicy(cfg)
+
+
+def vla_obs(B=3, seed=0):
+    rng = np.random.default_rng(seed)
+    return {"observation.images.front": rng.integers(0, 255, (B, 64, 64, 3), dtype=np.uint8),
+            "observation.images.wrist": rng.integers(0, 255, (B, 64, 64, 3), dtype=np.uint8),
+            "observation.state": rng.normal(size=(B, 8)).astype(np.float32), "task": ["push the red cube"] * B}

@@ -4,21 +4,9 @@ import torch
 
 from policies.vla import VLAConfig, VLAPolicy
 from policies.vla.bc import bc_batch, bc_train, load_replay
+from tests.helpers import tiny_vla as _policy
+from tests.helpers import vla_obs as _obs
 from wmrl.commands.train_policy import TrainPolicyConfig, train_policy
-
-
-def _policy(head="gaussian", **kw):
-    cfg = VLAConfig(head=head, vision_width=8, hidden=32, text_dim=8, task_vocab=["push", "the", "red", "cube"],
-                    state_mean=[0.5] * 8, state_std=[2.0] * 8, action_mean=[0.1, 0.0, 0.0, 0.0],
-                    action_std=[0.5, 0.5, 0.5, 1.0], **kw)
-    return VLAPolicy(cfg)
-
-
-def _obs(B=3, seed=0):
-    rng = np.random.default_rng(seed)
-    return {"observation.images.front": rng.integers(0, 255, (B, 64, 64, 3), dtype=np.uint8),
-            "observation.images.wrist": rng.integers(0, 255, (B, 64, 64, 3), dtype=np.uint8),
-            "observation.state": rng.normal(size=(B, 8)).astype(np.float32), "task": ["push the red cube"] * B}
 
 
 def test_gaussian_log_prob_is_the_exact_density_in_environment_units():

@@ -5,7 +5,9 @@ import numpy as np
 import pytest
 import torch
 
-from wmrl.rl.imagine import ImagineConfig, clipped_surrogate, gae, grpo_advantages, imagine, ppo_loss, rollout_mean
+from wmrl.rl.grpo import grpo_advantages, rollout_mean
+from wmrl.rl.imagine import ImagineConfig, imagine
+from wmrl.rl.ppo import clipped_surrogate, gae, ppo_loss
 from world_models.env import require_success_head
 
 
@@ -61,8 +63,8 @@ def test_gae_bootstraps_on_truncation_but_not_on_termination():
 
 
 def _toy_rollouts(success, policy):
-    from tests.policies.test_vla import _obs
-    from wmrl.rl.imagine import Rollouts, _step_logp
+    from tests.helpers import vla_obs as _obs
+    from wmrl.rl.rollouts import Rollouts, step_logp
 
     N = len(success)
     torch.manual_seed(0)
@@ -70,12 +72,12 @@ def _toy_rollouts(success, policy):
                     rewards=torch.tensor([[0.1 * i for i in range(N)], [0.5] * N]), terminal=torch.zeros(2, N, dtype=torch.bool),
                     valid=torch.ones(2, N, dtype=torch.bool), success=torch.tensor(success))
     with torch.no_grad():  # behaviour log-probs = the current policy's, as right after collection
-        ro.logp = _step_logp(policy, ro, np.arange(N))
+        ro.logp = step_logp(policy, ro, np.arange(N))
     return ro
 
 
 def test_grpo_update_learns_only_from_groups_with_mixed_outcomes():
-    from tests.policies.test_vla import _policy
+    from tests.helpers import tiny_vla as _policy
     from wmrl.rl.imagine import update
 
     cfg = ImagineConfig(group_size=2, epochs=1, minibatch_rollouts=4)

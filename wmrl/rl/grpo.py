@@ -1,0 +1,50 @@
+"""GRPO in imagination as in WoVR (Jiang et al., 2025), on top of DeepSeekMath's GRPO (Shao et al., 2024, Eq. 3) with
+DAPO's asymmetric clip (Yu et al., 2025).
+
+Groups of G imagined rollouts share one start (a real first frame, or a real keyframe: WoVR's KIR); each rollout's
+return is the sum of the world model's relative success reward; the advantage is the return standardised within
+the group; groups whose rollouts all succeeded or all failed carry no signal and are dropped; the clipped surrogate
+(clip 1-0.2 .. 1+0.28) is averaged over each rollout's valid steps, then over rollouts. No value function.
+
+`prepare` turns a batch of rollouts into targets (once per iteration); `loss` is the objective on a minibatch of
+whole rollouts (`wmrl.rl.imagine.update` runs the epochs and minibatches for every algorithm).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from wmrl.rl.ppo import clipped_surrogate
+from wmrl.rl.rollouts import Rollouts
+
+
+def grpo_advantages(returns: torch.Tensor, success: torch.Tensor, group_size: int,
+                    eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
+    """Group-standardised advantages (N,) and the rollouts to keep (N,): groups (consecutive blocks of G) whose
+    rollouts all succeeded or all failed are dropped."""
+    if returns.shape[0] % group_size:
+        raise ValueError(f"{returns.shape[0]} rollouts do not split into groups of {group_size}")
+    r = returns.reshape(-1, group_size).double()
+    s = success.reshape(-1, group_size).bool()
+    adv = (r - r.mean(1, keepdim=True)) / (r.std(1, unbiased=False, keepdim=True) + eps)
+    mixed = s.any(1) & ~s.all(1)
+    return adv.reshape(-1).float(), mixed[:, None].expand(-1, group_size).reshape(-1)
+
+
+def rollout_mean(x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Mean of x (T, N) over each rollout's valid steps -> (N,)."""
+    v = valid.float()
+    return (x * v).sum(0) / v.sum(0).clamp(min=1)
+
+
+def prepare(policy, ro: Rollouts, cfg) -> tuple[dict, np.ndarray, dict]:
+    """One advantage per rollout, broadcast over its steps; only the rollouts of mixed groups are kept."""
+    adv_r, keep = grpo_advantages(ro.returns, ro.success, cfg.group_size)
+    adv = adv_r[None].expand(ro.actions.shape[0], -1)
+    return {"adv": adv}, np.flatnonzero(keep.numpy()), {"kept_groups": float(keep.float().mean())}
+
+
+def loss(policy, ro: Rollouts, ids: np.ndarray, logp: torch.Tensor, targets: dict, cfg) -> torch.Tensor:
+    surr = clipped_surrogate(logp, ro.logp[:, ids], targets["adv"][:, ids], cfg.clip_low, cfg.clip_high)
+    return -rollout_mean(surr, ro.valid[:, ids]).mean()
