@@ -139,7 +139,7 @@ def true_dynamics_error(env_id: str, ro: dict, scale: np.ndarray) -> np.ndarray:
 
 
 class SyntheticGenerator:
-    """The `synthetic` source of `train_offline`: refreshes the buffer on the first epoch (unguided) and every
+    """The `ModelDataSource` PGD gives `train_offline`: refreshes the buffer on the first epoch (unguided) and every
     `every` epochs after (guided by the agent's current actor). After a resume the empty buffer is refilled at once."""
 
     def __init__(self, model: TrajectoryDiffusion, cfg: PGDConfig):
@@ -201,7 +201,7 @@ def train_pgd(cfg: PGDConfig) -> dict:
                          hidden=cfg.hidden, batch_size=cfg.batch_size, eval_every=cfg.eval_every,
                          eval_episodes=cfg.eval_episodes, seed=cfg.seed, resume=cfg.resume,
                          progress=cfg.progress)
-    result = train_offline(ocfg, synthetic=SyntheticGenerator(model, cfg))
+    result = train_offline(ocfg, source=SyntheticGenerator(model, cfg))
     return {**result, "algo": f"pgd-{cfg.agent}", "dynamics": "trajectory-diffusion", "diffusion_fit": {k: v for k, v in fit.items() if k != "losses"}}
 
 

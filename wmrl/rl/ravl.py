@@ -26,6 +26,7 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -35,14 +36,24 @@ from wmrl.core.features import ACTION, IS_LAST, OBS_STATE, REWARD, SOURCE, TERMI
 from wmrl.rl.agents import load_agent, make_agent, save_agent
 from wmrl.rl.sac import batch_tensors
 
-PRESETS = {  # num_critics, eta, penalty, model data
-    "mbpo": (2, 0.0, 0.0, True),
-    "mopo": (2, 0.0, 0.5, True),
-    "ravl": (10, 1.0, 0.0, True),
-    "sac-n": (10, 0.0, 0.0, False),
-    "td3bc": (2, 0.0, 0.0, False),
-    "iql": (2, 0.0, 0.0, False),
-}
+@dataclass(frozen=True)
+class Preset:
+    """What sets one member of the family apart (the table above); `OfflineConfig` fields override the numbers."""
+
+    num_critics: int
+    eta: float  # EDAC's ensemble-diversity weight
+    penalty: float  # MOPO's lambda on the ensemble's uncertainty
+    model_data: bool  # train on rollouts in a dynamics model besides the dataset
+    agent: str = "sac"  # the registered agent (`wmrl.rl.agents`)
+
+
+MBPO = Preset(num_critics=2, eta=0.0, penalty=0.0, model_data=True)
+MOPO = Preset(num_critics=2, eta=0.0, penalty=0.5, model_data=True)
+RAVL = Preset(num_critics=10, eta=1.0, penalty=0.0, model_data=True)
+SAC_N = Preset(num_critics=10, eta=0.0, penalty=0.0, model_data=False)
+TD3BC = Preset(num_critics=2, eta=0.0, penalty=0.0, model_data=False, agent="td3bc")
+IQL = Preset(num_critics=2, eta=0.0, penalty=0.0, model_data=False, agent="iql")
+PRESETS = {"mbpo": MBPO, "mopo": MOPO, "ravl": RAVL, "sac-n": SAC_N, "td3bc": TD3BC, "iql": IQL}
 
 
 @dataclass
@@ -85,16 +96,18 @@ class OfflineConfig:
     progress: bool = True
 
 
-def resolve_algo(cfg: OfflineConfig) -> tuple[int, float, float, bool]:
+def resolve_algo(cfg: OfflineConfig) -> Preset:
+    """The algorithm's preset with the config's overrides applied (bad names and ranges refused)."""
     if cfg.algo not in PRESETS:
         raise ValueError(f"algo: expected one of {', '.join(PRESETS)}, got {cfg.algo!r}")
     if cfg.dynamics not in ("learned", "true"):
         raise ValueError(f"dynamics: expected learned or true, got {cfg.dynamics!r}")
     if not 0.0 <= cfg.real_ratio <= 1.0:
         raise ValueError(f"real_ratio must be in [0, 1], got {cfg.real_ratio}")
-    n, eta, pen, model = PRESETS[cfg.algo]
-    return (cfg.num_critics if cfg.num_critics is not None else n, cfg.eta if cfg.eta is not None else eta,
-            cfg.penalty if cfg.penalty is not None else pen, model)
+    p = PRESETS[cfg.algo]
+    return dataclasses.replace(p, num_critics=cfg.num_critics if cfg.num_critics is not None else p.num_critics,
+                               eta=cfg.eta if cfg.eta is not None else p.eta,
+                               penalty=cfg.penalty if cfg.penalty is not None else p.penalty)
 
 
 def dataset_env(data: Path) -> str:
@@ -193,16 +206,44 @@ def add_rollouts(buffer, ro: dict) -> int:
     return added
 
 
-def train_offline(cfg: OfflineConfig, synthetic=None) -> dict:
-    """`synthetic` replaces model rollouts with another generator of model data (PGD's trajectory diffusion): an
-    object with `capacity` (frames) and `refresh(agent, buffer, epoch) -> dict of metrics`, called every epoch."""
+class ModelDataSource(Protocol):
+    """Where a model-based agent's synthetic transitions come from: k-step rollouts in a dynamics model
+    (`DynamicsRollouts`, MBPO/MOPO/RAVL) or PGD's trajectory diffusion (`wmrl.rl.pgd`). `capacity`: frames the model
+    buffer holds; `refresh` writes the epoch's data into it and returns metrics."""
+
+    capacity: int
+
+    def refresh(self, agent, buffer, epoch: int) -> dict: ...
+
+
+class DynamicsRollouts:
+    """MBPO's branched rollouts (Janner et al. 2019): `rollout_batch` dataset states, `rollout_length` steps of the
+    current policy in the dynamics, `retain_epochs` epochs kept (FIFO). `edge`: the states the last rollouts ended
+    in, where edge-of-reach values show (Sims et al. 2024)."""
+
+    def __init__(self, cfg: OfflineConfig, dynamics, real, penalty: float, termination, rng: np.random.Generator):
+        self.cfg, self.dynamics, self.real, self.penalty, self.termination, self.rng = cfg, dynamics, real, penalty, termination, rng
+        self.capacity = cfg.rollout_batch * (cfg.rollout_length + 1) * cfg.retain_epochs
+        self.edge: np.ndarray | None = None
+
+    def refresh(self, agent, buffer, epoch: int) -> dict:
+        ro = rollout(agent, self.dynamics, self.real, self.cfg.rollout_batch, self.cfg.rollout_length, self.penalty,
+                     self.termination, self.rng)
+        out = {"model_transitions": add_rollouts(buffer, ro), "rollout_uncertainty": ro["uncertainty"]}
+        self.edge = ro["obs"][np.arange(len(ro["length"])), ro["length"]]  # last states: Bellman targets only
+        return out
+
+
+def train_offline(cfg: OfflineConfig, source: ModelDataSource | None = None) -> dict:
+    """The offline loop for every algorithm of the family. `source` replaces the preset's model data (PGD passes its
+    trajectory diffusion); by default a model-based preset rolls out in the learned or true dynamics."""
     from sim.locomotion import termination_fn
     from wmrl.core.checkpoint import commit_checkpoint, load_train_state, resume_checkpoint, save_train_state
     from wmrl.replay import EpisodeReplay, MixedReplay
     from wmrl.rl.sac import evaluate_return
     from wmrl.core.run import Tracker, prepare_run_dir, save_config
 
-    n_critics, eta, penalty, use_model = resolve_algo(cfg)
+    preset = resolve_algo(cfg)
     env_id = cfg.env or dataset_env(cfg.data)
     if not env_id:
         raise ValueError(f"{cfg.data}: the dataset does not name its environment; pass --env")
@@ -220,13 +261,13 @@ def train_offline(cfg: OfflineConfig, synthetic=None) -> dict:
     if real.data[OBS_STATE].shape[1] != spaces["obs_dim"] or real.data[ACTION].shape[1] != spaces["act_dim"]:
         raise ValueError(f"{cfg.data}: observation/action dims {real.data[OBS_STATE].shape[1]}/{real.data[ACTION].shape[1]} "
                          f"do not match {env_id}'s {spaces['obs_dim']}/{spaces['act_dim']}")
-    if cfg.algo in ("td3bc", "iql"):
-        agent = make_agent(cfg.algo, spaces, hidden=cfg.hidden, batch_size=cfg.batch_size)
-        if cfg.algo == "td3bc":
+    if preset.agent != "sac":
+        agent = make_agent(preset.agent, spaces, hidden=cfg.hidden, batch_size=cfg.batch_size)
+        if preset.agent == "td3bc":
             agent.set_obs_stats(real.transitions([OBS_STATE])[OBS_STATE])
     else:
-        agent = make_agent("sac", spaces, num_critics=n_critics, eta=eta, hidden=cfg.hidden, layers=cfg.layers,
-                           batch_size=cfg.batch_size)
+        agent = make_agent("sac", spaces, num_critics=preset.num_critics, eta=preset.eta, hidden=cfg.hidden,
+                           layers=cfg.layers, batch_size=cfg.batch_size)
     ck, epoch0 = resume_checkpoint(run / "checkpoints") if cfg.resume else (None, 0)
     if ck is not None:
         saved = load_agent(ck)
@@ -234,12 +275,13 @@ def train_offline(cfg: OfflineConfig, synthetic=None) -> dict:
             raise ValueError(f"{ck}: the checkpointed agent's config differs from this run's; use a new --out")
         agent = saved
         epoch0 = load_train_state(ck, agent.optimizers())["step"]
-    rollouts = use_model and synthetic is None
-    use_model = use_model or synthetic is not None
-    dynamics, dyn_info = make_dynamics(cfg, env_id, real, run) if rollouts else (None, {})
-    term_fn = termination_fn(env_id) if rollouts else None
-    capacity = synthetic.capacity if synthetic is not None else cfg.rollout_batch * (cfg.rollout_length + 1) * cfg.retain_epochs
-    model_buf = EpisodeReplay(max(capacity, 1), seed=cfg.seed)
+    dyn_info: dict = {}
+    if source is None and preset.model_data:
+        dynamics, dyn_info = make_dynamics(cfg, env_id, real, run)
+        source = DynamicsRollouts(cfg, dynamics, real, preset.penalty, termination_fn(env_id), rng)
+    use_model = source is not None
+    rollouts = isinstance(source, DynamicsRollouts)
+    model_buf = EpisodeReplay(max(source.capacity if use_model else 1, 1), seed=cfg.seed)
     mix = MixedReplay(real, model_buf, online_ratio=1.0 - cfg.real_ratio) if use_model else None
     keys = [OBS_STATE, ACTION, REWARD, TERMINATED]
     logger = Tracker(run)
@@ -247,13 +289,8 @@ def train_offline(cfg: OfflineConfig, synthetic=None) -> dict:
     bar = tqdm(range(epoch0, cfg.epochs), desc=f"{cfg.algo} ({cfg.dynamics})", disable=not cfg.progress)
     for epoch in bar:
         row: dict = {"epoch": epoch + 1}
-        if synthetic is not None:
-            row.update(synthetic.refresh(agent, model_buf, epoch))
-        elif use_model:
-            ro = rollout(agent, dynamics, real, cfg.rollout_batch, cfg.rollout_length, penalty, term_fn, rng)
-            row["model_transitions"] = add_rollouts(model_buf, ro)
-            row["rollout_uncertainty"] = ro["uncertainty"]
-            edge = ro["obs"][np.arange(len(ro["length"])), ro["length"]]  # last states: Bellman targets only
+        if use_model:
+            row.update(source.refresh(agent, model_buf, epoch))
         for _ in range(cfg.updates_per_epoch):
             b = mix.sample(cfg.batch_size, keys=keys) if use_model else real.sample(cfg.batch_size, keys=keys)
             try:
@@ -267,7 +304,7 @@ def train_offline(cfg: OfflineConfig, synthetic=None) -> dict:
             if rollouts:
                 row["q_dataset_pi"] = agent.q_values(rb["obs"], agent.actor.sample(rb["obs"])[0]).mean().item()
                 # Q at the states rollouts end in (edge-of-reach candidates), under the current policy
-                e = torch.as_tensor(edge[:1024], dtype=torch.float32)
+                e = torch.as_tensor(source.edge[:1024], dtype=torch.float32)
                 row["q_rollout_end"] = agent.q_values(e, agent.actor.sample(e)[0]).mean().item()
         row.update({k: info[k] for k in ("q_mean", "critic_loss", "alpha", "entropy") if k in info})
         if (epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs:
@@ -285,4 +322,5 @@ def train_offline(cfg: OfflineConfig, synthetic=None) -> dict:
             "minutes": (time.time() - t0) / 60}
 
 
-__all__ = ["OfflineConfig", "PRESETS", "train_offline", "rollout", "add_rollouts", "resolve_algo"]
+__all__ = ["OfflineConfig", "Preset", "PRESETS", "ModelDataSource", "DynamicsRollouts", "train_offline", "rollout",
+           "add_rollouts", "resolve_algo"]
