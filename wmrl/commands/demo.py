@@ -92,15 +92,14 @@ def run_demo(cfg: DemoConfig, progress: bool = True) -> dict:
     from wmrl.eval.rank import RankConfig, run_rank
     from wmrl.rl.coevolve import evolve_world_model, hallucination_rate
     from wmrl.rl.imagine import ImagineConfig, imagine
-    from wmrl.core.run import Tracker, prepare_run_dir, save_config
+    from wmrl.core.run import Tracker, start_run
     from world_models.video.model import VideoWorldModel
     from world_models.video.train import TrainWMConfig, train_world_model
 
     if cfg.quick:
         cfg = replace(cfg, **QUICK)
     t0 = time.time()
-    run = prepare_run_dir(cfg.out, cfg.overwrite, cfg.resume)
-    save_config(run, cfg)
+    run = start_run(cfg)
     tracker = Tracker(run)
     say = print if progress else (lambda *a, **k: None)
     stage = Stages(run, tracker, say)

@@ -71,7 +71,7 @@ def deploy(cfg: DeployConfig) -> dict:
     from wmrl.core.io import write_json
     from wmrl.datasets.lerobot_v3 import LeRobotV3Writer, write_episode
     from policies.factory import make_policy
-    from wmrl.core.run import prepare_run_dir, save_config
+    from wmrl.core.run import start_run
 
     ExecutorConfig(mode=cfg.mode, control_hz=cfg.control_hz).validate()
     if cfg.operator not in ("none", "scripted", "keyboard"):
@@ -82,8 +82,7 @@ def deploy(cfg: DeployConfig) -> dict:
     safety.validate()
     if not (cfg.robot == "sim-real" or cfg.robot.startswith("tcp://")):
         raise ValueError(f"robot: expected sim-real or tcp://HOST:PORT, got {cfg.robot!r}")
-    run = prepare_run_dir(cfg.out, overwrite=cfg.overwrite)
-    save_config(run, cfg)
+    run = start_run(cfg)
     spaces_env = TabletopEnv(task=cfg.task, cameras=("front", "wrist"))
     policy = make_policy(cfg.policy.type, spaces_env.action_space, seed=cfg.seed, noise=cfg.policy.noise,
                          failure_prob=cfg.policy.failure_prob, path=cfg.policy.path, stochastic=cfg.policy.stochastic,

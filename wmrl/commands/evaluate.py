@@ -48,13 +48,12 @@ def plot_episodes(per_episode: list[dict], path: Path, title: str) -> None:
 def run_eval(cfg: EvalConfig, progress: bool = True) -> dict:
     import sim
     from wmrl.eval import evaluate
-    from wmrl.core.run import Tracker, prepare_run_dir, save_config
+    from wmrl.core.run import Tracker, start_run
 
     pol = cfg.policy.type
     out = cfg.out or Path("runs/eval") / f"{pol}-{cfg.task}-{time.strftime('%Y%m%d-%H%M%S')}"
     sim.resolve_task(cfg.task)  # fail on a bad name before creating anything
-    run_dir = prepare_run_dir(out, cfg.overwrite, cfg.resume)
-    save_config(run_dir, cfg)
+    run_dir = start_run(cfg, out)
     env = sim.make_vector_env(cfg.task, cfg.num_envs)
     try:
         policy = cfg.policy.build(env, seed=cfg.seed)

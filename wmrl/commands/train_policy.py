@@ -17,7 +17,7 @@ import torch
 from policies.vla import VLAConfig, VLAPolicy
 from policies.vla.bc import bc_train, load_replay, weight_interventions
 from wmrl.core.checkpoint import load_train_state, resume_checkpoint
-from wmrl.core.run import Tracker, prepare_run_dir, save_config
+from wmrl.core.run import Tracker, start_run
 from wmrl.eval import evaluate_on_tasks
 
 
@@ -53,10 +53,7 @@ class TrainPolicyConfig:
 
 
 def train_policy(cfg: TrainPolicyConfig, progress: bool = True) -> dict:
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    run = prepare_run_dir(cfg.out, cfg.overwrite, cfg.resume)
-    save_config(run, cfg)
+    run = start_run(cfg)
     torch.manual_seed(cfg.seed)
     dss, replay = load_replay(cfg.data, cfg.seed, cfg.successful_only)
     weight_interventions(replay, cfg.intervention_weight)

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
 import yaml
 
 from wmrl.core.io import RUN_MARKER, check_out, recognise, remove_for_overwrite, write_json
@@ -123,3 +124,14 @@ class Tracker:
     def close(self) -> None:
         if self._wandb is not None:
             self._wandb.finish()
+
+
+def start_run(cfg: Any, out: str | Path | None = None) -> Path:
+    """The one run set-up every command shares: `cfg.threads` torch threads (when the config has them and sets
+    them), the run folder (`cfg.out`, or `out`; `--overwrite` / `--resume` as the config says) and its config.yaml,
+    checked against the saved one on resume. Seeding stays with each algorithm (what it seeds is part of it)."""
+    if getattr(cfg, "threads", None):
+        torch.set_num_threads(cfg.threads)
+    run = prepare_run_dir(cfg.out if out is None else out, getattr(cfg, "overwrite", False), getattr(cfg, "resume", False))
+    save_config(run, cfg)
+    return run

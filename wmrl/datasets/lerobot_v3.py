@@ -30,7 +30,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from wmrl.core.features import INDEX_FEATURES, TASK
+from wmrl.core.features import TASK
 from wmrl.core.io import atomic_path, remove_for_overwrite, write_json
 from wmrl.datasets.video import decode_video, encode_video, video_info
 

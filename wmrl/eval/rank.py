@@ -159,10 +159,9 @@ def plot_scatter(rows: list[dict], path: Path, stats: dict) -> Path:
 def run_rank(cfg: RankConfig, progress: bool = True) -> dict:
     from wmrl.core.io import write_json
     from world_models.video.train import world_model_data
-    from wmrl.core.run import Tracker, prepare_run_dir, save_config
+    from wmrl.core.run import Tracker, start_run
 
-    run = prepare_run_dir(cfg.out, cfg.overwrite, cfg.resume)
-    save_config(run, cfg)
+    run = start_run(cfg)
     data = cfg.data or world_model_data(cfg.world_model)
     t0 = time.time()
     rows = score_population(list(cfg.policies), str(cfg.world_model), str(data), cfg.task, cfg.episodes, cfg.num_envs,

@@ -120,14 +120,11 @@ def imagine(cfg: ImagineConfig, progress: bool = True) -> dict:
                                       save_train_state)
     from world_models.factory import make_world_model
     from wmrl.core.report import plot_curves
-    from wmrl.core.run import Tracker, prepare_run_dir, save_config
+    from wmrl.core.run import Tracker, start_run
 
     if cfg.algo not in ALGOS:
         raise ValueError(f"algo: expected one of {tuple(ALGOS)}, got {cfg.algo!r}")
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    run = prepare_run_dir(cfg.out, cfg.overwrite, cfg.resume)
-    save_config(run, cfg)
+    run = start_run(cfg)
     torch.manual_seed(cfg.seed)
     ck, _ = resume_checkpoint(run / "checkpoints") if cfg.resume else (None, 0)
     resuming = ck is not None

@@ -191,10 +191,9 @@ def train_pgd(cfg: PGDConfig) -> dict:
     real = load_offline_data(cfg.data, cfg.seed)
     if real.data[ACTION].shape[1] != spaces["act_dim"]:
         raise ValueError(f"{cfg.data}: action dim {real.data[ACTION].shape[1]} does not match {env_id}'s {spaces['act_dim']}")
-    from wmrl.core.run import prepare_run_dir, save_config
+    from wmrl.core.run import start_run
 
-    run = prepare_run_dir(cfg.out, overwrite=cfg.overwrite, resume=cfg.resume)
-    save_config(run, cfg)
+    run = start_run(cfg)
     model, fit = diffusion_model(cfg, real, spaces, run)
     ocfg = OfflineConfig(data=cfg.data, out=run / "agent", algo=cfg.agent, env=env_id, epochs=cfg.epochs,
                          updates_per_epoch=cfg.updates_per_epoch, real_ratio=1.0 - cfg.synthetic_ratio,

@@ -241,14 +241,13 @@ def train_offline(cfg: OfflineConfig, source: ModelDataSource | None = None) -> 
     from wmrl.core.checkpoint import commit_checkpoint, load_train_state, resume_checkpoint, save_train_state
     from wmrl.replay import EpisodeReplay, MixedReplay
     from wmrl.rl.sac import evaluate_return
-    from wmrl.core.run import Tracker, prepare_run_dir, save_config
+    from wmrl.core.run import Tracker, start_run
 
     preset = resolve_algo(cfg)
     env_id = cfg.env or dataset_env(cfg.data)
     if not env_id:
         raise ValueError(f"{cfg.data}: the dataset does not name its environment; pass --env")
-    run = prepare_run_dir(cfg.out, overwrite=cfg.overwrite, resume=cfg.resume)
-    save_config(run, cfg)
+    run = start_run(cfg)
     rng = np.random.default_rng(cfg.seed)
     torch.manual_seed(cfg.seed)
     real = load_offline_data(cfg.data, cfg.seed)

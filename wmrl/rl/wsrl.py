@@ -50,7 +50,7 @@ def finetune(cfg: FinetuneConfig) -> dict:
     from wmrl.replay import EpisodeReplay, MixedReplay
     from wmrl.rl.ravl import dataset_env
     from wmrl.rl.sac import SAC
-    from wmrl.core.run import Tracker, prepare_run_dir, save_config
+    from wmrl.core.run import Tracker, start_run
 
     if cfg.algo not in METHODS:
         raise ValueError(f"algo: expected one of {', '.join(METHODS)}, got {cfg.algo!r}")
@@ -73,8 +73,7 @@ def finetune(cfg: FinetuneConfig) -> dict:
         env = dataset_env(Path(data)) if data else ""
     if not env:
         raise ValueError(f"{cfg.agent}: cannot tell which environment it was trained for; pass --env")
-    run = prepare_run_dir(cfg.out, overwrite=cfg.overwrite)
-    save_config(run, cfg)
+    run = start_run(cfg)
     online = EpisodeReplay(cfg.steps + 2_000, seed=cfg.seed)
     sample = None
     if cfg.algo == "naive-retain":

@@ -234,15 +234,12 @@ def unrolled_batch(model: VideoWorldModel, d: dict, H: int, gen: torch.Generator
 
 def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
     from wmrl.core.checkpoint import load_train_state, resolve_checkpoint, resume_checkpoint
-    from wmrl.core.run import Tracker, prepare_run_dir, save_config
+    from wmrl.core.run import Tracker, start_run
 
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
     for name in ("ae_steps", "state_steps", "dyn_steps", "unroll_steps"):
         if getattr(cfg, name) < 0:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(cfg, name)}")
-    run = prepare_run_dir(cfg.out, cfg.overwrite, cfg.resume)
-    save_config(run, cfg)
+    run = start_run(cfg)
     torch.manual_seed(cfg.seed)
     ds, train, held = load_split(cfg.data, cfg.holdout, cfg.seed, cfg.extra_data)
     mcfg = model_config(cfg, ds)
