@@ -34,6 +34,8 @@ from typing import Callable
 
 import numpy as np
 
+from wmrl.core.features import OBS_STATE
+
 STRATEGIES = ("replace", "temporal_ensemble", "aligned")
 MODES = ("sync", "async", "aligned")
 
@@ -203,7 +205,7 @@ def run_episode(robot, infer: Callable[[dict], np.ndarray], cfg: ExecutorConfig,
 
 
 def _hold_from(obs: dict) -> np.ndarray:
-    s = np.asarray(obs["observation.state"], np.float64)
+    s = np.asarray(obs[OBS_STATE], np.float64)
     return np.concatenate([s[:4], [float(obs.get("gripper_command", -1.0))]])
 
 

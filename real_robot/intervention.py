@@ -20,7 +20,7 @@ import numpy as np
 
 from real_robot.adapters import joint_command
 from wmrl.core.arm import EE_STEP, forward_kinematics, step_hand
-from wmrl.core.features import OBS_STATE, SOURCE
+from wmrl.core.features import OBS_ENV_STATE, OBS_STATE, SOURCE, TASK
 
 PHASES = {0: "policy", 1: "recovery", 2: "correction"}
 
@@ -50,7 +50,7 @@ class ScriptedOperator:
     def step(self, obs: dict, policy_action: np.ndarray) -> tuple[np.ndarray | None, int]:
         ee = np.asarray(obs[OBS_STATE], np.float64)[5:8]
         expert = self.expert.select_action({k: v if k == "task" else np.asarray(v)[None] for k, v in obs.items()
-                                            if k in (OBS_STATE, "observation.environment_state", "task")})[0]
+                                            if k in (OBS_STATE, OBS_ENV_STATE, TASK)})[0]
         if self.phase == 0:
             p, e = np.asarray(policy_action[:3], np.float64), expert[:3]
             cos = float(p @ e / (np.linalg.norm(p) * np.linalg.norm(e) + 1e-9))

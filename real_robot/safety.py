@@ -33,6 +33,7 @@ from typing import Callable
 import numpy as np
 
 from wmrl.core.arm import forward_kinematics
+from wmrl.core.features import OBS_STATE
 
 log = logging.getLogger("wmrl.safety")
 CLAMPS = ("joint_limit", "step_delta", "velocity_acceleration", "workspace", "gripper_limit")
@@ -263,7 +264,7 @@ class SafeRobot:
     def resync(self) -> None:
         """Take the measured pose as the held target (after connecting, or after the cell was reset)."""
         obs = self.get_observation()
-        q = np.asarray(obs["observation.state"], np.float64)[: self.cfg.n_joints]
+        q = np.asarray(obs[OBS_STATE], np.float64)[: self.cfg.n_joints]
         g = float(obs.get("gripper_command", self.cfg.gripper_low))
         start = np.concatenate([q, [g]])
         if not np.all(np.abs(self._check_joint_box(start)[:-1] - q) < 1e-9):

@@ -13,6 +13,7 @@ import gymnasium as gym  # noqa: E402
 import numpy as np  # noqa: E402
 
 from sim.tabletop.tasks import all_tasks  # noqa: E402
+from wmrl.core.features import OBS_ENV_STATE  # noqa: E402
 
 ENTRY_POINT = "sim.tabletop.env:TabletopEnv"
 
@@ -91,7 +92,7 @@ def replay_open_loop(task: str, actions: np.ndarray, seed: int = 0, start_qpos: 
         if until_done and (term or trunc):
             break
     env.close()
-    return ok, obs["observation.environment_state"]
+    return ok, obs[OBS_ENV_STATE]
 
 
 def replay_in_true_sim(task: str, seed: int, actions: np.ndarray, cube_shift: float = 0.0, shift_seed: int = 0) -> bool:

@@ -32,11 +32,11 @@ from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
 from sim.tabletop.tasks import success_and_reward
+from wmrl.core.features import OBS_ENV_STATE, OBS_STATE
 from world_models.video.model import VideoWorldModel, imagined_success
 from world_models.video.train import load_split
 
-STATE = "observation.state"
-ENV_STATE = "observation.environment_state"
+STATE, ENV_STATE = OBS_STATE, OBS_ENV_STATE
 TEXT_CHARSET = string.ascii_lowercase + string.digits + " "
 
 

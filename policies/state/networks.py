@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from wmrl.core.features import OBS_STATE
+from wmrl.core.features import ACTION, OBS_STATE
 
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
 
@@ -127,7 +127,7 @@ class TanhGaussianActor(StatePolicy, nn.Module):
     def forward(self, batch: dict):
         """Behaviour-cloning NLL, so the actor also trains from data alone."""
         s = torch.as_tensor(batch[OBS_STATE], dtype=torch.float32)
-        a = torch.as_tensor(batch["action"], dtype=torch.float32)
+        a = torch.as_tensor(batch[ACTION], dtype=torch.float32)
         loss = -self.log_prob(s, a).mean()
         return loss, {"bc_nll": loss.item()}
 
@@ -164,6 +164,6 @@ class DeterministicActor(StatePolicy, nn.Module):
 
     def forward(self, batch: dict):
         s = torch.as_tensor(batch[OBS_STATE], dtype=torch.float32)
-        a = torch.as_tensor(batch["action"], dtype=torch.float32)
+        a = torch.as_tensor(batch[ACTION], dtype=torch.float32)
         loss = ((self.mu(s) - a) ** 2).mean()
         return loss, {"bc_mse": loss.item()}

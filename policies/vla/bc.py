@@ -15,16 +15,17 @@ import torch
 from tqdm.auto import tqdm
 
 from wmrl.core.checkpoint import commit_checkpoint, save_train_state
-from wmrl.core.features import ACTION, INTERVENTION, OBS_STATE, TASK, image_key
+from wmrl.core.features import (ACTION, INTERVENTION, IS_LAST, OBS_STATE, REWARD, SUCCESS, TASK, TERMINATED, TRUNCATED,
+                                 image_key)
 from wmrl.replay import EpisodeReplay
 
 
 def load_replay(paths, seed: int = 0, successful_only: bool = False):
     """The episodes of one or more datasets in one replay (cameras, state, action, task and outcomes)."""
     dss, replay, _ = EpisodeReplay.from_datasets(
-        paths, keys=lambda d: set(d.camera_keys) | {OBS_STATE, ACTION, TASK, INTERVENTION, "next.success",
-                                                   "next.terminated", "next.truncated", "next.reward", "is_last"},
-        require=(OBS_STATE, ACTION), where=(lambda ep: ep["next.success"].any()) if successful_only else None, seed=seed)
+        paths, keys=lambda d: set(d.camera_keys) | {OBS_STATE, ACTION, TASK, INTERVENTION, SUCCESS, TERMINATED,
+                                                   TRUNCATED, REWARD, IS_LAST},
+        require=(OBS_STATE, ACTION), where=(lambda ep: ep[SUCCESS].any()) if successful_only else None, seed=seed)
     if replay.num_episodes == 0:
         raise ValueError(f"{list(map(str, paths))}: no episodes to clone" + (" (none succeeded)" if successful_only else ""))
     return dss, replay

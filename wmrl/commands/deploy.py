@@ -24,6 +24,7 @@ import numpy as np
 from real_robot.executor import ExecutorConfig
 from real_robot.safety import SafetyConfig
 from wmrl.commands.evaluate import PolicyConfig
+from wmrl.core.features import OBS_ENV_STATE, OBS_STATE, TASK, image_key
 
 
 @dataclass
@@ -129,8 +130,7 @@ def deploy(cfg: DeployConfig) -> dict:
                 for t in server_trips:
                     f.write(json.dumps({"episode": ep, "side": "server", **t}, default=float) + "\n")
             if log["obs"]:
-                keep = ("observation.images.front", "observation.images.wrist", "observation.state",
-                        "observation.environment_state", "task")
+                keep = (image_key("front"), image_key("wrist"), OBS_STATE, OBS_ENV_STATE, TASK)
                 obs = [{k: o[k] for k in keep if k in o} for o in log["obs"] + [final]]
                 T = len(log["sent"])
                 episode = build_episode(obs, log["sent"], [0.0] * T, [False] * (T - 1) + [row["success"]],

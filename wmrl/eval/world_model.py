@@ -157,9 +157,9 @@ def imagine_recorded(model, eps: list[dict], seed: int = 0) -> dict:
     with a state channel, the task rules' success and shaped reward on the predicted state."""
     K, Hc = model.cfg.context, model.cfg.chunk
     cams = [image_key(c) for c in model.cfg.cameras]
-    T = [len(ep["action"]) - 1 for ep in eps]
+    T = [len(ep[ACTION]) - 1 for ep in eps]
     Tm = max(T)
-    acts = np.stack([np.concatenate([ep["action"][:t], np.repeat(ep["action"][t - 1 : t], Tm - t, 0)]) for ep, t in zip(eps, T)])
+    acts = np.stack([np.concatenate([ep[ACTION][:t], np.repeat(ep[ACTION][t - 1 : t], Tm - t, 0)]) for ep, t in zip(eps, T)])
     obs = {**{c: np.stack([np.repeat(ep[c][:1], K, 0) for ep in eps]) for c in cams},
            OBS_STATE: np.stack([ep[OBS_STATE][0] for ep in eps]),
            OBS_ENV_STATE: np.stack([ep[OBS_ENV_STATE][0] for ep in eps]), TASK: [ep[TASK][0] for ep in eps]}
@@ -190,7 +190,7 @@ def pair_auroc(model, pairs: list[dict], seed: int = 0) -> dict:
     if not pairs:
         raise ValueError("no contrastive success / near-success pair: raise the number of seeds")
     truth = np.array([ep["_success"] for ep in pairs])
-    lens = np.array([len(ep["action"]) - 1 for ep in pairs])
+    lens = np.array([len(ep[ACTION]) - 1 for ep in pairs])
     matched = np.repeat(np.minimum(lens[0::2], lens[1::2]), 2)  # both of a pair scored on the same steps
     im = imagine_recorded(model, pairs, seed)
     rng = np.random.default_rng(seed)
@@ -212,7 +212,7 @@ def pair_auroc(model, pairs: list[dict], seed: int = 0) -> dict:
     cams = [image_key(c) for c in model.cfg.cameras]
     with torch.no_grad():
         real_head = [torch.sigmoid(model.heads(model.encode_frames({c: ep[c][1:] for c in cams}),
-                                               model.task([ep[TASK][0]] * (len(ep["action"]) - 1)))["success_logit"]).numpy()
+                                               model.task([ep[TASK][0]] * (len(ep[ACTION]) - 1)))["success_logit"]).numpy()
                      for ep in pairs]
     out["success_auroc_real_frames_head"] = auroc(matched_max(real_head, matched), truth)
     out["scores"], out["truth"] = scores, truth
@@ -281,7 +281,7 @@ def true_closed_loop(task: str, seeds: list[int], max_steps: int = 80, cube_shif
         r = evaluate(ScriptedExpert(noise=0.1, seed=k), env, 1, seed=s, record=True, progress=False)
         ok.append(bool(r.per_episode[0]["success"]))
         if ok[-1]:
-            fail_shifted.append(not replay_in_true_sim(task, s, r.episodes[0]["action"], cube_shift=cube_shift, shift_seed=k))
+            fail_shifted.append(not replay_in_true_sim(task, s, r.episodes[0][ACTION], cube_shift=cube_shift, shift_seed=k))
     env.close()
     return {"true_success": float(np.mean(ok)),
             "replay_fails_after_shift": float(np.mean(fail_shifted)) if fail_shifted else float("nan"),

@@ -22,11 +22,11 @@ from typing import Any, Callable
 import numpy as np
 
 from wmrl.core.episode import features_for
-from wmrl.core.features import IS_LAST
+from wmrl.core.features import INDEX_FEATURES, IS_LAST
 from wmrl.core.io import write_json
 from wmrl.datasets import LeRobotV3Dataset, LeRobotV3Writer, write_episode
 
-BOOKKEEPING = {"timestamp", "frame_index", "episode_index", "index", "task_index"}  # rebuilt by any writer
+BOOKKEEPING = frozenset(INDEX_FEATURES)  # per-frame indices: rebuilt by any writer
 
 class EpisodeReplay:
     def __init__(self, capacity: int, seed: int = 0):

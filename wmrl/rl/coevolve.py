@@ -19,7 +19,7 @@ import torch
 import sim
 from sim import replay_in_true_sim  # noqa: F401  (re-exported: co-evolution replays imagined successes)
 from sim.tabletop.tasks import success_and_reward
-from wmrl.core.features import ACTION, OBS_ENV_STATE, OBS_STATE, TASK, image_key
+from wmrl.core.features import ACTION, IS_LAST, OBS_ENV_STATE, OBS_STATE, TASK, image_key
 from world_models.video.model import imagined_success
 
 
@@ -135,6 +135,6 @@ def imagined_success_sft(policy, model, task: str, n: int, steps: int, out: Path
         ep = build_episode([{k: f[k] for k in keys} for f in fr], list(r["actions"][i][:T]), [0.0] * T,
                            [t == T - 1 for t in range(T)], [False] * T, [t == T - 1 for t in range(T)],
                            source="world_model", policy_id="imagined")
-        replay.add_episode({k: v for k, v in ep.items() if k in keys + [ACTION, "is_last"]})
+        replay.add_episode({k: v for k, v in ep.items() if k in keys + [ACTION, IS_LAST]})
     res = bc_train(policy, replay, steps, batch_size, lr, run=out, progress=progress, desc="imagined-sft")
     return {**info, **res}

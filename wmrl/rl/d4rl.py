@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from wmrl.core.features import TASK
+from wmrl.core.features import ACTION, REWARD, TASK
 
 KINDS = ("random", "medium", "medium-replay", "expert", "medium-expert", "mixed")
 
@@ -82,7 +82,7 @@ def _collect(actor, env_id: str, n_transitions: int, seed: int, stochastic: bool
 
     def keep(ep):
         eps.append(ep)
-        steps[0] += len(ep["action"]) - 1
+        steps[0] += len(ep[ACTION]) - 1
 
     if hasattr(actor, "deterministic"):
         actor.deterministic = not stochastic
@@ -143,17 +143,17 @@ def make_dataset(cfg: MakeDatasetConfig) -> dict:
         eps, seen = [], 0
         for eid in sorted(rb.episodes):
             ep = rb.get_episode(eid)
-            seen += len(ep["action"]) - 1
+            seen += len(ep[ACTION]) - 1
             if seen > med_snap["env_step"]:
                 break
             eps.append(ep)
     if not eps:
         raise ValueError(f"{cfg.kind}: no episodes collected (budget {n} transitions)")
     reference = {"random": ref_random, "expert": ref_expert}
-    returns = [float(np.sum(ep["next.reward"])) for ep in eps]
-    replay = EpisodeReplay(sum(len(ep["action"]) for ep in eps), seed=cfg.seed)
+    returns = [float(np.sum(ep[REWARD])) for ep in eps]
+    replay = EpisodeReplay(sum(len(ep[ACTION]) for ep in eps), seed=cfg.seed)
     for ep in eps:
-        ep[TASK] = [cfg.env] * len(ep["action"])
+        ep[TASK] = [cfg.env] * len(ep[ACTION])
         replay.add_episode(ep)
     if out.exists() and cfg.overwrite:
         from wmrl.core.io import remove_for_overwrite
@@ -169,7 +169,7 @@ def make_dataset(cfg: MakeDatasetConfig) -> dict:
     for ep in eps:
         write_episode(writer, ep)
     writer.finalize()
-    result = {"out": str(out), "episodes": len(eps), "transitions": int(sum(len(e["action"]) - 1 for e in eps)), **meta}
+    result = {"out": str(out), "episodes": len(eps), "transitions": int(sum(len(e[ACTION]) - 1 for e in eps)), **meta}
     write_json(out / "meta" / "make.json", result)
     return result
 

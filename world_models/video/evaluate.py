@@ -11,9 +11,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from wmrl.core.features import ACTION, OBS_ENV_STATE, OBS_STATE
 from world_models.video.model import VideoWorldModel
 
-STATE, ACTION, ENV_STATE = "observation.state", "action", "observation.environment_state"
+STATE, ENV_STATE = OBS_STATE, OBS_ENV_STATE
 
 
 def psnr(a: np.ndarray, b: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:

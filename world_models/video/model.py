@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from diffusers import EDMEulerScheduler
 from torch import nn
 
+from wmrl.core.features import OBS_ENV_STATE, OBS_STATE
 from wmrl.core.checkpoint import load_state, read_config, save_pretrained
 from world_models.edm import edm_coefficients
 from world_models.video.networks import FourierEmbedding, FrameAutoencoder, FrameHeads, TaskEncoder, UNet
@@ -306,12 +307,12 @@ class VideoWorldModel(nn.Module):
         z = self.encode_frames({k: v.reshape(B * K, *v.shape[2:]) for k, v in imgs.items()})
         ctx = z.reshape(B, K, *z.shape[1:])
         anc = self.encode_frames({k: np.asarray(v) for k, v in anchor.items()}) if anchor is not None else ctx[:, 0].clone()
-        proprio = torch.as_tensor(np.asarray(obs["observation.state"]), dtype=torch.float32, device=self.device)
+        proprio = torch.as_tensor(np.asarray(obs[OBS_STATE]), dtype=torch.float32, device=self.device)
         tasks = list(obs["task"]) if not isinstance(obs["task"], str) else [obs["task"]] * B
         state = {"ctx": ctx, "anchor": anc, "pose": self.observed_pose(proprio), "proprio": proprio, "task": tasks,
                  "z0": ctx[:, -1].clone(), "frames0": {k: v[:, -1].numpy() for k, v in imgs.items()}}
         if self.state_channel is not None:
-            key = "observation.environment_state"
+            key = OBS_ENV_STATE
             if key not in obs:
                 raise ValueError(f"this world model has a state channel and needs {key!r} in the start observation")
             env = torch.as_tensor(np.asarray(obs[key]), dtype=torch.float32, device=self.device)
@@ -354,7 +355,7 @@ class VideoWorldModel(nn.Module):
             mean = torch.stack([m for m, _ in summ], 1)  # (B, h, D)
             n = 3 * self.cfg.n_objects
             preds["ee"], preds["gripper_opening"] = mean[..., :3], mean[..., 3]
-            preds["observation.environment_state"] = torch.cat([mean[..., 4 : 4 + n], state["static"][:, None].expand(-1, h, -1)], -1)
+            preds[OBS_ENV_STATE] = torch.cat([mean[..., 4 : 4 + n], state["static"][:, None].expand(-1, h, -1)], -1)
             preds["disagreement"] = torch.stack([d for _, d in summ], 1)
         else:
             poses = integrate_poses(state["pose"][:, :3], a, self.cfg)
@@ -365,7 +366,7 @@ class VideoWorldModel(nn.Module):
             proprio = proprio.clone()
             proprio[..., list(self.cfg.ee_index)] = preds["ee"]
             proprio[..., self.cfg.gripper_index] = preds["gripper_opening"]
-        preds.update({"latents": fut, "pose": poses[:, :h], "observation.state": proprio,
+        preds.update({"latents": fut, "pose": poses[:, :h], OBS_STATE: proprio,
                       "success": torch.sigmoid(out["success_logit"]).reshape(B, h),
                       "reward": out["reward"].reshape(B, h), "done": torch.sigmoid(out["done_logit"]).reshape(B, h)})
         new["ctx"] = torch.cat([state["ctx"], fut], dim=1)[:, -self.cfg.context :].contiguous()
@@ -397,8 +398,8 @@ def imagined_success(model: VideoWorldModel, preds: dict, tasks, rules=None, thr
     (`rules(tasks, ee, opening, env_state) -> (success, reward)`, e.g. `sim.tabletop.tasks.success_and_reward`),
     success is the task's own definition on predicted state; otherwise the success head's probability on the
     generated latents, thresholded."""
-    if rules is not None and "observation.environment_state" in preds:
-        ee, op, env = (preds[k].cpu().numpy() for k in ("ee", "gripper_opening", "observation.environment_state"))
+    if rules is not None and OBS_ENV_STATE in preds:
+        ee, op, env = (preds[k].cpu().numpy() for k in ("ee", "gripper_opening", OBS_ENV_STATE))
         B, h = op.shape
         tasks = [tasks] * B if isinstance(tasks, str) else list(tasks)
         ok, _ = rules([t for t in tasks for _ in range(h)], ee.reshape(B * h, 3), op.reshape(-1), env.reshape(B * h, -1))

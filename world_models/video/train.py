@@ -24,6 +24,7 @@ import numpy as np
 import torch
 import yaml
 
+from wmrl.core.features import ACTION, OBS_ENV_STATE, OBS_STATE, REWARD, SUCCESS, TERMINATED
 from wmrl.replay import EpisodeReplay
 from wmrl.replay.buffer import BOOKKEEPING
 from tqdm.auto import tqdm
@@ -31,8 +32,7 @@ from tqdm.auto import tqdm
 from world_models.video.model import VideoWorldModel, WorldModelConfig, commanded_pose
 from world_models.video.networks import TaskEncoder
 
-STATE, ACTION, SUCC, REW, TERM = "observation.state", "action", "next.success", "next.reward", "next.terminated"
-ENV_STATE = "observation.environment_state"
+STATE, ENV_STATE, SUCC, REW, TERM = OBS_STATE, OBS_ENV_STATE, SUCCESS, REWARD, TERMINATED
 
 
 @dataclass
