@@ -28,8 +28,17 @@ from pathlib import Path
 import numpy as np
 
 from real_robot.adapters import joint_command
+from sim.tabletop.env import TabletopEnv
+from sim.tabletop.experts import ScriptedExpert
+from sim.tabletop.tasks import parse_task
+from sim.tabletop.twin import TwinParams
 from wmrl.core.arm import EE_STEP, HOME_EE, forward_kinematics, inverse_kinematics, step_hand
+from wmrl.core.episode import build_episode, features_for
 from wmrl.core.features import ACTION, OBS_ENV_STATE, OBS_STATE
+from wmrl.core.io import atomic_path, write_json
+from wmrl.datasets import LeRobotV3Dataset
+from wmrl.datasets.lerobot_v3 import LeRobotV3Writer, write_episode
+
 
 REQUIRED = (OBS_STATE, ACTION, "layout_seed")
 CUBE_SCALE = 0.01  # m: cube positions count in centimetres
@@ -63,8 +72,6 @@ class CalibrateConfig:
 def load_logs(path: Path, max_episodes: int = 0, images: bool = False) -> tuple[str, list[dict]]:
     """The task name and episodes of a calibration log (with decoded front-camera frames when `images`); a clear
     error lists any missing field."""
-    from wmrl.datasets import LeRobotV3Dataset
-
     path = Path(path)
     meta_file = path / "meta" / "wmrl.json"
     if not meta_file.exists():
@@ -167,8 +174,6 @@ class ParamBox:
     """x in [0, 1]^d <-> parameter values: log-uniform within positive bounds, linear where the lower bound is 0."""
 
     def __init__(self, names: tuple[str, ...]):
-        from sim.tabletop.twin import TwinParams
-
         unknown = [n for n in names if n not in TwinParams.IDENTIFIABLE]
         if unknown:
             raise ValueError(f"params: {unknown} are not identifiable; choose from {', '.join(TwinParams.IDENTIFIABLE)}")
@@ -223,9 +228,6 @@ def _fit(box: ParamBox, start, objective, cfg: CalibrateConfig, generations: int
 def calibrate(cfg: CalibrateConfig) -> dict:
     import yaml
 
-    from sim.tabletop.env import TabletopEnv
-    from sim.tabletop.twin import TwinParams
-    from wmrl.core.io import atomic_path, write_json
 
     if min(cfg.generations, cfg.camera_generations, cfg.image_stride) < 1 or cfg.popsize < 2 or not 0 < cfg.sigma0 < 1:
         raise ValueError(f"generations, camera_generations, image_stride >= 1, popsize >= 2 and 0 < sigma0 < 1 "
@@ -323,8 +325,6 @@ def _sweep(rng: np.random.Generator, steps: int, amplitude: float):
 def _push(robot, steps: int):
     """The scripted push expert, closed loop on the robot's observations, as joint commands: contact-rich motion
     (the cube slides under the finger) that identifies the cube's friction and mass."""
-    from sim.tabletop.experts import ScriptedExpert
-
     expert = ScriptedExpert()
     for _ in range(steps):
         obs = robot.get_observation()
@@ -339,9 +339,6 @@ def collect_logs(out: Path, task: str = "reach-red", episodes: int = 6, steps: i
     (the camera stage needs the front camera). `motion`: `sweep` (free space: arm parameters, camera) or `push`
     (a push task's expert: cube friction and mass)."""
     from real_robot.sim_robot import SimRealRobot
-    from sim.tabletop.tasks import parse_task
-    from wmrl.core.episode import build_episode, features_for
-    from wmrl.datasets.lerobot_v3 import LeRobotV3Writer, write_episode
 
     if motion not in MOTIONS:
         raise ValueError(f"motion: expected one of {', '.join(MOTIONS)}, got {motion!r}")

@@ -19,8 +19,11 @@ from typing import Protocol
 import numpy as np
 
 from real_robot.adapters import joint_command
+from sim.tabletop.experts import ScriptedExpert
 from wmrl.core.arm import EE_STEP, forward_kinematics, step_hand
+from wmrl.core.episode import build_episode
 from wmrl.core.features import OBS_ENV_STATE, OBS_STATE, SOURCE, TASK
+
 
 PHASES = {0: "policy", 1: "recovery", 2: "correction"}
 
@@ -38,8 +41,6 @@ class ScriptedOperator:
     then corrects with the expert until the task succeeds, then hands back."""
 
     def __init__(self, patience: int = 3, min_cosine: float = 0.0, tolerance: float = 0.01, max_correction: int = 60):
-        from sim.tabletop.experts import ScriptedExpert
-
         self.expert = ScriptedExpert()
         self.patience, self.min_cosine, self.tolerance, self.max_correction = patience, min_cosine, tolerance, max_correction
         self.reset()
@@ -146,8 +147,6 @@ class JointOperator:
 def rollout_with_operator(env, policy, operator: Operator, seed: int, max_steps: int | None = None) -> dict:
     """One episode of `policy` in `env` (gymnasium, end-effector control) with `operator` able to take over.
     Returns the episode dict (`wmrl.core.episode`) with the intervention labels."""
-    from wmrl.core.episode import build_episode
-
     obs, info = env.reset(seed=seed)
     policy.reset()
     operator.reset()

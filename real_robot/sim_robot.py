@@ -24,6 +24,7 @@ import numpy as np
 
 from real_robot.safety import SafetyConfig
 from real_robot.transport import check_bind, serve_robot
+from sim.tabletop.env import TabletopEnv, validate_action
 from wmrl.core.features import OBS_STATE
 
 
@@ -66,8 +67,6 @@ class SimRealRobot:
             raise ConnectionError(f"the simulated robot did not start: {self._failure}")
 
     def _make_env(self) -> None:
-        from sim.tabletop.env import TabletopEnv
-
         self.env = TabletopEnv(task=self.task, control="joint", twin=self.twin, image_size=self.image_size,
                                cameras=self.cameras, control_hz=self.control_hz, max_episode_steps=10**9)
 
@@ -115,8 +114,6 @@ class SimRealRobot:
         return obs
 
     def send_action(self, action) -> np.ndarray:
-        from sim.tabletop.env import validate_action
-
         self._check_alive()
         a = validate_action(action, (5,), "joint command")  # a driver refuses malformed commands too
         with self._lock:

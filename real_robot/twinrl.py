@@ -23,7 +23,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from wmrl.core.features import ACTION, OBS_ENV_STATE, OBS_STATE, TASK
+from policies.state.networks import TanhGaussianActor
+from sim.tabletop.env import TabletopEnv
+from sim.tabletop.experts import ScriptedExpert
+from wmrl.core.features import ACTION, INTERVENTION, OBS_ENV_STATE, OBS_STATE, TASK
 
 
 @dataclass
@@ -46,16 +49,12 @@ def _features(obs: dict) -> np.ndarray:
 
 
 def make_env(task: str, twin, domain_randomization: float = 0.0):
-    from sim.tabletop.env import TabletopEnv
-
     return TabletopEnv(task=task, cameras=(), twin=twin, domain_randomization=domain_randomization)
 
 
 def demonstrate(env, layout_seed: int) -> tuple[list[np.ndarray], list[np.ndarray], int]:
     """One scripted-expert episode: (features, actions, steps). A failed demonstration returns no data (an operator
     discards it) but its steps still count as robot time."""
-    from sim.tabletop.experts import ScriptedExpert
-
     expert = ScriptedExpert()
     obs, _ = env.reset(seed=layout_seed)
     xs, acts = [], []
@@ -83,8 +82,6 @@ class BCPolicy:
     """tanh-Gaussian MLP on privileged state, trained by maximum likelihood on demonstrations."""
 
     def __init__(self, obs_dim: int, act_dim: int = 4, hidden: int = 256, seed: int = 0):
-        from policies.state.networks import TanhGaussianActor
-
         torch.manual_seed(seed)
         self.actor = TanhGaussianActor(obs_dim, act_dim, hidden, layers=2)
         self.mean, self.std = np.zeros(obs_dim, np.float32), np.ones(obs_dim, np.float32)
@@ -122,7 +119,6 @@ def correct(env, policy: BCPolicy, layout_seed: int, operator=None) -> tuple[lis
     """One policy rollout with a scripted operator taking over (RaC): (features, actions) of the operator's recovery
     and correction frames only, and the rollout's steps (all of them are robot time)."""
     from real_robot.intervention import ScriptedOperator, rollout_with_operator
-    from wmrl.core.features import INTERVENTION
 
     ep = rollout_with_operator(env, policy, operator or ScriptedOperator(), layout_seed)
     steps = len(ep[INTERVENTION]) - 1

@@ -27,7 +27,8 @@ from torch import nn
 
 from wmrl.core.checkpoint import load_state, read_config, save_pretrained
 from wmrl.core.features import ACTION, OBS_STATE, TASK, image_key
-from wmrl.core.text import TEXT_ENCODERS
+from wmrl.core.text import TEXT_ENCODERS, words
+
 
 HEADS = ("gaussian", "flow")
 
@@ -70,8 +71,6 @@ class VLAConfig:
     @classmethod
     def from_dataset(cls, ds, **overrides) -> "VLAConfig":
         """Sizes, vocabulary and normalisation from a LeRobot v3 dataset (or a list of them, multi-task)."""
-        from wmrl.core.text import words
-
         dss = ds if isinstance(ds, (list, tuple)) else [ds]
         first = dss[0]
         cams = tuple(k.split(".")[-1] for k in first.camera_keys)

@@ -16,6 +16,20 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from policies.vla import VLAPolicy
+from wmrl.core.checkpoint import resolve_checkpoint
+from wmrl.core.io import write_json
+from wmrl.core.report import metrics_table, plot_curves, write_report
+from wmrl.core.run import Tracker, start_run
+from wmrl.datasets import LeRobotV3Dataset
+from wmrl.eval import evaluate_on_tasks
+from wmrl.eval.rank import RankConfig, run_rank
+from wmrl.eval.world_model import auroc_plot, gain_plot, pair_auroc, success_pairs, window_fidelity
+from wmrl.rl.coevolve import evolve_world_model, hallucination_rate
+from wmrl.rl.imagine import ImagineConfig, imagine
+from world_models.video.model import VideoWorldModel
+from world_models.video.train import TrainWMConfig, load_split, train_world_model
+
 
 @dataclass
 class DemoConfig:
@@ -75,7 +89,6 @@ class Stages:
             self.say(f"[{name}] ...")
             t = time.time()
             rec = {"result": fn(*args, **kw), "minutes": (time.time() - t) / 60}
-            from wmrl.core.io import write_json
 
             write_json(path, rec)
             self.tracker.log({"stage": name, "minutes": rec["minutes"]})
@@ -84,17 +97,8 @@ class Stages:
 
 
 def run_demo(cfg: DemoConfig, progress: bool = True) -> dict:
-    from policies.vla import VLAPolicy
     from wmrl.commands.collect import CollectConfig, collect
     from wmrl.commands.train_policy import TrainPolicyConfig, train_policy
-    from wmrl.eval import evaluate_on_tasks
-    from wmrl.core.checkpoint import resolve_checkpoint
-    from wmrl.eval.rank import RankConfig, run_rank
-    from wmrl.rl.coevolve import evolve_world_model, hallucination_rate
-    from wmrl.rl.imagine import ImagineConfig, imagine
-    from wmrl.core.run import Tracker, start_run
-    from world_models.video.model import VideoWorldModel
-    from world_models.video.train import TrainWMConfig, train_world_model
 
     if cfg.quick:
         cfg = replace(cfg, **QUICK)
@@ -177,7 +181,6 @@ def run_demo(cfg: DemoConfig, progress: bool = True) -> dict:
     }
     report = write_demo_report(run, cfg, summary, evals, coevo, rank, wm_eval)
     summary["report"] = str(report)
-    from wmrl.core.io import write_json
 
     write_json(run / "summary.json", summary)
     tracker.log({"stage": "done", **{k: v for k, v in summary.items() if not isinstance(v, (dict, list))}})
@@ -191,11 +194,6 @@ def run_demo(cfg: DemoConfig, progress: bool = True) -> dict:
 def evaluate_world_model(run: Path, cfg: DemoConfig) -> dict:
     """Per-window PSNR gain over copy-last on fixed held-out windows and the success AUROC on prefix-sharing pairs
     (`wmrl.eval.world_model`, as in `wmrl bench world-model`), with their plots in world_model_eval/."""
-    from wmrl.core.checkpoint import resolve_checkpoint
-    from wmrl.eval.world_model import auroc_plot, gain_plot, pair_auroc, success_pairs, window_fidelity
-    from world_models.video.model import VideoWorldModel
-    from world_models.video.train import load_split
-
     model = VideoWorldModel.load(resolve_checkpoint(run / "world_model")).eval()
     _, _, held = load_split(run / "dataset", 0.1, keep=("qpos",))
     horizon = 16 if min(T for _, T in held.episodes.values()) > 16 or not cfg.quick else 4
@@ -211,14 +209,10 @@ def evaluate_world_model(run: Path, cfg: DemoConfig) -> dict:
 
 def data_task(run: Path) -> str:
     """An instruction of the demo's dataset (evaluation resolves the task from it)."""
-    from wmrl.datasets import LeRobotV3Dataset
-
     return LeRobotV3Dataset(run / "dataset").tasks[0]
 
 
 def write_demo_report(run: Path, cfg: DemoConfig, s: dict, evals: dict, coevo: dict, rank: dict, wm_eval: dict) -> Path:
-    from wmrl.core.report import metrics_table, plot_curves, write_report
-
     plot_curves(run / "policy_bc" / "metrics.jsonl", run / "bc_curve.png", ["bc_loss"], title="behaviour cloning")
     rows = [{"policy": "BC", **evals["policy_bc"]}, {"policy": "BC + GRPO in imagination", **evals["policy_rl"]},
             {"policy": "+ co-evolution round and more GRPO", **evals["policy_coevo"]}]

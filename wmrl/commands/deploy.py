@@ -21,10 +21,21 @@ from pathlib import Path
 
 import numpy as np
 
-from real_robot.executor import ExecutorConfig
-from real_robot.safety import SafetyConfig
+from policies.factory import make_policy
+from real_robot.adapters import EEDeltaChunkToJoint
+from real_robot.executor import ExecutorConfig, run_episode
+from real_robot.intervention import JointOperator, KeyboardOperator, ScriptedOperator
+from real_robot.safety import SafeRobot, SafetyConfig
+from real_robot.sim_robot import spawn_sim_robot
+from real_robot.transport import RemoteRobot
+from sim.tabletop.env import TabletopEnv
+from sim.tabletop.tasks import MAX_STEPS, parse_task
 from wmrl.commands.evaluate import PolicyConfig
+from wmrl.core.episode import build_episode, features_for
 from wmrl.core.features import OBS_ENV_STATE, OBS_STATE, TASK, image_key
+from wmrl.core.io import write_json
+from wmrl.core.run import start_run
+from wmrl.datasets.lerobot_v3 import LeRobotV3Writer, write_episode
 
 
 @dataclass
@@ -61,19 +72,6 @@ def free_port() -> int:
 
 
 def deploy(cfg: DeployConfig) -> dict:
-    from real_robot.adapters import EEDeltaChunkToJoint
-    from real_robot.executor import run_episode
-    from real_robot.safety import SafeRobot
-    from real_robot.sim_robot import spawn_sim_robot
-    from real_robot.transport import RemoteRobot
-    from sim.tabletop.env import TabletopEnv
-    from sim.tabletop.tasks import MAX_STEPS, parse_task
-    from wmrl.core.episode import build_episode, features_for
-    from wmrl.core.io import write_json
-    from wmrl.datasets.lerobot_v3 import LeRobotV3Writer, write_episode
-    from policies.factory import make_policy
-    from wmrl.core.run import start_run
-
     ExecutorConfig(mode=cfg.mode, control_hz=cfg.control_hz).validate()
     if cfg.operator not in ("none", "scripted", "keyboard"):
         raise ValueError(f"operator: expected none, scripted or keyboard, got {cfg.operator!r}")
@@ -104,8 +102,6 @@ def deploy(cfg: DeployConfig) -> dict:
     rows, writer = [], None
     operator = None
     if cfg.operator != "none":
-        from real_robot.intervention import JointOperator, KeyboardOperator, ScriptedOperator
-
         operator = JointOperator(ScriptedOperator() if cfg.operator == "scripted" else KeyboardOperator())
     n_server_trips = 0
     try:

@@ -7,7 +7,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+import sim
 from policies.factory import PolicyConfig
+from wmrl.core.run import Tracker, start_run
+from wmrl.eval import evaluate
 
 
 @dataclass
@@ -46,10 +49,6 @@ def plot_episodes(per_episode: list[dict], path: Path, title: str) -> None:
 
 
 def run_eval(cfg: EvalConfig, progress: bool = True) -> dict:
-    import sim
-    from wmrl.eval import evaluate
-    from wmrl.core.run import Tracker, start_run
-
     pol = cfg.policy.type
     out = cfg.out or Path("runs/eval") / f"{pol}-{cfg.task}-{time.strftime('%Y%m%d-%H%M%S')}"
     sim.resolve_task(cfg.task)  # fail on a bad name before creating anything

@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from real_robot.transport import make_keys
+
 
 @dataclass
 class RobotKeysConfig:
@@ -23,8 +25,6 @@ class RobotKeysConfig:
 
 
 def robot_keys(cfg: RobotKeysConfig) -> dict:
-    from real_robot.transport import make_keys
-
     folder = make_keys(cfg.out, tuple(cfg.clients))
     return {"keys": str(folder), "server_public": str(folder / "server" / "server.key"),
             "clients": {c: str(folder / "clients" / f"{c}.key_secret") for c in cfg.clients}}

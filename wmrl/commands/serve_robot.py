@@ -16,6 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from real_robot.safety import SafetyConfig
+from real_robot.sim_robot import SimRealRobot
+from real_robot.transport import check_bind, serve_robot
+from sim.tabletop.tasks import parse_task
 
 
 @dataclass
@@ -37,9 +40,6 @@ class ServeRobotConfig:
 def serve_robot_command(cfg: ServeRobotConfig) -> dict:
     import logging
 
-    from real_robot.sim_robot import SimRealRobot
-    from real_robot.transport import check_bind, serve_robot
-    from sim.tabletop.tasks import parse_task
 
     if cfg.robot != "sim-real":
         raise ValueError(f"robot: expected sim-real, got {cfg.robot!r} (serve other arms from Python: see --help)")

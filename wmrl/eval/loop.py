@@ -15,9 +15,12 @@ import gymnasium as gym
 import numpy as np
 from tqdm.auto import tqdm
 
+import sim
+from sim.tabletop.tasks import task_from_instruction
 from wmrl.core.episode import build_episode
 from wmrl.core.features import TASK, is_image_key
 from wmrl.core.protocols import Policy
+from wmrl.datasets.episode_videos import write_episode_videos
 
 
 def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -135,8 +138,6 @@ def evaluate(policy: Policy, env: gym.Env | gym.vector.VectorEnv, n_episodes: in
         episodes=episodes if record else [],
     )
     if video_dir is not None and episodes:
-        from wmrl.datasets.episode_videos import write_episode_videos
-
         result.video_paths = write_episode_videos(episodes[:max_videos], video_dir, per_episode[:max_videos])
     return result
 
@@ -148,9 +149,6 @@ def camera_keys(ep: dict[str, Any]) -> list[str]:
 def evaluate_on_tasks(policy, instructions: list[str], episodes: int, out: Path | None, seed: int, num_envs: int = 2,
                       progress: bool = True) -> dict:
     """True-simulator success of `policy` on each task named by an instruction (per task: metrics, videos)."""
-    import sim
-    from sim.tabletop.tasks import task_from_instruction
-
     out_ = {}
     for task in sorted({task_from_instruction(t) for t in instructions}):
         env = sim.make_vector_env(task, num_envs)

@@ -18,7 +18,14 @@ from typing import Optional
 
 import numpy as np
 
+import sim
 from policies.factory import PolicyConfig
+from wmrl.core.io import atomic_path, write_json
+from wmrl.core.run import Tracker, start_run
+from world_models.env import make_imagination_env
+from world_models.factory import make_world_model
+from world_models.video.train import world_model_data
+
 
 WORKERS = ("local", "ray")
 
@@ -79,10 +86,7 @@ def score_policy(spec: str, world_model: str, data: str, task: str, episodes: in
     or inside a Ray worker (everything is rebuilt from paths, nothing is pickled but strings)."""
     import torch
 
-    import sim
     from wmrl.eval import evaluate
-    from world_models.factory import make_world_model
-    from world_models.env import make_imagination_env
 
     if threads:
         torch.set_num_threads(threads)
@@ -137,7 +141,6 @@ def plot_scatter(rows: list[dict], path: Path, stats: dict) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from wmrl.core.io import atomic_path
 
     fig, ax = plt.subplots(figsize=(4.6, 4.4))
     x = [r["true_success"] for r in rows]
@@ -157,10 +160,6 @@ def plot_scatter(rows: list[dict], path: Path, stats: dict) -> Path:
 
 
 def run_rank(cfg: RankConfig, progress: bool = True) -> dict:
-    from wmrl.core.io import write_json
-    from world_models.video.train import world_model_data
-    from wmrl.core.run import Tracker, start_run
-
     run = start_run(cfg)
     data = cfg.data or world_model_data(cfg.world_model)
     t0 = time.time()

@@ -20,15 +20,16 @@ import numpy as np
 import torch
 
 import sim
-from sim import replay_in_true_sim, replay_open_loop
 from policies.random_policy import RandomPolicy
+from sim import replay_in_true_sim, replay_open_loop
 from sim.tabletop.experts import ScriptedExpert
 from sim.tabletop.tasks import success_and_reward
+from sim.tabletop.twin import CUBE_COLOURS
 from wmrl.core.features import ACTION, OBS_ENV_STATE, OBS_STATE, TASK, image_key
 from wmrl.eval.loop import evaluate
 from world_models.env import WorldModelEnv
-from world_models.video.evaluate import (auroc, bootstrap_ci, fixed_windows, matched_max, psnr, rollout,
-                                         window_inputs)
+from world_models.video.evaluate import auroc, bootstrap_ci, fixed_windows, matched_max, psnr, rollout, window_inputs
+
 
 H16 = 16
 
@@ -104,8 +105,6 @@ def window_fidelity(model, held, task: str, n_windows: int = 240, horizon: int =
 def cube_error_at_episode_end(model, held, cube: str = "red") -> np.ndarray:
     """Per held-out episode: the distance (cm) between the imagined and the real cube at the episode's last frame,
     rolling out from its first frame under the recorded actions (state channel)."""
-    from sim.tabletop.twin import CUBE_COLOURS
-
     i = 3 * CUBE_COLOURS.index(cube)
     errs = []
     for e, (lo, T) in held.episodes.items():
@@ -119,8 +118,6 @@ def cube_error_in_true_sim(held, task: str, cube_shift: float, cube: str = "red"
     held-out episode's recorded actions replayed from its recorded start with every cube moved that far in a random
     horizontal direction. With 0 it reproduces the recording (a check of the measurement); with 1 mm it is the
     ceiling of any model that is exact up to a 1 mm state error (pushing is chaotic)."""
-    from sim.tabletop.twin import CUBE_COLOURS
-
     i = 3 * CUBE_COLOURS.index(cube)
     errs = []
     for k, (e, (lo, T)) in enumerate(held.episodes.items()):

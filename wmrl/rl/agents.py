@@ -12,7 +12,10 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from wmrl.core.checkpoint import load_state, read_config, resolve_checkpoint, save_pretrained
+from wmrl.core.io import write_json
 from wmrl.core.registry import Registry
+
 
 AGENTS: Registry = Registry("agent")
 
@@ -49,9 +52,6 @@ def agent_kind(agent) -> str:
 
 def save_agent(agent, path: str | Path) -> Path:
     """The whole agent (actor, critics, targets, temperature) as safetensors + config.json + agent.json."""
-    from wmrl.core.checkpoint import save_pretrained
-    from wmrl.core.io import write_json
-
     path = save_pretrained(agent, agent.cfg, path)
     write_json(Path(path) / "agent.json", {"kind": agent_kind(agent)})
     return path
@@ -61,7 +61,6 @@ def load_agent(path: str | Path, **overrides):
     """Load a saved agent; `overrides` change training-only fields (learning rates, utd, backup_entropy, ...)."""
     import json
 
-    from wmrl.core.checkpoint import load_state, read_config, resolve_checkpoint
 
     _register()
     path = resolve_checkpoint(path)

@@ -17,10 +17,15 @@ import numpy as np
 import torch
 
 import sim
+from policies.vla.bc import bc_train
 from sim import replay_in_true_sim  # noqa: F401  (re-exported: co-evolution replays imagined successes)
 from sim.tabletop.tasks import success_and_reward
+from wmrl.core.episode import build_episode
 from wmrl.core.features import ACTION, IS_LAST, OBS_ENV_STATE, OBS_STATE, TASK, image_key
+from wmrl.eval.record import CollectConfig, collect
+from wmrl.replay import EpisodeReplay
 from world_models.video.model import imagined_success
+from world_models.video.train import TrainWMConfig, train_world_model
 
 
 def _true_starts(task: str, seeds: list[int], **env_kwargs) -> tuple[dict, list]:
@@ -94,8 +99,6 @@ def evolve_world_model(wm_run: Path, policy_path: Path, task: str, budget: int, 
     """Collect `budget` true rollouts of the evolved policy and fine-tune the world model on them plus its data."""
     import yaml
 
-    from wmrl.eval.record import CollectConfig, collect
-    from world_models.video.train import TrainWMConfig, train_world_model
 
     data = collect(CollectConfig(task=task, episodes=budget, out=out / "rollouts", policy_path=policy_path, seed=seed,
                                  overwrite=True, num_envs=1, post_success_steps=3), progress=progress)
@@ -114,10 +117,6 @@ def imagined_success_sft(policy, model, task: str, n: int, steps: int, out: Path
                          progress: bool = True, rules=success_and_reward) -> dict:
     """Ctrl-World's recipe: keep the imagined trajectories the world model judges successful and behaviour-clone
     them (from true-simulator start frames, with the policy sampling so that trajectories differ)."""
-    from policies.vla.bc import bc_train
-    from wmrl.core.episode import build_episode
-    from wmrl.replay import EpisodeReplay
-
     starts, _ = _true_starts(task, [seed + i for i in range(n)])
     max_steps = sim.make_env(task).unwrapped.max_episode_steps
     stochastic, policy.stochastic = policy.stochastic, True

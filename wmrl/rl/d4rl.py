@@ -17,7 +17,15 @@ from pathlib import Path
 
 import numpy as np
 
+from policies.random_policy import RandomPolicy
+from sim.locomotion import make_state_env
+from wmrl.core.episode import features_for
 from wmrl.core.features import ACTION, REWARD, TASK
+from wmrl.core.io import recognise, remove_for_overwrite, write_json
+from wmrl.datasets.lerobot_v3 import LeRobotV3Writer, write_episode
+from wmrl.eval import evaluate
+from wmrl.replay import EpisodeReplay
+
 
 KINDS = ("random", "medium", "medium-replay", "expert", "medium-expert", "mixed")
 
@@ -47,8 +55,6 @@ def normalized_score(ret: float, reference: dict) -> float:
 
 def _sac_run(cfg: MakeDatasetConfig) -> Path:
     """Online SAC with actor snapshots at every evaluation; reused when the cache has it."""
-    from wmrl.core.io import write_json
-    from wmrl.replay import EpisodeReplay
     from wmrl.rl.agents import save_agent
     from wmrl.rl.sac import SAC, OnlineConfig, SACConfig, spaces_of, train_online
 
@@ -73,9 +79,6 @@ def _sac_run(cfg: MakeDatasetConfig) -> Path:
 
 
 def _collect(actor, env_id: str, n_transitions: int, seed: int, stochastic: bool) -> list[dict]:
-    from sim.locomotion import make_state_env
-    from wmrl.eval import evaluate
-
     env = make_state_env(env_id)
     eps: list[dict] = []
     steps = [0]
@@ -95,10 +98,6 @@ def _collect(actor, env_id: str, n_transitions: int, seed: int, stochastic: bool
 
 
 def make_dataset(cfg: MakeDatasetConfig) -> dict:
-    from policies.random_policy import RandomPolicy
-    from sim.locomotion import make_state_env
-    from wmrl.core.io import write_json
-    from wmrl.replay import EpisodeReplay
     from wmrl.rl.agents import load_agent
     from wmrl.rl.sac import evaluate_return
 
@@ -110,8 +109,6 @@ def make_dataset(cfg: MakeDatasetConfig) -> dict:
     if out.exists() and any(out.iterdir()) and not cfg.overwrite:
         raise FileExistsError(f"{out} exists; pass --overwrite to replace it")
     if out.exists() and any(out.iterdir()):
-        from wmrl.core.io import recognise
-
         if recognise(out) is None:  # refused before the expensive part, not after it
             raise FileExistsError(f"{out} is neither a wmrl run nor a LeRobot dataset; --overwrite refuses to delete it")
     env = make_state_env(cfg.env)
@@ -156,11 +153,7 @@ def make_dataset(cfg: MakeDatasetConfig) -> dict:
         ep[TASK] = [cfg.env] * len(ep[ACTION])
         replay.add_episode(ep)
     if out.exists() and cfg.overwrite:
-        from wmrl.core.io import remove_for_overwrite
-
         remove_for_overwrite(out)
-    from wmrl.datasets.lerobot_v3 import LeRobotV3Writer, write_episode
-    from wmrl.core.episode import features_for
 
     meta = {"env": cfg.env, "kind": cfg.kind, "reference_returns": reference, "sac_run": str(run),
             "medium_snapshot": med_snap, "episode_return_mean": float(np.mean(returns)),

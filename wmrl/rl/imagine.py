@@ -21,12 +21,21 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from policies.vla import VLAPolicy
+from sim.tabletop.env import TabletopEnv
+from wmrl.core.checkpoint import (commit_checkpoint, load_train_state, resolve_checkpoint, resume_checkpoint,
+                                  save_train_state)
 from wmrl.core.features import TASK
+from wmrl.core.report import plot_curves
+from wmrl.core.run import Tracker, start_run
+from wmrl.eval import evaluate_on_tasks
 from wmrl.rl import grpo, ppo
 from wmrl.rl.grpo import rollout_mean
 from wmrl.rl.rollouts import Rollouts, collect_rollouts, step_logp, take
 from world_models.env import make_imagination_env
+from world_models.factory import make_world_model
 from world_models.video.train import world_model_data
+
 
 ALGOS = {"grpo": grpo, "ppo": ppo}  # each module: prepare(policy, rollouts, cfg) and loss(...)
 
@@ -113,15 +122,6 @@ def update(policy, opt, ro: Rollouts, cfg: ImagineConfig, ref=None, seed: int | 
 
 # ---------------------------------------------------------------------------------------------- the command
 def imagine(cfg: ImagineConfig, progress: bool = True) -> dict:
-    from policies.vla import VLAPolicy
-    from sim.tabletop.env import TabletopEnv
-    from wmrl.eval import evaluate_on_tasks
-    from wmrl.core.checkpoint import (commit_checkpoint, load_train_state, resolve_checkpoint, resume_checkpoint,
-                                      save_train_state)
-    from world_models.factory import make_world_model
-    from wmrl.core.report import plot_curves
-    from wmrl.core.run import Tracker, start_run
-
     if cfg.algo not in ALGOS:
         raise ValueError(f"algo: expected one of {tuple(ALGOS)}, got {cfg.algo!r}")
     run = start_run(cfg)

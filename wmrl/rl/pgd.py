@@ -26,10 +26,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from sim.locomotion import state_from_obs
+from wmrl.core.checkpoint import resolve_checkpoint
 from wmrl.core.features import ACTION
+from wmrl.core.io import write_json
+from wmrl.core.run import start_run
 from wmrl.rl.ravl import OfflineConfig, add_rollouts, dataset_env, load_offline_data, train_offline
-from world_models.trajectory_diffusion import (DivergedSamples, TrajectoryDiffusion, config_for,
-                                               fit_trajectory_diffusion)
+from world_models.dynamics import TrueDynamics
+from world_models.trajectory_diffusion import DivergedSamples, TrajectoryDiffusion, config_for, fit_trajectory_diffusion
+
 
 AGENTS = ("td3bc", "iql")
 
@@ -122,9 +127,6 @@ def true_dynamics_error(env_id: str, ro: dict, scale: np.ndarray) -> np.ndarray:
     """Per-position one-step dynamics error of rollouts (n, T, .) (PGD Section 5.2): restore each generated s_t in
     the true simulator (`sim.locomotion.state_from_obs`), step a_t, and compare with the generated s_{t+1}.
     Returns the mean over kept transitions of mean_d ((s_{t+1} - s'_true) / scale)^2 per position t (NaN where none)."""
-    from sim.locomotion import state_from_obs
-    from world_models.dynamics import TrueDynamics
-
     oracle = TrueDynamics(env_id)
     obs, act, length = ro["obs"], ro["act"], ro["length"]
     err = np.full(obs.shape[1] - 1, np.nan)
@@ -167,14 +169,11 @@ def diffusion_model(cfg: PGDConfig, real, spaces: dict, run: Path) -> tuple[Traj
                       sampler=cfg.sampler, sampling_steps=cfg.sampling_steps)
     ck = Path(cfg.diffusion_dir) if cfg.diffusion_dir else run / "diffusion"
     if (ck / "fit.json").exists():
-        from wmrl.core.checkpoint import resolve_checkpoint
-
         return TrajectoryDiffusion.load(resolve_checkpoint(ck), expect=mcfg), json.loads((ck / "fit.json").read_text())
     torch.manual_seed(cfg.seed)
     model = TrajectoryDiffusion(mcfg)
     info = fit_trajectory_diffusion(model, real, cfg.diffusion_steps, cfg.diffusion_batch, out=ck, seed=cfg.seed,
                                     progress=cfg.progress)
-    from wmrl.core.io import write_json
 
     write_json(ck / "fit.json", {k: v for k, v in info.items() if k != "losses"})
     return model, info
@@ -191,7 +190,6 @@ def train_pgd(cfg: PGDConfig) -> dict:
     real = load_offline_data(cfg.data, cfg.seed)
     if real.data[ACTION].shape[1] != spaces["act_dim"]:
         raise ValueError(f"{cfg.data}: action dim {real.data[ACTION].shape[1]} does not match {env_id}'s {spaces['act_dim']}")
-    from wmrl.core.run import start_run
 
     run = start_run(cfg)
     model, fit = diffusion_model(cfg, real, spaces, run)

@@ -32,9 +32,18 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from sim.locomotion import termination_fn
+from wmrl.core.checkpoint import (commit_checkpoint, load_state, load_train_state, read_config, resume_checkpoint,
+                                  save_pretrained, save_train_state)
 from wmrl.core.features import ACTION, IS_LAST, OBS_STATE, REWARD, SOURCE, TERMINATED, TRUNCATED
+from wmrl.core.io import write_json
+from wmrl.core.run import Tracker, start_run
+from wmrl.replay import EpisodeReplay, MixedReplay
+from wmrl.replay.weighting import apply_weighting
 from wmrl.rl.agents import load_agent, make_agent, save_agent
 from wmrl.rl.sac import batch_tensors
+from world_models.dynamics import EnsembleConfig, GaussianEnsemble, TrueDynamics, fit_ensemble
+
 
 @dataclass(frozen=True)
 class Preset:
@@ -117,8 +126,6 @@ def dataset_env(data: Path) -> str:
 
 def load_offline_data(data: Path, seed: int = 0):
     """The dataset as the common replay (`replay.transitions()` gives its D4RL-style arrays)."""
-    from wmrl.replay import EpisodeReplay
-
     replay = EpisodeReplay.from_lerobot(data, seed=seed)
     if OBS_STATE not in replay.data or ACTION not in replay.data:
         raise ValueError(f"{data}: needs {OBS_STATE} and {ACTION}; has {sorted(replay.data)}")
@@ -127,8 +134,6 @@ def load_offline_data(data: Path, seed: int = 0):
 
 def make_dynamics(cfg: OfflineConfig, env_id: str, real, run: Path):
     """The learned ensemble (trained once per run folder, then reused) or the true-dynamics oracle."""
-    from world_models.dynamics import EnsembleConfig, GaussianEnsemble, TrueDynamics, fit_ensemble
-
     if cfg.dynamics == "true":
         if "qpos" not in real.data or "qvel" not in real.data:
             raise ValueError(f"{cfg.data}: --dynamics true needs the simulator state (qpos, qvel) at every step, and this "
@@ -140,14 +145,10 @@ def make_dynamics(cfg: OfflineConfig, env_id: str, real, run: Path):
     model = GaussianEnsemble(ecfg)
     ck = Path(cfg.dynamics_dir) if cfg.dynamics_dir else run / "dynamics"
     if (ck / "fit.json").exists():
-        from wmrl.core.checkpoint import load_state, read_config
-
         read_config(ck, EnsembleConfig, expect=ecfg, what="dynamics ensemble")
         return load_state(model, ck), json.loads((ck / "fit.json").read_text())
     info = fit_ensemble(model, tr[OBS_STATE], tr[ACTION], tr[f"next.{OBS_STATE}"], tr[REWARD].reshape(-1),
                         seed=cfg.seed, progress=cfg.progress)
-    from wmrl.core.checkpoint import save_pretrained
-    from wmrl.core.io import write_json
 
     save_pretrained(model, ecfg, ck)
     write_json(ck / "fit.json", info)
@@ -237,11 +238,7 @@ class DynamicsRollouts:
 def train_offline(cfg: OfflineConfig, source: ModelDataSource | None = None) -> dict:
     """The offline loop for every algorithm of the family. `source` replaces the preset's model data (PGD passes its
     trajectory diffusion); by default a model-based preset rolls out in the learned or true dynamics."""
-    from sim.locomotion import termination_fn
-    from wmrl.core.checkpoint import commit_checkpoint, load_train_state, resume_checkpoint, save_train_state
-    from wmrl.replay import EpisodeReplay, MixedReplay
     from wmrl.rl.sac import evaluate_return
-    from wmrl.core.run import Tracker, start_run
 
     preset = resolve_algo(cfg)
     env_id = cfg.env or dataset_env(cfg.data)
@@ -251,7 +248,6 @@ def train_offline(cfg: OfflineConfig, source: ModelDataSource | None = None) -> 
     rng = np.random.default_rng(cfg.seed)
     torch.manual_seed(cfg.seed)
     real = load_offline_data(cfg.data, cfg.seed)
-    from wmrl.replay.weighting import apply_weighting
 
     apply_weighting(real, cfg.weighting, cfg.weighting_alpha)
     from wmrl.rl.sac import spaces_of

@@ -24,7 +24,11 @@ import torch
 from tqdm.auto import tqdm
 
 from policies.state.networks import CriticEnsemble, TanhGaussianActor
+from sim.locomotion import make_state_env
+from wmrl.core.episode import build_episode
 from wmrl.core.features import ACTION, OBS_STATE, REWARD, TERMINATED
+from wmrl.eval import evaluate
+from wmrl.replay import EpisodeReplay
 
 
 @dataclass
@@ -166,9 +170,6 @@ class OnlineConfig:
 
 
 def evaluate_return(actor: TanhGaussianActor, env_id: str, episodes: int, seed: int = 10_000) -> float:
-    from sim.locomotion import make_state_env
-    from wmrl.eval import evaluate
-
     env = make_state_env(env_id)
     r = evaluate(actor, env, episodes, seed=seed, progress=False)
     env.close()
@@ -181,10 +182,6 @@ def train_online(agent: SAC, cfg: OnlineConfig, replay=None, sample: Callable | 
     """Online SAC. Episodes enter `replay` (an EpisodeReplay) when they end; `sample(batch_size)` overrides where
     batches come from (e.g. a MixedReplay that keeps offline data; it must accept `keys=`). Returns the evaluation
     curve, the number of gradient updates and the replay."""
-    from sim.locomotion import make_state_env
-    from wmrl.core.episode import build_episode
-    from wmrl.replay import EpisodeReplay
-
     replay = replay if replay is not None else EpisodeReplay(cfg.steps + 2_000, seed=cfg.seed)
     sample = sample or replay.sample
     env = make_state_env(cfg.env)
@@ -230,8 +227,6 @@ def train_online(agent: SAC, cfg: OnlineConfig, replay=None, sample: Callable | 
 
 def spaces_of(env_id: str) -> dict:
     """obs_dim, act_dim and the action box of a state env, as SACConfig fields."""
-    from sim.locomotion import make_state_env
-
     env = make_state_env(env_id)
     box = env.action_space
     out = {"obs_dim": int(env.observation_space[OBS_STATE].shape[0]), "act_dim": int(box.shape[0]),

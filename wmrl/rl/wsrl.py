@@ -17,8 +17,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from wmrl.core.checkpoint import commit_checkpoint
+from wmrl.core.io import write_json
+from wmrl.core.run import Tracker, start_run
+from wmrl.replay import EpisodeReplay, MixedReplay
 from wmrl.rl.agents import load_agent, save_agent
 from wmrl.rl.sac import OnlineConfig, train_online
+
 
 METHODS = ("wsrl", "naive", "naive-retain")
 
@@ -46,11 +51,8 @@ class FinetuneConfig:
 
 
 def finetune(cfg: FinetuneConfig) -> dict:
-    from wmrl.core.io import write_json
-    from wmrl.replay import EpisodeReplay, MixedReplay
     from wmrl.rl.ravl import dataset_env
     from wmrl.rl.sac import SAC
-    from wmrl.core.run import Tracker, start_run
 
     if cfg.algo not in METHODS:
         raise ValueError(f"algo: expected one of {', '.join(METHODS)}, got {cfg.algo!r}")
@@ -85,7 +87,6 @@ def finetune(cfg: FinetuneConfig) -> dict:
     t0 = time.time()
     res = train_online(agent, ocfg, replay=online, sample=sample, log=tracker.log, progress=cfg.progress)
     tracker.close()
-    from wmrl.core.checkpoint import commit_checkpoint
 
     commit_checkpoint(run / "checkpoints", cfg.steps,
                       lambda d: save_agent(agent, d))

@@ -24,6 +24,8 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
+from sim.locomotion import make_state_env
+
 
 @dataclass
 class EnsembleConfig:
@@ -203,8 +205,6 @@ class TrueDynamics:
     _env: object = field(default=None, repr=False)
 
     def __post_init__(self):
-        from sim.locomotion import make_state_env
-
         self._env = make_state_env(self.env_id).unwrapped
         self._env.reset(seed=0)
 

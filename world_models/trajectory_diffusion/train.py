@@ -14,8 +14,10 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from wmrl.core.checkpoint import commit_checkpoint, load_state, load_train_state, resume_checkpoint, save_train_state
 from wmrl.core.features import ACTION, OBS_STATE, REWARD, TERMINATED
 from world_models.trajectory_diffusion.model import TrajectoryDiffusion, TrajectoryDiffusionConfig
+
 
 WINDOW_KEYS = (OBS_STATE, ACTION, REWARD, TERMINATED)
 
@@ -46,9 +48,6 @@ def fit_trajectory_diffusion(model: TrajectoryDiffusion, replay, steps: int, bat
                              progress: bool = True) -> dict:
     """Adam on the EDM loss over uniformly drawn windows; standardisation statistics come from all windows.
     With `out`, checkpoints every `save_every` steps and resumes from the last one."""
-    from wmrl.core.checkpoint import (commit_checkpoint, load_state, load_train_state, resume_checkpoint,
-                                      save_train_state)
-
     T = model.cfg.horizon
     starts = window_starts(replay, T)
     rng = np.random.default_rng(seed)

@@ -12,7 +12,9 @@ import numpy as np
 import torch
 
 from wmrl.core.features import ACTION, OBS_ENV_STATE, OBS_STATE
+from wmrl.datasets.episode_videos import write_clips
 from world_models.video.model import VideoWorldModel
+
 
 STATE, ENV_STATE = OBS_STATE, OBS_ENV_STATE
 
@@ -163,8 +165,6 @@ def rollout(model: VideoWorldModel, held, starts: list[tuple[int, int]], horizon
 def write_side_by_side(model: VideoWorldModel, held, out_dir: Path, n: int = 3, fps: int = 10) -> list[str]:
     """For n held-out episodes: real | imagined, every camera, whole episode from its first frame under the
     recorded actions. mp4 per episode and one GIF of all of them."""
-    from wmrl.datasets.episode_videos import write_clips
-
     cams = [f"observation.images.{c}" for c in model.cfg.cameras]
     clips = []
     for e in list(held.episodes)[:n]:

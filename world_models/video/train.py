@@ -23,14 +23,17 @@ from typing import Optional
 import numpy as np
 import torch
 import yaml
-
-from wmrl.core.features import ACTION, OBS_ENV_STATE, OBS_STATE, REWARD, SUCCESS, TERMINATED
-from wmrl.replay import EpisodeReplay
-from wmrl.replay.buffer import BOOKKEEPING
 from tqdm.auto import tqdm
 
+from wmrl.core.checkpoint import (commit_checkpoint, load_train_state, resolve_checkpoint, resume_checkpoint,
+                                  save_train_state)
+from wmrl.core.features import ACTION, OBS_ENV_STATE, OBS_STATE, REWARD, SUCCESS, TERMINATED
+from wmrl.core.run import Tracker, start_run
+from wmrl.replay import EpisodeReplay
+from wmrl.replay.buffer import BOOKKEEPING
 from world_models.video.model import VideoWorldModel, WorldModelConfig, commanded_pose
 from world_models.video.networks import TaskEncoder
+
 
 STATE, ENV_STATE, SUCC, REW, TERM = OBS_STATE, OBS_ENV_STATE, SUCCESS, REWARD, TERMINATED
 
@@ -216,8 +219,6 @@ def _pose0(model: VideoWorldModel, d: dict) -> torch.Tensor:
 
 
 def _save_checkpoint(run: Path, step: int, model, opts: dict, extra: dict) -> None:
-    from wmrl.core.checkpoint import commit_checkpoint, save_train_state
-
     commit_checkpoint(run / "checkpoints", step, lambda d: (model.save(d), save_train_state(d, step, opts, **extra)))
 
 
@@ -233,9 +234,6 @@ def unrolled_batch(model: VideoWorldModel, d: dict, H: int, gen: torch.Generator
 
 
 def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
-    from wmrl.core.checkpoint import load_train_state, resolve_checkpoint, resume_checkpoint
-    from wmrl.core.run import Tracker, start_run
-
     for name in ("ae_steps", "state_steps", "dyn_steps", "unroll_steps"):
         if getattr(cfg, name) < 0:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(cfg, name)}")
