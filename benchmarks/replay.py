@@ -51,7 +51,7 @@ def main(quick: bool = False) -> dict:
     held = []  # a loop that keeps every batch alive: no output can be recycled, every sample faults in new pages
     ours_sample_held = median_time(lambda: held.append(ours.sample(256)), reps)
     held.clear()
-    ours_bytes = sum(v.nbytes for v in ours.data.values()) + ours.frame_episode.nbytes + ours.frame_end.nbytes + ours.priority.nbytes
+    ours_bytes = ours.nbytes
 
     # ---- torchrl: transitions carry their next observation (torchrl's layout), windows use frames + SliceSampler
     def td_transitions(ep):

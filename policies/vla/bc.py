@@ -40,7 +40,7 @@ def weight_interventions(replay, weight: float) -> int:
         return 0
     if INTERVENTION not in replay.data:
         raise ValueError("intervention_weight needs datasets with an `intervention` column (recorded corrections)")
-    live = np.flatnonzero(replay.frame_episode[: replay.high_water] >= 0)
+    live = replay.live_frames()
     idx = live[replay.data[INTERVENTION][live].astype(bool)]
     if len(idx) == 0:
         raise ValueError("intervention_weight: no frame of the data is labelled `intervention`")

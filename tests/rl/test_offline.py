@@ -187,12 +187,11 @@ def test_every_agent_beats_the_random_policy_on_the_point_task(algo, point_data,
 
 def test_offline_refuses_true_dynamics_without_simulator_state_and_mismatched_dims(point_data, tmp_path):
     from wmrl.replay import EpisodeReplay
+    from wmrl.replay.buffer import BOOKKEEPING
     from wmrl.rl.ravl import OfflineConfig, train_offline
 
     data, _ = point_data
-    stripped = EpisodeReplay.from_lerobot(data)
-    for k in ("qpos", "qvel"):
-        stripped.data.pop(k)
+    _, stripped, _ = EpisodeReplay.from_datasets([data], drop=BOOKKEEPING | {"qpos", "qvel"})
     stripped.to_lerobot(tmp_path / "noqpos", fps=10)
     (tmp_path / "noqpos" / "meta" / "wmrl.json").write_text(json.dumps({"env": ENV}))
     with pytest.raises(ValueError, match="qpos, qvel"):

@@ -17,7 +17,8 @@ import os
 import shutil
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from types import MappingProxyType
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -34,15 +35,15 @@ class EpisodeReplay:
             raise ValueError(f"capacity must be positive, got {capacity}")
         self.capacity = int(capacity)
         self.rng = np.random.default_rng(seed)
-        self.data: dict[str, np.ndarray] = {}
-        self.vocab: dict[str, list[str]] = {}  # string features (task, source, ...) are stored as int32 codes
-        self.frame_episode = np.full(self.capacity, -1, np.int64)  # episode id per slot, -1 = empty
+        self._data: dict[str, np.ndarray] = {}
+        self._vocab: dict[str, list[str]] = {}  # string features (task, source, ...) are stored as int32 codes
+        self._frame_episode = np.full(self.capacity, -1, np.int64)  # episode id per slot, -1 = empty
         self.frame_end = np.zeros(self.capacity, np.int64)  # slot of the last frame of the slot's episode
         self.priority = np.ones(self.capacity, np.float64)
-        self.episodes: dict[int, tuple[int, int]] = {}  # episode id -> (start slot, length), insertion ordered
+        self._episodes: dict[int, tuple[int, int]] = {}  # episode id -> (start slot, length), insertion ordered
         self.episode_weight: dict[int, float] = {}
         self.ptr = 0
-        self.high_water = 0  # slots [0, high_water) have ever been written
+        self._high_water = 0  # slots [0, high_water) have ever been written
         self.next_episode_id = 0
         self._weighted = False
         self._dirty = True
@@ -50,15 +51,55 @@ class EpisodeReplay:
         self._live = np.zeros(0, np.int64)
         self._out: dict[tuple, list[np.ndarray]] = {}  # recycled sample outputs, see _take
 
+    # ------------------------------------------------------------------ read-only views (the public state)
+    @property
+    def data(self) -> Mapping[str, np.ndarray]:
+        """Feature name -> its storage column (`capacity` rows; strings as int32 codes, see `vocab`). A read-only
+        mapping of the stored arrays themselves (no copy, so torch can share them): read them, never write them."""
+        return MappingProxyType(self._data)
+
+    @property
+    def episodes(self) -> Mapping[int, tuple[int, int]]:
+        """Episode id -> (first slot, length), oldest first. Read-only."""
+        return MappingProxyType(self._episodes)
+
+    @property
+    def vocab(self) -> Mapping[str, list[str]]:
+        """String feature -> the strings its int32 codes index. Read-only."""
+        return MappingProxyType({k: tuple(v) for k, v in self._vocab.items()})
+
+    @property
+    def frame_episode(self) -> np.ndarray:
+        """Episode id per slot (-1: empty); read it, never write it."""
+        return self._frame_episode
+
+    @property
+    def high_water(self) -> int:
+        """Slots [0, high_water) have ever been written."""
+        return self._high_water
+
+    @property
+    def nbytes(self) -> int:
+        """Memory held by the storage (frames once each, plus the per-slot bookkeeping)."""
+        return (sum(v.nbytes for v in self._data.values()) + self._frame_episode.nbytes + self.frame_end.nbytes
+                + self.priority.nbytes)
+
+    def live_frames(self) -> np.ndarray:
+        """Slots holding a frame of a stored episode, ascending."""
+        return np.flatnonzero(self._frame_episode[: self._high_water] >= 0)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._data
+
     # ------------------------------------------------------------------ writing
     def _allocate(self, ep: dict[str, Any]) -> None:
         for k, v in ep.items():
             if isinstance(v, list):
-                self.vocab[k] = []
-                self.data[k] = np.zeros(self.capacity, np.int32)
+                self._vocab[k] = []
+                self._data[k] = np.zeros(self.capacity, np.int32)
             else:
                 v = np.asarray(v)
-                self.data[k] = np.zeros((self.capacity, *v.shape[1:]), v.dtype)
+                self._data[k] = np.zeros((self.capacity, *v.shape[1:]), v.dtype)
 
     def add_episode(self, episode: dict[str, Any], weight: float = 1.0) -> int:
         """Store an episode dict (see `wmrl.core.episode`); returns its id. Evicts the oldest episodes in the way."""
@@ -68,60 +109,60 @@ class EpisodeReplay:
             raise ValueError(f"episode fields have different lengths: {lengths}")
         if T > self.capacity:
             raise ValueError(f"episode of {T} frames does not fit a replay of capacity {self.capacity}")
-        if not self.data:
+        if not self._data:
             self._allocate(episode)
-        if set(episode) != set(self.data):
-            raise ValueError(f"episode keys {sorted(episode)} differ from the buffer's {sorted(self.data)}")
+        if set(episode) != set(self._data):
+            raise ValueError(f"episode keys {sorted(episode)} differ from the buffer's {sorted(self._data)}")
         for k, v in episode.items():
             if not isinstance(v, list):
                 v = np.asarray(v)
-                if v.shape[1:] != self.data[k].shape[1:]:
-                    raise ValueError(f"{k}: expected per-frame shape {self.data[k].shape[1:]}, got {v.shape[1:]}")
+                if v.shape[1:] != self._data[k].shape[1:]:
+                    raise ValueError(f"{k}: expected per-frame shape {self._data[k].shape[1:]}, got {v.shape[1:]}")
                 if np.issubdtype(v.dtype, np.floating) and not np.all(np.isfinite(v)):
                     raise ValueError(f"{k}: contains NaN or inf")
         if self.ptr + T > self.capacity:
             self.ptr = 0  # wrap: episodes stay contiguous
         lo, hi = self.ptr, self.ptr + T
-        for eid in np.unique(self.frame_episode[lo:hi]):
+        for eid in np.unique(self._frame_episode[lo:hi]):
             if eid >= 0:
                 self._evict(int(eid))
         for k, v in episode.items():
             if isinstance(v, list):
-                voc = self.vocab[k]
+                voc = self._vocab[k]
                 codes = []
                 for s in v:
                     if s not in voc:
                         voc.append(s)
                     codes.append(voc.index(s))
-                self.data[k][lo:hi] = codes
+                self._data[k][lo:hi] = codes
             else:
-                self.data[k][lo:hi] = v
+                self._data[k][lo:hi] = v
         if IS_LAST not in episode:  # data without RLDS's flag: the last frame has no successor
-            self.data.setdefault(IS_LAST, np.zeros(self.capacity, bool))
-            self.data[IS_LAST][lo:hi] = np.arange(T) == T - 1
+            self._data.setdefault(IS_LAST, np.zeros(self.capacity, bool))
+            self._data[IS_LAST][lo:hi] = np.arange(T) == T - 1
         eid = self.next_episode_id
         self.next_episode_id += 1
-        self.frame_episode[lo:hi] = eid
+        self._frame_episode[lo:hi] = eid
         self.frame_end[lo:hi] = hi - 1
         self.priority[lo:hi] = 1.0
-        self.episodes[eid] = (lo, T)
+        self._episodes[eid] = (lo, T)
         self.episode_weight[eid] = float(weight)
         self._weighted |= weight != 1.0
         self.ptr = hi
-        self.high_water = max(self.high_water, hi)
+        self._high_water = max(self._high_water, hi)
         self._dirty = True
         return eid
 
     def _evict(self, eid: int) -> None:
-        lo, T = self.episodes.pop(eid)
+        lo, T = self._episodes.pop(eid)
         self.episode_weight.pop(eid, None)
-        self.frame_episode[lo : lo + T] = -1
+        self._frame_episode[lo : lo + T] = -1
 
     # ------------------------------------------------------------------ weights
     def set_episode_weights(self, weights: dict[int, float]) -> None:
         """Trajectory weighting: sampling probability of every frame of episode i is proportional to weights[i]."""
         for eid, w in weights.items():
-            if eid not in self.episodes:
+            if eid not in self._episodes:
                 raise KeyError(f"episode {eid} is not in the buffer")
             if not np.isfinite(w) or w < 0:
                 raise ValueError(f"episode weight must be finite and >= 0, got {w}")
@@ -140,26 +181,26 @@ class EpisodeReplay:
 
     # ------------------------------------------------------------------ sampling
     def __len__(self) -> int:
-        return int(sum(T for _, T in self.episodes.values()))
+        return int(sum(T for _, T in self._episodes.values()))
 
     @property
     def num_episodes(self) -> int:
-        return len(self.episodes)
+        return len(self._episodes)
 
     def _refresh(self) -> None:
         if not self._dirty:
             return
-        hw = self.high_water
-        live = self.frame_episode[:hw] >= 0
-        starts = live & ~self.data[IS_LAST][:hw]
-        starts[:-1] &= self.frame_episode[1:hw] == self.frame_episode[: hw - 1]
+        hw = self._high_water
+        live = self._frame_episode[:hw] >= 0
+        starts = live & ~self._data[IS_LAST][:hw]
+        starts[:-1] &= self._frame_episode[1:hw] == self._frame_episode[: hw - 1]
         if hw:
             starts[hw - 1] = False  # the last written slot has no successor
         self._live = np.flatnonzero(live)
         self._trans_starts = np.flatnonzero(starts)
         if self._weighted:
             w_ep = np.zeros(hw)
-            for eid, (lo, T) in self.episodes.items():
+            for eid, (lo, T) in self._episodes.items():
                 w_ep[lo : lo + T] = self.episode_weight[eid]
             w = w_ep * self.priority[:hw]
             self._p_trans = np.cumsum(w[self._trans_starts])
@@ -189,7 +230,7 @@ class EpisodeReplay:
         come from a small pool, and an array is reused only when nothing outside the pool refers to it any more (a
         batch, a view or a tensor made with torch.from_numpy all hold a reference): a batch you keep is never
         overwritten. mode="clip" keeps numpy off its slow buffered path (indices are always in range here)."""
-        src = self.data[key]
+        src = self._data[key]
         shape = (*idx.shape, *src.shape[1:])
         pool = self._out.setdefault((tag + key, shape), [])
         buf = None
@@ -207,9 +248,9 @@ class EpisodeReplay:
         """Transitions: every stored key at s, `next.<key>` for observation keys at s', plus `index` (slot of s)."""
         self._refresh()
         idx = self._draw(self._trans_starts, self._p_trans if self._weighted else None, batch_size)
-        out = {k: self._take(k, idx) for k in (keys or self.data)}
+        out = {k: self._take(k, idx) for k in (keys or self._data)}
         nxt = idx + 1
-        for k in (keys or self.data):
+        for k in (keys or self._data):
             if k.startswith("observation."):
                 out[f"next.{k}"] = self._take(k, nxt, tag="next.")
         out["index"] = idx
@@ -220,10 +261,10 @@ class EpisodeReplay:
         names): what dynamics models train on. Fresh arrays, never recycled."""
         self._refresh()
         idx = self._trans_starts
-        out = {k: self.data[k][idx] for k in (keys or self.data)}
-        for k in (keys or self.data):
+        out = {k: self._data[k][idx] for k in (keys or self._data)}
+        for k in (keys or self._data):
             if k.startswith("observation."):
-                out[f"next.{k}"] = self.data[k][idx + 1]
+                out[f"next.{k}"] = self._data[k][idx + 1]
         out["index"] = idx.copy()
         return out
 
@@ -238,19 +279,19 @@ class EpisodeReplay:
         end = self.frame_end[start][:, None]
         mask = raw <= end
         idx = np.minimum(raw, end)
-        out = {k: self._take(k, idx) for k in (keys or self.data)}
+        out = {k: self._take(k, idx) for k in (keys or self._data)}
         out["mask"] = mask
-        out["action_mask"] = mask & ~self.data[IS_LAST][idx]
+        out["action_mask"] = mask & ~self._data[IS_LAST][idx]
         out["index"] = idx
         return out
 
     def decode_strings(self, key: str, codes: np.ndarray) -> np.ndarray:
-        return np.asarray(self.vocab[key], dtype=object)[codes]
+        return np.asarray(self._vocab[key], dtype=object)[codes]
 
     def get_episode(self, eid: int) -> dict[str, Any]:
-        lo, T = self.episodes[eid]
-        return {k: (self.decode_strings(k, v[lo : lo + T]).tolist() if k in self.vocab else v[lo : lo + T].copy())
-                for k, v in self.data.items()}
+        lo, T = self._episodes[eid]
+        return {k: (self.decode_strings(k, v[lo : lo + T]).tolist() if k in self._vocab else v[lo : lo + T].copy())
+                for k, v in self._data.items()}
 
     # ------------------------------------------------------------------ persistence
     def save(self, path: str | Path) -> None:
@@ -261,17 +302,17 @@ class EpisodeReplay:
         old = path.with_name(path.name + ".old")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        hw = self.high_water
-        for k, v in self.data.items():
+        hw = self._high_water
+        for k, v in self._data.items():
             np.save(tmp / f"{k}.npy", v[:hw])
-        np.save(tmp / "_frame_episode.npy", self.frame_episode[:hw])
+        np.save(tmp / "_frame_episode.npy", self._frame_episode[:hw])
         np.save(tmp / "_frame_end.npy", self.frame_end[:hw])
         np.save(tmp / "_priority.npy", self.priority[:hw])
         write_json(tmp / "manifest.json", {
             "capacity": self.capacity, "ptr": self.ptr, "high_water": hw, "next_episode_id": self.next_episode_id,
-            "episodes": {str(e): list(v) for e, v in self.episodes.items()},
+            "episodes": {str(e): list(v) for e, v in self._episodes.items()},
             "episode_weight": {str(e): w for e, w in self.episode_weight.items()}, "weighted": self._weighted,
-            "vocab": self.vocab, "keys": list(self.data), "rng": self.rng.bit_generator.state})
+            "vocab": self._vocab, "keys": list(self._data), "rng": self.rng.bit_generator.state})
         for f in tmp.iterdir():
             with open(f, "rb") as fh:
                 os.fsync(fh.fileno())
@@ -298,15 +339,15 @@ class EpisodeReplay:
         hw = m["high_water"]
         for k in m["keys"]:
             arr = np.load(path / f"{k}.npy", allow_pickle=False)
-            buf.data[k] = np.zeros((buf.capacity, *arr.shape[1:]), arr.dtype)
-            buf.data[k][:hw] = arr
-        buf.frame_episode[:hw] = np.load(path / "_frame_episode.npy")
+            buf._data[k] = np.zeros((buf.capacity, *arr.shape[1:]), arr.dtype)
+            buf._data[k][:hw] = arr
+        buf._frame_episode[:hw] = np.load(path / "_frame_episode.npy")
         buf.frame_end[:hw] = np.load(path / "_frame_end.npy")
         buf.priority[:hw] = np.load(path / "_priority.npy")
-        buf.ptr, buf.high_water, buf.next_episode_id = m["ptr"], hw, m["next_episode_id"]
-        buf.episodes = {int(e): tuple(v) for e, v in m["episodes"].items()}
+        buf.ptr, buf._high_water, buf.next_episode_id = m["ptr"], hw, m["next_episode_id"]
+        buf._episodes = {int(e): tuple(v) for e, v in m["episodes"].items()}
         buf.episode_weight = {int(e): w for e, w in m["episode_weight"].items()}
-        buf._weighted, buf.vocab = m["weighted"], m["vocab"]
+        buf._weighted, buf._vocab = m["weighted"], m["vocab"]
         buf.rng.bit_generator.state = m["rng"]
         return buf
 
@@ -347,9 +388,9 @@ class EpisodeReplay:
         return cls.from_datasets([root], seed=seed)[1]
 
     def to_lerobot(self, root: str | Path, fps: int, mode: str = "create", robot_type: str | None = None) -> int:
-        if not self.episodes:
+        if not self._episodes:
             raise ValueError("the replay buffer is empty; nothing to export")
-        eps = [self.get_episode(e) for e in self.episodes]
+        eps = [self.get_episode(e) for e in self._episodes]
         writer = LeRobotV3Writer(root, fps=fps, features=features_for(eps[0]), mode=mode, robot_type=robot_type)
         for ep in eps:
             write_episode(writer, ep)
