@@ -227,3 +227,19 @@ def test_a_diverging_run_stops_with_a_clear_message_and_keeps_its_last_checkpoin
     assert json.loads((ck / "train_state.json").read_text())["step"] == 2
     agent = load_agent(ck)
     assert all(torch.isfinite(p).all() for p in agent.parameters())
+
+
+def test_a_made_dataset_does_not_depend_on_what_ran_before(tmp_path):
+    """The SAC that defines 'expert' is seeded before its weights are drawn, so the same config gives the same
+    dataset whatever consumed the torch RNG earlier in the process."""
+    import torch
+
+    from wmrl.rl.d4rl import MakeDatasetConfig, make_dataset
+
+    refs = []
+    for i in range(2):
+        torch.rand(i + 1)  # a different history of the global generator
+        make_dataset(MakeDatasetConfig(env=ENV, kind="expert", out=tmp_path / f"d{i}", transitions=100, sac_steps=200,
+                                       sac_hidden=16, cache=tmp_path / f"cache{i}", progress=False, reference_episodes=2))
+        refs.append(json.loads((tmp_path / f"d{i}" / "meta" / "make.json").read_text())["reference_returns"])
+    assert refs[0] == refs[1]

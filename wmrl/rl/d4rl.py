@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from policies.random_policy import RandomPolicy
 from sim.locomotion import make_state_env
@@ -61,6 +62,7 @@ def _sac_run(cfg: MakeDatasetConfig) -> Path:
     run = Path(cfg.cache) / f"sac-{cfg.env}-{cfg.sac_steps}-h{cfg.sac_hidden}-s{cfg.seed}"
     if (run / "curve.json").exists():
         return run
+    torch.manual_seed(cfg.seed)  # the initial weights too: the dataset must not depend on what ran before
     agent = SAC(SACConfig(**spaces_of(cfg.env), hidden=cfg.sac_hidden))
     eval_every = max(cfg.sac_steps // 20, 1000)
     replay = EpisodeReplay(cfg.sac_steps + 5_000, seed=cfg.seed)
