@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print("usage: wmrl COMMAND [--help] [--config FILE.yaml] [flags]\n\ncommands:")
         for name, (_, _, _, doc) in COMMANDS.items():
-            print(f"  {name.replace('datasets-make', 'datasets make'):<14}{doc}")
+            print(f"  {name.replace('datasets-make', 'datasets make'):<15} {doc}")
         return 0
     name, rest = argv[0], argv[1:]
     if name == "datasets" and rest[:1] == ["make"]:  # `wmrl datasets make ...`
