@@ -30,14 +30,14 @@ COMMANDS: dict[str, tuple[str, str, str, str]] = {
     "imagine": ("imagine", "ImagineConfig", "imagine", "RL (GRPO or PPO) of a VLA policy inside a video world model"),
     "rank": ("rank", "RankConfig", "run_rank", "rank policies in the world model and in the true simulator; agreement"),
     "datasets-make": ("datasets_make", "MakeDatasetConfig", "make_dataset", "make a D4RL-style state dataset (SAC locally, qpos/qvel)"),
-    "offline": ("offline", "OfflineConfig", "offline", "offline RL: ravl | mopo | mbpo | sac-n | td3bc | iql"),
+    "offline": ("offline", "OfflineConfig", "train_offline", "offline RL: ravl | mopo | mbpo | sac-n | td3bc | iql"),
     "finetune": ("finetune", "FinetuneConfig", "finetune", "offline-to-online fine-tuning: wsrl | naive | naive-retain"),
-    "pgd": ("pgd", "PGDConfig", "pgd", "policy-guided diffusion: td3bc | iql on synthetic + real data"),
+    "pgd": ("pgd", "PGDConfig", "train_pgd", "policy-guided diffusion: td3bc | iql on synthetic + real data"),
     "deploy": ("deploy", "DeployConfig", "deploy", "run a policy on a robot arm: safety layer, sync | async | aligned chunks"),
     "serve-robot": ("serve_robot", "ServeRobotConfig", "serve_robot_command", "serve a robot arm with server-side safety (loopback, or CURVE keys)"),
     "robot-keys": ("robot_keys", "RobotKeysConfig", "robot_keys", "make CURVE key pairs for an authenticated robot link"),
     "sysid": ("sysid", "SysIdConfig", "record_sysid", "record system-identification episodes on the sim-real arm"),
-    "calibrate-twin": ("calibrate_twin", "CalibrateConfig", "calibrate_twin", "fit the digital twin's parameters to logged robot episodes (CMA-ES)"),
+    "calibrate-twin": ("calibrate_twin", "CalibrateConfig", "calibrate", "fit the digital twin's parameters to logged robot episodes (CMA-ES)"),
     "tasks": ("tasks", "TasksConfig", "tasks", "list the registered tasks"),
     "bench": ("bench", "BenchConfig", "bench", "run a benchmark from benchmarks/ and print its JSON"),
 }
@@ -196,7 +196,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
         return 2
     if name not in ("tasks", "bench") and isinstance(result, dict):
-        print(json.dumps({k: v for k, v in result.items() if k != "videos"}, default=str))
+        # per-epoch curves and video paths are in the run folder; the printed line is the summary
+        print(json.dumps({k: v for k, v in result.items() if k not in ("videos", "curve")}, default=str))
     return 0
 
 

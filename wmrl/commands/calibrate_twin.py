@@ -3,9 +3,4 @@
 
 from real_robot.calibration import CalibrateConfig, calibrate
 
-
-def calibrate_twin(cfg: CalibrateConfig) -> dict:
-    return {k: v for k, v in calibrate(cfg).items() if k != "curve"}  # the curve is in the run folder
-
-
-__all__ = ["CalibrateConfig", "calibrate_twin"]
+__all__ = ["CalibrateConfig", "calibrate"]

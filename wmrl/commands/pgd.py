@@ -3,9 +3,4 @@ guided by its own policy plus real data. The algorithm is `wmrl.rl.pgd`."""
 
 from wmrl.rl.pgd import PGDConfig, train_pgd
 
-
-def pgd(cfg: PGDConfig) -> dict:
-    return {k: v for k, v in train_pgd(cfg).items() if k != "curve"}  # the curve is in the run folder
-
-
-__all__ = ["PGDConfig", "pgd"]
+__all__ = ["PGDConfig", "train_pgd"]

@@ -65,8 +65,9 @@ class EpisodeReplay:
 
     @property
     def vocab(self) -> Mapping[str, list[str]]:
-        """String feature -> the strings its int32 codes index. Read-only."""
-        return MappingProxyType({k: tuple(v) for k, v in self._vocab.items()})
+        """String feature -> the strings its int32 codes index; read them, never write them (no copy: it is read
+        per step in imagination)."""
+        return MappingProxyType(self._vocab)
 
     @property
     def frame_episode(self) -> np.ndarray:
