@@ -9,7 +9,9 @@
 
 Inputs are LeRobot-named observation dicts; states and actions are normalised with the dataset's
 `meta/stats.json` (mean/std), kept in the config so that a checkpoint carries them. `select_action` executes
-`n_action_steps` actions of each predicted chunk from a queue (LeRobot/ACT style).
+`n_action_steps` actions of each predicted chunk from a queue (LeRobot/ACT style; 1 = receding horizon), or, with
+`temporal_ensemble_coeff`, predicts a chunk every step and executes ACT's temporal ensemble of every prediction made
+for the current step (Zhao et al., 2023, Sec. 3.3).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ class VLAConfig:
     action_dim: int = 4
     chunk_size: int = 4  # H actions predicted at once
     n_action_steps: int = 4  # actions of each chunk executed before predicting again
+    temporal_ensemble_coeff: float | None = None  # ACT's m (0.01 there): predict every step, ensemble overlapping chunks
     head: str = "gaussian"
     text_encoder: str = "bow"
     vision_width: int = 32
@@ -62,6 +65,12 @@ class VLAConfig:
             raise ValueError(f"head: expected one of {HEADS}, got {self.head!r}")
         if not 1 <= self.n_action_steps <= self.chunk_size:
             raise ValueError(f"n_action_steps must be in [1, chunk_size={self.chunk_size}], got {self.n_action_steps}")
+        if self.temporal_ensemble_coeff is not None:
+            if not math.isfinite(self.temporal_ensemble_coeff):
+                raise ValueError(f"temporal_ensemble_coeff must be finite, got {self.temporal_ensemble_coeff}")
+            if self.n_action_steps != 1:
+                raise ValueError("temporal ensembling predicts a chunk every step: it needs n_action_steps=1, got "
+                                 f"{self.n_action_steps}")
         for name, dim in (("state", self.state_dim), ("action", self.action_dim)):
             for s in ("mean", "std"):
                 v = getattr(self, f"{name}_{s}")
@@ -112,12 +121,16 @@ class VisionEncoder(nn.Module):
         self.conv = nn.Sequential(*layers, nn.Flatten())
         self.fc = nn.Linear(4 * w * (image_size // 16) ** 2, out)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(self.conv(torch.cat([x, self.coords.expand(len(x), -1, -1, -1)], dim=1)))
+    def forward(self, x: torch.Tensor, shift: int = 0) -> torch.Tensor:
+        """`shift`: DrQ's random shift, applied to the image *and* its coordinate channels together, so that the
+        coordinates still name where each pixel's content is on the table (shifting only the image would teach the
+        policy that the cube is up to `shift` pixels from where it is)."""
+        x = torch.cat([x, self.coords.expand(len(x), -1, -1, -1)], dim=1)
+        return self.fc(self.conv(random_shift(x, shift) if shift else x))
 
 
 def random_shift(x: torch.Tensor, pad: int) -> torch.Tensor:
-    """DrQ's augmentation: pad by replication and crop back at a random offset per image."""
+    """DrQ's augmentation: pad by replication and crop back at a random offset per image (all channels alike)."""
     n, _, h, w = x.shape
     x = F.pad(x, (pad,) * 4, mode="replicate")
     ox = torch.randint(0, 2 * pad + 1, (n,), device=x.device)
@@ -126,6 +139,40 @@ def random_shift(x: torch.Tensor, pad: int) -> torch.Tensor:
     x = x.gather(2, rows)
     cols = (ox[:, None] + torch.arange(w, device=x.device)[None])[:, None, None, :].expand(-1, x.shape[1], h, -1)
     return x.gather(3, cols)
+
+
+class TemporalEnsembler:
+    """ACT's temporal ensembling (Zhao et al., 2023, Sec. 3.3): a chunk a^(s) is predicted at every step s; the action
+    executed at step t averages every prediction made for t, a_t = sum_i w_i a^(s_i)_{t - s_i} / sum_i w_i with
+    w_i = exp(-m * i) and i = 0 the *oldest* prediction (ACT's convention: m > 0 trusts earlier predictions more,
+    m < 0 newer ones, m = 0 a plain mean). Kept as the running weighted sums, one slot per future step."""
+
+    def __init__(self, coeff: float, chunk_size: int):
+        self.weights = torch.exp(-coeff * torch.arange(chunk_size, dtype=torch.float64))
+        self.chunk_size = chunk_size
+        self.reset()
+
+    def reset(self) -> None:
+        self.sums: torch.Tensor | None = None  # (B, H, A) weighted sums for steps t, t+1, ..., t+H-1
+        self.counts: torch.Tensor | None = None  # (H,) predictions so far for each of those steps
+
+    def update(self, chunk: torch.Tensor) -> torch.Tensor:
+        """chunk (B, H, A) predicted now -> the ensembled action (B, A) to execute now."""
+        chunk = chunk.detach().cpu().to(torch.float64)  # the running sums live on the host, next to the env
+        H = self.chunk_size
+        if self.sums is None or self.sums.shape != chunk.shape:
+            self.sums, self.counts = torch.zeros_like(chunk), torch.zeros(H, dtype=torch.long)
+            self.norm = torch.zeros(H, dtype=torch.float64)
+        w = self.weights[self.counts.clamp(max=H - 1)]  # this prediction is the counts-th one for each step
+        self.sums += w[None, :, None] * chunk
+        self.norm = self.norm + w
+        self.counts = self.counts + 1
+        action = self.sums[:, 0] / self.norm[0]
+        # shift by one step: the oldest slot is done, a fresh empty one opens at the end
+        self.sums = torch.cat([self.sums[:, 1:], torch.zeros_like(self.sums[:, :1])], 1)
+        self.norm = torch.cat([self.norm[1:], torch.zeros(1, dtype=torch.float64)])
+        self.counts = torch.cat([self.counts[1:], torch.zeros(1, dtype=torch.long)])
+        return action.float()
 
 
 class VLAPolicy(nn.Module):
@@ -155,6 +202,8 @@ class VLAPolicy(nn.Module):
         self.value_head = nn.Sequential(nn.Linear(D, D), nn.SiLU(), nn.Linear(D, 1))  # PPO's critic V(s)
         self.stochastic = False  # select_action: sample (True) or act with the mean / a fixed-noise flow (False)
         self._queue: deque = deque()
+        self.ensembler = (TemporalEnsembler(cfg.temporal_ensemble_coeff, cfg.chunk_size)
+                          if cfg.temporal_ensemble_coeff is not None else None)
 
     @property
     def device(self) -> torch.device:
@@ -188,9 +237,7 @@ class VLAPolicy(nn.Module):
             if x.ndim != 4 or x.shape[-1] != 3:
                 raise ValueError(f"{image_key(c)}: expected uint8 (B, H, W, 3), got {tuple(x.shape)}")
             x = x.permute(0, 3, 1, 2).float() / 127.5 - 1.0
-            if augment and self.cfg.augment_shift:
-                x = random_shift(x, self.cfg.augment_shift)
-            feats.append(self.vision[c](x))
+            feats.append(self.vision[c](x, self.cfg.augment_shift if augment else 0))
         state = torch.as_tensor(np.asarray(obs[OBS_STATE]), dtype=torch.float32, device=self.device)
         if state.ndim != 2 or state.shape[1] != self.cfg.state_dim:
             raise ValueError(f"{OBS_STATE}: expected (B, {self.cfg.state_dim}), got {tuple(state.shape)}")
@@ -263,6 +310,8 @@ class VLAPolicy(nn.Module):
 
     @torch.no_grad()
     def select_action(self, obs: dict) -> torch.Tensor:
+        if self.ensembler is not None:
+            return self.ensembler.update(self.predict_action_chunk(obs))
         if not self._queue:
             chunk = self.predict_action_chunk(obs)
             self._queue.extend(chunk[:, : self.cfg.n_action_steps].transpose(0, 1))
@@ -270,6 +319,8 @@ class VLAPolicy(nn.Module):
 
     def reset(self) -> None:
         self._queue.clear()
+        if self.ensembler is not None:
+            self.ensembler.reset()
 
     # ------------------------------------------------------------------ behaviour cloning
     def forward(self, batch: dict) -> tuple[torch.Tensor, dict]:

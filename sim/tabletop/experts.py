@@ -17,7 +17,7 @@ import torch
 from sim.tabletop.env import EE_STEP
 from sim.tabletop.tasks import parse_instruction
 from sim.tabletop.twin import CUBE_COLOURS, ZONE_COLOURS
-from wmrl.core.features import OBS_ENV_STATE, OBS_STATE, TASK
+from wmrl.core.features import ACTION, OBS_ENV_STATE, OBS_STATE, TASK
 
 H = 0.02  # nominal cube half size
 GRASP_Z = H + 0.01  # end-effector height (finger centre) for grasping and pushing
@@ -114,6 +114,22 @@ def expert_action(task: str, state: np.ndarray, env_state: np.ndarray, failure: 
         return _grasp(ee, opening, cube + np.array([0.0, 0.0, GRASP_Z - H]))
 
     raise ValueError(f"no scripted expert for task family {family!r}")
+
+
+def expert_labels(episode: dict) -> dict:
+    """The episode with every `action` replaced by the clean expert's action at that frame's state (success mode, no
+    noise, no perturbation): DART's labels (Laskey et al., 2017: noise perturbs the states the data visits, not what
+    the learner is taught) and DAgger's relabelling of a learner's own states (Ross et al., 2011). Needs the
+    privileged `observation.environment_state` the simulator records."""
+    missing = [k for k in (OBS_STATE, OBS_ENV_STATE, TASK, ACTION) if k not in episode]
+    if missing:
+        raise ValueError(f"expert labels need {missing} in every episode (record with the simulator's environment "
+                         "state, or train on the recorded actions)")
+    tasks = episode[TASK]
+    tasks = [tasks] * len(episode[OBS_STATE]) if isinstance(tasks, str) else list(tasks)
+    acts = np.stack([expert_action(t, s, e, False) for t, s, e in zip(tasks, np.asarray(episode[OBS_STATE]),
+                                                                        np.asarray(episode[OBS_ENV_STATE]))])
+    return {**episode, ACTION: np.clip(acts, -1.0, 1.0).astype(np.asarray(episode[ACTION]).dtype)}
 
 
 class ScriptedExpert(torch.nn.Module):

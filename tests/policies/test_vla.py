@@ -84,3 +84,116 @@ def test_train_policy_resume_continues_from_the_checkpoint(tiny_data, tmp_path):
     steps = [json.loads(l).get("step") for l in (tmp_path / "run/metrics.jsonl").read_text().splitlines()]
     assert r2["steps"] == 9 and json.loads((tmp_path / "run/checkpoints/last/train_state.json").read_text())["step"] == 9
     assert 9 in steps
+
+
+def test_temporal_ensembling_matches_acts_weights_on_a_hand_computed_queue():
+    """ACT Sec. 3.3: a_t = sum_i w_i a^(s_i)_{t-s_i} / sum_i w_i, w_i = exp(-m i), i = 0 the oldest prediction."""
+    from policies.vla.modeling import TemporalEnsembler
+
+    m, H = 0.5, 3
+    chunks = [torch.tensor([[[10.0 * s + j] for j in range(H)]]) for s in range(5)]  # a^(s)_j = 10 s + j
+    ens = TemporalEnsembler(m, H)
+    got = [ens.update(c).item() for c in chunks]
+    w = np.exp(-m * np.arange(H))
+    assert got[0] == pytest.approx(0.0)  # one prediction: a^(0)_0
+    assert got[1] == pytest.approx((w[0] * 1 + w[1] * 10) / (w[0] + w[1]))  # a^(0)_1 (oldest), a^(1)_0
+    assert got[2] == pytest.approx((w[0] * 2 + w[1] * 11 + w[2] * 20) / w.sum())
+    assert got[4] == pytest.approx((w[0] * 22 + w[1] * 31 + w[2] * 40) / w.sum())  # a^(1) has run out
+    # through the policy: a chunk is predicted every step, reset forgets the past predictions
+    pol = _policy(n_action_steps=1, temporal_ensemble_coeff=m, chunk_size=H).eval()
+    it = iter(chunks)
+    pol.predict_action_chunk = lambda obs: next(it)
+    assert [pol.select_action(_obs(1)).item() for _ in range(3)] == pytest.approx(got[:3])
+    pol.reset()
+    assert pol.select_action(_obs(1)).item() == pytest.approx(30.0)  # a^(3)_0 alone
+    with pytest.raises(ValueError, match="needs n_action_steps=1"):
+        _policy(n_action_steps=2, temporal_ensemble_coeff=0.01)
+
+
+def test_random_shift_moves_the_coordinate_channels_with_the_image():
+    """The augmentation keeps absolute positions consistent: a shifted image's CoordConv channels are shifted with it,
+    so the encoder sees exactly the shifted concatenation (and nothing when the shift is 0)."""
+    from policies.vla.modeling import random_shift
+
+    enc = _policy().vision["front"]
+    x = torch.rand(2, 3, 64, 64) * 2 - 1
+    torch.manual_seed(3)
+    got = enc(x, shift=4)
+    torch.manual_seed(3)
+    full = random_shift(torch.cat([x, enc.coords.expand(2, -1, -1, -1)], 1), 4)
+    assert torch.allclose(got, enc.fc(enc.conv(full)))
+    assert not torch.allclose(full[:, 3:], enc.coords.expand(2, -1, -1, -1))  # the coordinates did move
+    assert torch.allclose(enc(x), enc.fc(enc.conv(torch.cat([x, enc.coords.expand(2, -1, -1, -1)], 1))))
+
+
+def test_ema_and_learning_rate_schedule_by_hand():
+    from policies.vla.bc import EMA, lr_factor
+
+    lin = torch.nn.Linear(1, 1, bias=False)
+    with torch.no_grad():
+        lin.weight.fill_(0.0)
+    ema = EMA(lin, 0.9)
+    with torch.no_grad():
+        lin.weight.fill_(1.0)
+    ema.update(lin, 0)  # warm-up: d = min(0.9, 1/10) = 0.1
+    assert ema.module.weight.item() == pytest.approx(0.9)
+    ema.update(lin, 1000)  # d = 0.9
+    assert ema.module.weight.item() == pytest.approx(0.9 * 0.9 + 0.1)
+    assert [lr_factor(s, 10, 2, "cosine") for s in (0, 1, 2, 6, 10)] == pytest.approx([0.5, 1.0, 1.0, 0.5, 0.0])
+    assert lr_factor(7, 10, 0, "constant") == 1.0
+    with pytest.raises(ValueError, match="lr schedule"):
+        lr_factor(0, 10, 0, "linear")
+    with pytest.raises(ValueError, match="ema decay"):
+        EMA(lin, 1.0)
+
+
+def test_expert_labels_are_the_clean_experts_action_at_hand_checked_states():
+    """Far above the cube the push expert rises/descends to hover height and travels to the point behind the cube
+    (clipped to unit speed, gripper closed); the recorded (noisy) action is replaced, the rest is kept."""
+    from sim.tabletop.experts import expert_labels
+
+    state = np.zeros((2, 8), np.float32)
+    state[:, 5:8] = [[0.4, 0.3, 0.2], [0.4, 0.042, 0.031]]  # ee: far above / right behind the cube, low
+    env_state = np.zeros((2, 13), np.float32)
+    env_state[:, 0:3] = [0.4, 0.0, 0.02]  # red cube
+    env_state[:, 9:13] = [0.4, -0.2, 0.6, 0.2]  # yellow zone straight ahead in -y, purple elsewhere
+    ep = {"observation.state": state, "observation.environment_state": env_state,
+          "task": ["push the red cube to the yellow zone"] * 2, "action": np.full((2, 4), 0.3, np.float32),
+          "next.reward": np.array([0.0, 1.0], np.float32)}
+    out = expert_labels(ep)
+    assert out["action"][0] == pytest.approx([0.0, -1.0, -1.0, 1.0])
+    # second: in contact behind the cube, pushes 1.5 cm along u = (0, -1) at grasp height (0.03): / EE_STEP 5 cm
+    assert out["action"][1] == pytest.approx([0.0, -0.3, -0.02, 1.0], abs=1e-5)
+    assert out["next.reward"] is ep["next.reward"] and ep["action"][0, 0] == pytest.approx(0.3)
+    with pytest.raises(ValueError, match="observation.environment_state"):
+        expert_labels({k: v for k, v in ep.items() if k != "observation.environment_state"})
+
+
+def test_dagger_records_the_learner_and_relabels_its_states_with_the_expert(tiny_data, tmp_path):
+    import json
+
+    from sim.tabletop.experts import expert_action
+    from wmrl.datasets import LeRobotV3Dataset
+    from wmrl.rl.dagger import DAggerConfig, round_dir
+
+    base = dict(data=(tiny_data,), out=tmp_path / "run", steps=4, batch_size=4, ckpt_every=100, eval_episodes=0,
+                num_envs=1, ema=0.9, warmup=2, schedule="cosine", n_action_steps=1,
+                extra={"vision_width": 8, "hidden": 32, "text_dim": 8})
+    r = train_policy(TrainPolicyConfig(**base, dagger=DAggerConfig(rounds=2, episodes=1, steps=3)), progress=False)
+    assert r["steps"] == 10 and [d["round"] for d in r["dagger"]] == [0, 1]
+    ds = LeRobotV3Dataset(round_dir(tmp_path / "run", 1))
+    ep = ds.episode(0, decode=False)
+    assert set(ep["policy_id"]) == {"dagger_round_1"}
+    # the dataset keeps what the learner executed; the aggregate teaches the expert's action at those states
+    _, replay = load_replay([round_dir(tmp_path / "run", 1)], labels="expert")
+    got = replay.get_episode(0)
+    want = np.stack([np.clip(expert_action(t, s, e, False), -1, 1) for t, s, e in
+                     zip(got["task"], ep["observation.state"], ep["observation.environment_state"])])
+    assert np.allclose(got["observation.state"], ep["observation.state"])
+    assert np.allclose(got["action"], want, atol=1e-6)
+    assert not np.allclose(ep["action"], want, atol=1e-3)  # the tiny learner is not the expert
+    state = json.loads((tmp_path / "run/checkpoints/last/train_state.json").read_text())
+    assert state["step"] == 10 and (tmp_path / "run/checkpoints/last/train_weights.safetensors").exists()
+    with pytest.raises(ValueError, match="successful-only"):
+        train_policy(TrainPolicyConfig(**{**base, "out": tmp_path / "r2"}, successful_only=True,
+                                       dagger=DAggerConfig(rounds=1)), progress=False)

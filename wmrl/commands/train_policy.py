@@ -1,9 +1,10 @@
 """`wmrl train-policy --data DIR [DIR ...] --out RUN`: behaviour cloning of the VLA policy on one or more LeRobot v3
-datasets (several tasks make a multi-task policy). Progress bar, checkpoints (safetensors + JSON) every
-`ckpt_every` steps, `--resume` after an interruption, metrics to `metrics.jsonl`, and a true-simulator evaluation
-with videos at the end.
+datasets (several tasks make a multi-task policy), optionally followed by DAgger rounds with the scripted expert as
+the labeller (`--dagger.rounds N`). Progress bar, checkpoints (safetensors + JSON; the EMA weights, the raw ones
+beside them) every `ckpt_every` steps, `--resume` after an interruption, metrics to `metrics.jsonl`, and a
+true-simulator evaluation with videos at the end.
 
-The BC loop itself is `policies.vla.bc`.
+The BC loop itself is `policies.vla.bc`; DAgger is `wmrl.rl.dagger`.
 """
 
 from __future__ import annotations
@@ -12,13 +13,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from sim.tabletop.tasks import task_from_instruction
+
 import torch
 
 from policies.vla import VLAConfig, VLAPolicy
-from policies.vla.bc import bc_train, load_replay, weight_interventions
+from policies.vla.bc import EMA, bc_train, load_replay, weight_interventions
 from wmrl.core.checkpoint import load_train_state, resume_checkpoint
 from wmrl.core.run import Tracker, start_run
 from wmrl.eval import evaluate_on_tasks
+from wmrl.rl.dagger import DAggerConfig, dagger
 
 
 @dataclass
@@ -30,9 +34,23 @@ class TrainPolicyConfig:
     """Action-chunk head: gaussian (exact log-prob, for RL) or flow (pi0-style flow matching)."""
     chunk_size: int = 4
     n_action_steps: int = 4
+    """Actions of each predicted chunk executed before predicting again (1: receding horizon)."""
+    temporal_ensemble_coeff: Optional[float] = None
+    """ACT's temporal ensembling (needs --n-action-steps 1): m in w_i = exp(-m i), i = 0 the oldest prediction."""
     steps: int = 3000
+    """BC steps on the datasets (DAgger's rounds come after them)."""
     batch_size: int = 64
     lr: float = 3e-4
+    warmup: int = 0
+    """Linear learning-rate warm-up steps."""
+    schedule: str = "constant"
+    """Learning rate after warm-up: constant or cosine (to 0 at the last step, DAgger's rounds included)."""
+    ema: float = 0.0
+    """Decay of the exponential moving average of the weights that is saved and evaluated (0: none; 0.999 typical)."""
+    labels: str = "recorded"
+    """Actions to clone: recorded (as in the data) or expert (the clean scripted expert's action at each recorded
+    state, DART-style; needs observation.environment_state)."""
+    dagger: DAggerConfig = field(default_factory=DAggerConfig)
     successful_only: bool = False
     """Clone only the episodes that succeeded (datasets recorded with near-success failures)."""
     intervention_weight: float = 1.0
@@ -53,14 +71,25 @@ class TrainPolicyConfig:
 
 
 def train_policy(cfg: TrainPolicyConfig, progress: bool = True) -> dict:
+    if cfg.dagger.rounds and cfg.successful_only:
+        raise ValueError("--dagger.rounds labels every state the learner visits; --successful-only would drop its "
+                         "failures, which are what DAgger learns from")
+    if cfg.ema and not 0 < cfg.ema < 1:
+        raise ValueError(f"--ema must be in (0, 1) (or 0 for none), got {cfg.ema}")
     run = start_run(cfg)
     torch.manual_seed(cfg.seed)
-    dss, replay = load_replay(cfg.data, cfg.seed, cfg.successful_only)
+    dss, replay = load_replay(cfg.data, cfg.seed, cfg.successful_only,
+                              labels="expert" if cfg.dagger.rounds else cfg.labels)
+    tasks = sorted({t for d in dss for t in d.tasks})
+    if cfg.dagger.rounds and len({task_from_instruction(t) for t in tasks}) != 1:
+        raise ValueError(f"--dagger.rounds runs the learner on one task; the data has {tasks}")
     weight_interventions(replay, cfg.intervention_weight)
-    pcfg = VLAConfig.from_dataset(dss, head=cfg.head, chunk_size=cfg.chunk_size, n_action_steps=cfg.n_action_steps, **cfg.extra)
+    pcfg = VLAConfig.from_dataset(dss, head=cfg.head, chunk_size=cfg.chunk_size, n_action_steps=cfg.n_action_steps,
+                                  temporal_ensemble_coeff=cfg.temporal_ensemble_coeff, **cfg.extra)
     ck, _ = resume_checkpoint(run / "checkpoints") if cfg.resume else (None, 0)
     resuming = ck is not None
     policy = VLAPolicy.load(ck, device=cfg.device) if resuming else VLAPolicy(pcfg).to(cfg.device)
+    ema = (EMA.resume(policy, ck, cfg.ema) if resuming else EMA(policy, cfg.ema)) if cfg.ema else None
     opt = torch.optim.AdamW(policy.parameters(), cfg.lr, weight_decay=1e-4)
     start = 0
     if resuming:
@@ -68,13 +97,23 @@ def train_policy(cfg: TrainPolicyConfig, progress: bool = True) -> dict:
         replay.rng.bit_generator.state = state["replay_rng"]
         start = state["step"]
     tracker = Tracker(run)
-    result = bc_train(policy, replay, cfg.steps, cfg.batch_size, cfg.lr, run=run, ckpt_every=cfg.ckpt_every,
-                      keep_every=cfg.keep_every, start_step=start, opt=opt, tracker=tracker, progress=progress,
-                      desc="train-policy")
-    result["run_dir"] = str(run)
+    total = cfg.steps + cfg.dagger.rounds * cfg.dagger.steps
+    train_kwargs = dict(batch_size=cfg.batch_size, lr=cfg.lr, run=run, ckpt_every=cfg.ckpt_every,
+                        keep_every=cfg.keep_every, opt=opt, tracker=tracker, ema=ema, warmup=cfg.warmup,
+                        schedule=cfg.schedule, total_steps=total)
+    result = {}
+    if start < cfg.steps:
+        result = bc_train(policy, replay, cfg.steps, start_step=start, progress=progress, desc="train-policy",
+                          **train_kwargs)
+    if cfg.dagger.rounds:
+        result["dagger"] = dagger(policy, cfg.data, task_from_instruction(tasks[0]), run, cfg.dagger,
+                                  bc_steps=cfg.steps, start_step=start, train_kwargs=train_kwargs, seed=cfg.seed,
+                                  num_envs=cfg.num_envs, intervention_weight=cfg.intervention_weight,
+                                  progress=progress)
+    result.update(run_dir=str(run), steps=total)
     if cfg.eval_episodes:
-        result["eval"] = evaluate_on_tasks(policy, sorted({t for d in dss for t in d.tasks}), cfg.eval_episodes,
-                                           run / "eval", seed=10_000 + cfg.seed, num_envs=cfg.num_envs, progress=progress)
-    tracker.log({"stage": "done", **{k: v for k, v in result.items() if k != "eval"}})
+        result["eval"] = evaluate_on_tasks(policy, tasks, cfg.eval_episodes, run / "eval", seed=10_000 + cfg.seed,
+                                           num_envs=cfg.num_envs, progress=progress)
+    tracker.log({"stage": "done", **{k: v for k, v in result.items() if k not in ("eval", "dagger")}})
     tracker.close()
     return result

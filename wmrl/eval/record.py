@@ -14,7 +14,7 @@ from wmrl.core.episode import features_for
 from wmrl.core.io import check_out, recognise
 from wmrl.datasets import LeRobotV3Dataset, LeRobotV3Writer, write_episode
 from wmrl.datasets.video import check_codec
-from wmrl.eval.loop import evaluate
+from wmrl.eval.loop import EvalResult, evaluate
 
 
 @dataclass
@@ -75,21 +75,30 @@ def collect(cfg: CollectConfig, progress: bool = True) -> dict:
         else:
             policy = make_policy("scripted", env.single_action_space, seed=cfg.seed, noise=cfg.noise,
                                  failure_prob=cfg.failures, perturb_prob=cfg.perturbed)
-        writer: list[LeRobotV3Writer] = []
-
-        def on_episode(ep: dict) -> None:
-            if not writer:  # features come from the first episode
-                writer.append(LeRobotV3Writer(cfg.out, fps=10, features=features_for(ep), robot_type="wmrl_tabletop",
-                                              mode=mode, codec=cfg.codec, extra_meta={"task": cfg.task}))
-            write_episode(writer[0], ep)
-
         seed = cfg.seed
         if mode == "resume":  # continue the seed sequence so resumed episodes are new ones
             seed += LeRobotV3Dataset(cfg.out).num_episodes
         source, pid = ("policy", str(cfg.policy_path)) if cfg.policy_path is not None else ("expert", "scripted")
-        result = evaluate(policy, env, cfg.episodes, seed=seed, source=source, policy_id=pid,
-                          on_episode=on_episode, progress=progress)
-        writer[0].finalize()
+        result, frames = record(policy, env, cfg.episodes, cfg.out, seed=seed, source=source, policy_id=pid, mode=mode,
+                                codec=cfg.codec, task=cfg.task, progress=progress)
     finally:
         env.close()
-    return {"dataset": str(cfg.out), "episodes": cfg.episodes, "frames": writer[0].num_frames, **result.metrics()}
+    return {"dataset": str(cfg.out), "episodes": cfg.episodes, "frames": frames, **result.metrics()}
+
+
+def record(policy, env, episodes: int, out: Path, *, seed: int, source: str, policy_id: str, task: str,
+           mode: str = "create", codec: str = "h264", progress: bool = True) -> tuple[EvalResult, int]:
+    """`evaluate(policy, env)` for `episodes` episodes, each written to the LeRobot v3 dataset `out` as it ends
+    (`mode`: create | overwrite | resume). Returns the evaluation and the number of frames written."""
+    writer: list[LeRobotV3Writer] = []
+
+    def on_episode(ep: dict) -> None:
+        if not writer:  # features come from the first episode
+            writer.append(LeRobotV3Writer(out, fps=10, features=features_for(ep), robot_type="wmrl_tabletop",
+                                          mode=mode, codec=codec, extra_meta={"task": task}))
+        write_episode(writer[0], ep)
+
+    result = evaluate(policy, env, episodes, seed=seed, source=source, policy_id=policy_id, on_episode=on_episode,
+                      progress=progress)
+    writer[0].finalize()
+    return result, writer[0].num_frames

@@ -356,13 +356,14 @@ class EpisodeReplay:
     @classmethod
     def from_datasets(cls, paths, *, keys: Callable[[Any], set[str]] | None = None, drop: set[str] = BOOKKEEPING,
                       require: tuple[str, ...] = (), holdout: float = 0.0, where: Callable[[dict], bool] | None = None,
-                      seed: int = 0) -> tuple[list, "EpisodeReplay", "EpisodeReplay"]:
+                      transform: Callable[[dict], dict] | None = None, seed: int = 0) -> tuple[list, "EpisodeReplay", "EpisodeReplay"]:
         """The one way from LeRobot v3 datasets to replays: `(datasets, train, held)`.
 
         `paths`: one or more dataset folders. `holdout`: the last share of the *first* dataset's episodes go to
         `held` (at least one when > 0); every other episode trains. `keys(dataset)`: the features to keep (default:
         all but `drop`, the bookkeeping columns). `require`: features every dataset must have (one error naming the
-        missing ones). `where(episode)`: keep only the episodes it accepts."""
+        missing ones). `where(episode)`: keep only the episodes it accepts. `transform(episode)`: applied to each kept
+        episode before it is stored (e.g. relabelling its actions with an expert's)."""
         paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
         if not (isinstance(holdout, (int, float)) and 0 <= holdout < 1):
             raise ValueError(f"--holdout must be in [0, 1), got {holdout}")
@@ -380,6 +381,8 @@ class EpisodeReplay:
                 if where is not None and not where(ep):
                     continue
                 dest = held if j == 0 and i >= first.num_episodes - n_hold else train
+                if transform is not None:
+                    ep = transform(ep)
                 dest.add_episode({k: v for k, v in ep.items() if (k in keep if keep is not None else k not in drop)})
         return dss, train, held
 
