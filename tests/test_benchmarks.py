@@ -115,3 +115,16 @@ def test_twin_benchmark_reports_parameter_recovery():
     assert set(r["twinrl_curves"]) == {"guided", "uniform", "corrections"}
     # the guided run's reported final success is the last point of its curves (the sim-to-real table's source)
     assert r["real_success_twin_guided"] == pytest.approx(np.mean([c[-1]["real_success"] for c in r["twinrl_curves"]["guided"]]))
+
+
+def test_policy_benchmark_compares_every_recipe_on_the_same_layouts():
+    r = _run("policy")
+    res = r["results"]
+    assert set(res) == {"recorded_n4", "expert_n1", "expert_te", "expert_more", "dagger", "scripted_expert"}
+    for v in res.values():  # the pooled rate is the count over every evaluation seed, inside its Wilson interval
+        assert v["episodes"] == 6 and v["ci"][0] <= v["success"] <= v["ci"][1]
+        assert v["success"] == pytest.approx(np.mean(v["per_seed"]))
+    assert res["scripted_expert"]["success"] >= 0.5  # the ceiling: the clean expert on the same layouts
+    assert res["dagger"]["steps"] == res["expert_more"]["steps"] == res["expert_n1"]["steps"] + 2
+    assert [d["round"] for d in res["dagger"]["rounds"]] == [0]
+    assert r["success_bc"] == max(v["success"] for k, v in res.items() if k != "scripted_expert")

@@ -34,6 +34,43 @@ def test_rollout_mean_averages_only_valid_steps():
     assert torch.allclose(rollout_mean(clipped_surrogate(logp, old, adv, 0.2, 0.28), valid), a)
 
 
+def test_grpo_binary_reward_and_token_level_masked_mean_on_a_hand_example():
+    """Outcome reward: a success outranks a failure whatever their progress sums; the surrogate is averaged over all
+    valid steps of the minibatch (DAPO), so a 3-step rollout's steps weigh as much as a 1-step rollout's."""
+    from types import SimpleNamespace
+
+    from wmrl.rl import grpo
+    from wmrl.rl.grpo import masked_mean
+    from wmrl.rl.rollouts import Rollouts
+
+    # rollout 0 succeeds with little progress, rollout 1 fails after climbing further
+    rewards = torch.tensor([[0.1, 0.5], [0.0, 0.3], [0.0, 0.0]])
+    valid = torch.tensor([[1, 1], [0, 1], [0, 1]], dtype=torch.bool)
+    ro = Rollouts(obs=[], actions=torch.zeros(3, 2, 1, 1), logp=torch.zeros(3, 2), rewards=rewards,
+                  terminal=torch.zeros(3, 2, dtype=torch.bool), valid=valid, success=torch.tensor([True, False]))
+    cfg = SimpleNamespace(group_size=2, reward="success", clip_low=0.2, clip_high=0.28)
+    targets, keep, _ = grpo.prepare(None, ro, cfg)
+    assert targets["adv"][0].tolist() == pytest.approx([1.0, -1.0], abs=1e-5) and keep.tolist() == [0, 1]
+    targets_p, _, _ = grpo.prepare(None, ro, SimpleNamespace(**{**cfg.__dict__, "reward": "progress"}))
+    assert targets_p["adv"][0].tolist() == pytest.approx([-1.0, 1.0], abs=1e-5)  # progress ranks them the wrong way
+    with pytest.raises(ValueError, match="reward: expected"):
+        grpo.prepare(None, ro, SimpleNamespace(**{**cfg.__dict__, "reward": "dense"}))
+    # masked mean: (1 + 2 + 3 + 4) / 4 valid steps, not mean(1, mean(2, 3, 4)) = 2
+    x = torch.tensor([[1.0, 2.0], [99.0, 3.0], [99.0, 4.0]])
+    assert masked_mean(x, valid).item() == pytest.approx(2.5)
+    # the loss at ratio 1 is minus the masked mean of the advantages
+    assert grpo.loss(None, ro, np.arange(2), torch.zeros(3, 2), targets, cfg).item() == pytest.approx(-(1 - 3) / 4, abs=1e-5)
+
+
+def test_clipped_fraction_counts_only_steps_whose_gradient_the_clip_removed():
+    from wmrl.rl.ppo import clipped_fraction
+
+    ratio = torch.tensor([1.5, 1.5, 0.5, 0.5, 1.0])
+    adv = torch.tensor([1.0, -1.0, -1.0, 1.0, 1.0])
+    # 1.5 with A > 0 and 0.5 with A < 0 are clipped; 1.5 with A < 0 and 0.5 with A > 0 keep their gradient
+    assert clipped_fraction(ratio, adv, 0.2, 0.28).item() == pytest.approx(2 / 5)
+
+
 def test_clip_is_asymmetric():
     old, adv = torch.zeros(2), torch.tensor([1.0, -1.0])
     s = clipped_surrogate(torch.log(torch.tensor([2.0, 0.1])), old, adv, 0.2, 0.28)

@@ -2,9 +2,12 @@
 DAPO's asymmetric clip (Yu et al., 2025).
 
 Groups of G imagined rollouts share one start (a real first frame, or a real keyframe: WoVR's KIR); each rollout's
-return is the sum of the world model's relative success reward; the advantage is the return standardised within
-the group; groups whose rollouts all succeeded or all failed carry no signal and are dropped; the clipped surrogate
-(clip 1-0.2 .. 1+0.28) is averaged over each rollout's valid steps, then over rollouts. No value function.
+reward is its binary outcome (success within the horizon, `reward="success"`, as in WoVR and DeepSeekMath's outcome
+supervision; `"progress"`: the sum of the world model's relative success reward, which can rank a success below a
+failure that climbed further); the advantage is the reward standardised within the group; groups whose rollouts all
+succeeded or all failed carry no signal and are dropped; the clipped surrogate (clip 1-0.2 .. 1+0.28) is averaged
+over every valid step of the minibatch (DAPO's token-level mean, Eq. 8: a long rollout's steps count as much as a
+short one's, instead of each rollout weighing the same). No value function.
 
 `prepare` turns a batch of rollouts into targets (once per iteration); `loss` is the objective on a minibatch of
 whole rollouts (`wmrl.rl.imagine.update` runs the epochs and minibatches for every algorithm).
@@ -32,6 +35,15 @@ def grpo_advantages(returns: torch.Tensor, success: torch.Tensor, group_size: in
     return adv.reshape(-1).float(), mixed[:, None].expand(-1, group_size).reshape(-1)
 
 
+REWARDS = ("success", "progress")
+
+
+def masked_mean(x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Mean of x (T, N) over every valid step of every rollout (DAPO's token-level mean) -> scalar."""
+    v = valid.float()
+    return (x * v).sum() / v.sum().clamp(min=1)
+
+
 def rollout_mean(x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """Mean of x (T, N) over each rollout's valid steps -> (N,)."""
     v = valid.float()
@@ -40,11 +52,19 @@ def rollout_mean(x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
 
 def prepare(policy, ro: Rollouts, cfg) -> tuple[dict, np.ndarray, dict]:
     """One advantage per rollout, broadcast over its steps; only the rollouts of mixed groups are kept."""
-    adv_r, keep = grpo_advantages(ro.returns, ro.success, cfg.group_size)
+    reward = getattr(cfg, "reward", "success")
+    if reward not in REWARDS:
+        raise ValueError(f"reward: expected one of {REWARDS}, got {reward!r}")
+    adv_r, keep = grpo_advantages(ro.success.float() if reward == "success" else ro.returns, ro.success,
+                                  cfg.group_size)
     adv = adv_r[None].expand(ro.actions.shape[0], -1)
     return {"adv": adv}, np.flatnonzero(keep.numpy()), {"kept_groups": float(keep.float().mean())}
 
 
 def loss(policy, ro: Rollouts, ids: np.ndarray, logp: torch.Tensor, targets: dict, cfg) -> torch.Tensor:
     surr = clipped_surrogate(logp, ro.logp[:, ids], targets["adv"][:, ids], cfg.clip_low, cfg.clip_high)
-    return -rollout_mean(surr, ro.valid[:, ids]).mean()
+    return -masked_mean(surr, ro.valid[:, ids])
+
+
+def clip_range(cfg) -> tuple[float, float]:
+    return cfg.clip_low, cfg.clip_high

@@ -31,6 +31,7 @@ from wmrl.core.run import Tracker, start_run
 from wmrl.eval import evaluate_on_tasks
 from wmrl.rl import grpo, ppo
 from wmrl.rl.grpo import rollout_mean
+from wmrl.rl.ppo import clipped_fraction
 from wmrl.rl.rollouts import Rollouts, collect_rollouts, step_logp, take
 from world_models.env import make_imagination_env
 from world_models.factory import make_world_model
@@ -58,6 +59,8 @@ class ImagineConfig:
     """Control steps per imagined episode."""
     keyframe_prob: float = 0.3
     """Share of resets that start mid-episode from a real keyframe (KIR)."""
+    reward: str = "success"
+    """GRPO's rollout reward: success (binary outcome within the horizon) or progress (summed relative success)."""
     success_threshold: float = 0.9
     sampling_steps: int = 1
     """Euler steps of the world model per step (1 is about 2.5x faster than 3 at similar quality)."""
@@ -116,7 +119,7 @@ def update(policy, opt, ro: Rollouts, cfg: ImagineConfig, ref=None, seed: int | 
                 ratio = torch.exp(logp - old)[valid]
                 stats["loss"].append(loss.item())
                 stats["approx_kl"].append(((ratio - 1) - torch.log(ratio)).mean().item())
-                stats["clip_frac"].append(((ratio < 1 - cfg.clip_low) | (ratio > 1 + cfg.clip_high)).float().mean().item())
+                stats["clip_frac"].append(clipped_fraction(ratio, targets["adv"][:, ids][valid], *algo.clip_range(cfg)).item())
     return {**info, **{k: float(np.mean(v)) for k, v in stats.items()}, "updates": len(stats["loss"])}
 
 
@@ -124,6 +127,8 @@ def update(policy, opt, ro: Rollouts, cfg: ImagineConfig, ref=None, seed: int | 
 def imagine(cfg: ImagineConfig, progress: bool = True) -> dict:
     if cfg.algo not in ALGOS:
         raise ValueError(f"algo: expected one of {tuple(ALGOS)}, got {cfg.algo!r}")
+    if cfg.reward not in grpo.REWARDS:
+        raise ValueError(f"reward: expected one of {grpo.REWARDS}, got {cfg.reward!r}")
     run = start_run(cfg)
     torch.manual_seed(cfg.seed)
     ck, _ = resume_checkpoint(run / "checkpoints") if cfg.resume else (None, 0)
@@ -169,7 +174,7 @@ def imagine(cfg: ImagineConfig, progress: bool = True) -> dict:
                               lambda d: (policy.save(d), save_train_state(d, it + 1, {"policy": opt})))
     result.update({"run_dir": str(run), "iterations": cfg.iterations, "rl_minutes": (time.time() - t0) / 60,
                    "true_env_steps_during_rl": TabletopEnv.steps_taken - true_steps0})
-    plot_curves(run / "metrics.jsonl", run / "learning_curves.png", ["imagined_success", "imagined_return", "log_std"],
+    plot_curves(run / "metrics.jsonl", run / "learning_curves.png", ["imagined_success", "imagined_return", "log_std", "approx_kl", "clip_frac"],
                 title=f"{cfg.algo} in imagination")
     if cfg.eval_episodes:
         result["eval_after"] = evaluate_on_tasks(policy, tasks, cfg.eval_episodes, run / "eval_after",

@@ -56,6 +56,17 @@ def prepare(policy, ro: Rollouts, cfg) -> tuple[dict, np.ndarray, dict]:
     return {"adv": adv, "ret": ret}, np.arange(ro.actions.shape[1]), {}
 
 
+def clip_range(cfg) -> tuple[float, float]:
+    return cfg.clip_low, cfg.clip_low  # symmetric, as in the paper
+
+
+def clipped_fraction(ratio: torch.Tensor, adv: torch.Tensor, low: float, high: float) -> torch.Tensor:
+    """The share of steps whose gradient the clip removed: the clipped branch of the min is the one taken, i.e.
+    rho > 1 + high with A > 0, or rho < 1 - low with A < 0 (a ratio outside the range on the other side still
+    carries its gradient)."""
+    return (((ratio > 1 + high) & (adv > 0)) | ((ratio < 1 - low) & (adv < 0))).float().mean()
+
+
 def loss(policy, ro: Rollouts, ids: np.ndarray, logp: torch.Tensor, targets: dict, cfg) -> torch.Tensor:
     value = torch.stack([policy.value(take(o, ids)) for o in ro.obs[: len(ro.actions)]])
     out, _ = ppo_loss(logp, ro.logp[:, ids], targets["adv"][:, ids], value, targets["ret"][:, ids], ro.valid[:, ids],

@@ -1,0 +1,104 @@
+"""The pixel VLA on push-red: what each ingredient of the training recipe buys, in true-simulator success.
+
+One dataset of scripted-expert episodes (exploration noise on the actions, a share of perturbed episodes), then,
+through `wmrl train-policy` with the same seed and step budget:
+- `recorded_n4`: the old recipe: clone the *recorded* (noisy) actions of the successful episodes, execute 4 of each
+  4-action chunk open-loop, no weight averaging;
+- `expert_n1`: DART-style labels (the clean expert's action at every recorded state, all episodes), receding
+  horizon (predict every step, execute the first action), EMA weights, warm-up + cosine learning rate;
+- `expert_te`: the same checkpoint executed with ACT's temporal ensembling (m = 0.01) instead;
+- `dagger`: `expert_n1` continued for `dagger_rounds` DAgger rounds (the learner's own episodes, relabelled by the
+  expert, aggregated), the same number of extra gradient steps given to `expert_more` (BC continued on the base data
+  alone) so that DAgger's gain is not a longer-training gain.
+Every policy: `episodes` true episodes (seeds 10000.., split in three evaluation seeds for per-seed values), success
+with a 95% Wilson interval. The scripted expert itself (noise-free) is the ceiling, measured on the same layouts.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from wmrl.benchutil import finish
+
+
+def _evaluate(policy, episodes: int, num_envs: int, seeds: int = 3) -> dict:
+    import sim
+    from wmrl.eval import evaluate, wilson_interval
+
+    env = sim.make_vector_env("push-red", num_envs)
+    try:
+        per = []
+        for k in range(seeds):
+            n = episodes // seeds + (k < episodes % seeds)
+            r = evaluate(policy, env, n, seed=10_000 + 100_000 * k, progress=False)
+            per.append((round(r.pc_success * n / 100), n))
+    finally:
+        env.close()
+    s, n = sum(p[0] for p in per), sum(p[1] for p in per)
+    lo, hi = wilson_interval(s, n)
+    return {"success": s / n, "ci": [lo, hi], "per_seed": [a / b for a, b in per], "episodes": n}
+
+
+def main(quick: bool = False, episodes: int = 300, data_episodes: int = 300, noise: float = 0.3,
+         perturbed: float = 0.2, steps: int = 3000, dagger_rounds: int = 2, dagger_episodes: int = 100,
+         dagger_steps: int = 1000, num_envs: int = 4, batch_size: int = 64) -> dict:
+    from policies.vla import VLAPolicy
+    from policies.vla.modeling import TemporalEnsembler
+    from policies.factory import make_policy
+    from wmrl.commands.train_policy import TrainPolicyConfig, train_policy
+    from wmrl.eval.record import CollectConfig, collect
+    from wmrl.rl.dagger import DAggerConfig
+
+    if quick:
+        episodes, data_episodes, steps, dagger_rounds, dagger_episodes, dagger_steps, batch_size = 6, 6, 4, 1, 2, 2, 8
+    extra = {"vision_width": 8, "hidden": 32, "text_dim": 8} if quick else {}
+    t0 = time.time()
+    work = Path(tempfile.mkdtemp(prefix="wmrl-bench-policy-"))
+    data = collect(CollectConfig(task="push-red", episodes=data_episodes, out=work / "data", noise=noise,
+                                 perturbed=perturbed, post_success_steps=3, num_envs=num_envs), progress=False)
+    minutes = {"collect": (time.time() - t0) / 60}
+    common = dict(data=(work / "data",), steps=steps, batch_size=batch_size, eval_episodes=0, num_envs=num_envs,
+                  chunk_size=4, extra=extra, overwrite=True)
+    recipes = {
+        "recorded_n4": dict(labels="recorded", successful_only=True, n_action_steps=4),
+        "expert_n1": dict(labels="expert", n_action_steps=1, ema=0.999, warmup=200, schedule="cosine"),
+        "expert_more": dict(labels="expert", n_action_steps=1, ema=0.999, warmup=200, schedule="cosine",
+                            steps=steps + dagger_rounds * dagger_steps),
+        "dagger": dict(labels="expert", n_action_steps=1, ema=0.999, warmup=200, schedule="cosine",
+                       dagger=DAggerConfig(rounds=dagger_rounds, episodes=dagger_episodes, steps=dagger_steps)),
+    }
+    out: dict = {"data": {k: data[k] for k in ("episodes", "frames", "pc_success")}, "results": {}}
+    for name, recipe in recipes.items():
+        t = time.time()
+        r = train_policy(TrainPolicyConfig(**{**common, **recipe, "out": work / name}), progress=False)
+        minutes[f"train_{name}"] = (time.time() - t) / 60
+        policy = VLAPolicy.load(work / name / "checkpoints" / "last").eval()
+        t = time.time()
+        out["results"][name] = {**_evaluate(policy, episodes, num_envs), "steps": r["steps"],
+                                "loss_last": r.get("loss_last")}
+        if "dagger" in r:
+            out["results"][name]["rounds"] = r["dagger"]
+        if name == "expert_n1":
+            policy.ensembler = TemporalEnsembler(0.01, policy.cfg.chunk_size)
+            out["results"]["expert_te"] = _evaluate(policy, episodes, num_envs)
+        minutes[f"eval_{name}"] = (time.time() - t) / 60
+    import gymnasium as gym
+
+    expert = make_policy("scripted", gym.spaces.Box(-1, 1, (4,), np.float32))
+    out["results"]["scripted_expert"] = _evaluate(expert, episodes, num_envs)
+    res = out["results"]
+    best = max((k for k in res if k != "scripted_expert"), key=lambda k: res[k]["success"])
+    out.update({
+        "success_bc": res[best]["success"], "success_bc_ci": res[best]["ci"], "best_recipe": best,
+        "success_old_recipe": res["recorded_n4"]["success"],
+        "ratio_best_to_old": res[best]["success"] / max(res["recorded_n4"]["success"], 1e-9),
+        "dagger_minus_more_bc": res["dagger"]["success"] - res["expert_more"]["success"],
+        "budgets": {"episodes": episodes, "data_episodes": data_episodes, "noise": noise, "perturbed": perturbed,
+                    "steps": steps, "dagger_rounds": dagger_rounds, "dagger_episodes": dagger_episodes,
+                    "dagger_steps": dagger_steps, "batch_size": batch_size, "training_seed": 0},
+        "minutes": {**minutes, "total": (time.time() - t0) / 60}})
+    return finish("policy", out, quick)
