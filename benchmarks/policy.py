@@ -7,15 +7,17 @@ through `wmrl train-policy` with the same seed and step budget:
 - `expert_n1`: DART-style labels (the clean expert's action at every recorded state, all episodes), receding
   horizon (predict every step, execute the first action), EMA weights, warm-up + cosine learning rate;
 - `expert_te`: the same checkpoint executed with ACT's temporal ensembling (m = 0.01) instead;
-- `dagger`: `expert_n1` continued for `dagger_rounds` DAgger rounds (the learner's own episodes, relabelled by the
-  expert, aggregated), the same number of extra gradient steps given to `expert_more` (BC continued on the base data
-  alone) so that DAgger's gain is not a longer-training gain.
+- `dagger`: `expert_n1` resumed for `dagger_rounds` DAgger rounds (the learner's own episodes, relabelled by the
+  expert, aggregated), and `expert_more`: `expert_n1` resumed for the same number of extra gradient steps on the base
+  data alone, so that DAgger's gain is not a longer-training gain (both restart the cosine schedule over the
+  longer total, alike).
 Every policy: `episodes` true episodes (seeds 10000.., split in three evaluation seeds for per-seed values), success
 with a 95% Wilson interval. The scripted expert itself (noise-free) is the ceiling, measured on the same layouts.
 """
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -66,15 +68,19 @@ def main(quick: bool = False, episodes: int = 300, data_episodes: int = 300, noi
     recipes = {
         "recorded_n4": dict(labels="recorded", successful_only=True, n_action_steps=4),
         "expert_n1": dict(labels="expert", n_action_steps=1, ema=0.999, warmup=200, schedule="cosine"),
-        "expert_more": dict(labels="expert", n_action_steps=1, ema=0.999, warmup=200, schedule="cosine",
-                            steps=steps + dagger_rounds * dagger_steps),
-        "dagger": dict(labels="expert", n_action_steps=1, ema=0.999, warmup=200, schedule="cosine",
-                       dagger=DAggerConfig(rounds=dagger_rounds, episodes=dagger_episodes, steps=dagger_steps)),
+    }
+    continued = {  # resumed from a copy of expert_n1's run
+        "expert_more": dict(recipes["expert_n1"], steps=steps + dagger_rounds * dagger_steps),
+        "dagger": dict(recipes["expert_n1"], dagger=DAggerConfig(rounds=dagger_rounds, episodes=dagger_episodes,
+                                                                 steps=dagger_steps)),
     }
     out: dict = {"data": {k: data[k] for k in ("episodes", "frames", "pc_success")}, "results": {}}
-    for name, recipe in recipes.items():
+    for name, recipe in {**recipes, **continued}.items():
         t = time.time()
-        r = train_policy(TrainPolicyConfig(**{**common, **recipe, "out": work / name}), progress=False)
+        if name in continued:
+            shutil.copytree(work / "expert_n1", work / name)
+        r = train_policy(TrainPolicyConfig(**{**common, **recipe, "out": work / name, "overwrite": name not in continued,
+                                              "resume": name in continued}), progress=False)
         minutes[f"train_{name}"] = (time.time() - t) / 60
         policy = VLAPolicy.load(work / name / "checkpoints" / "last").eval()
         t = time.time()
@@ -97,6 +103,7 @@ def main(quick: bool = False, episodes: int = 300, data_episodes: int = 300, noi
         "success_old_recipe": res["recorded_n4"]["success"],
         "ratio_best_to_old": res[best]["success"] / max(res["recorded_n4"]["success"], 1e-9),
         "dagger_minus_more_bc": res["dagger"]["success"] - res["expert_more"]["success"],
+        "success_rl_start_candidates": {k: v["success"] for k, v in res.items() if k != "scripted_expert"},
         "budgets": {"episodes": episodes, "data_episodes": data_episodes, "noise": noise, "perturbed": perturbed,
                     "steps": steps, "dagger_rounds": dagger_rounds, "dagger_episodes": dagger_episodes,
                     "dagger_steps": dagger_steps, "batch_size": batch_size, "training_seed": 0},

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from sim.tabletop.tasks import task_from_instruction
 from wmrl.core.checkpoint import load_state, read_config, save_pretrained
 from wmrl.core.features import ACTION, OBS_STATE, TASK, image_key
 from wmrl.core.text import TEXT_ENCODERS, words
@@ -55,6 +56,7 @@ class VLAConfig:
     flow_steps: int = 10
     augment_shift: int = 4  # random-shift augmentation (DrQ) in pixels during training; 0 = off
     task_vocab: list[str] = field(default_factory=list)
+    tasks: list[str] = field(default_factory=list)  # the task names it was trained on (push-red); empty: unknown
     state_mean: list[float] = field(default_factory=list)
     state_std: list[float] = field(default_factory=list)
     action_mean: list[float] = field(default_factory=list)
@@ -100,9 +102,18 @@ class VLAConfig:
         sm, ss = pooled(OBS_STATE, sd)
         am, as_ = pooled(ACTION, ad)
         vocab = sorted({w for d in dss for t in d.tasks for w in words(t)})
-        cfg = cls(cameras=cams, state_dim=sd, action_dim=ad, task_vocab=vocab, state_mean=sm, state_std=ss,
+        names = sorted({task_from_instruction(t) for d in dss for t in d.tasks if _parses(t)})
+        cfg = cls(cameras=cams, state_dim=sd, action_dim=ad, task_vocab=vocab, tasks=names, state_mean=sm, state_std=ss,
                   action_mean=am, action_std=as_)
         return dataclasses.replace(cfg, **overrides)
+
+
+def _parses(instruction: str) -> bool:
+    try:
+        task_from_instruction(instruction)
+        return True
+    except ValueError:  # data from outside the tabletop suite: its instructions name no task here
+        return False
 
 
 class VisionEncoder(nn.Module):

@@ -27,6 +27,24 @@ def test_policy_specs_are_parsed_and_bad_ones_refused(tmp_path):
         parse_policy_spec(str(tmp_path / "missing"))
 
 
+def test_a_world_model_of_another_task_is_refused_with_both_names(trained, tiny_data, tiny_policy, tmp_path):
+    from policies.vla import VLAPolicy
+    from wmrl.core.checkpoint import resolve_checkpoint
+    from wmrl.rl.imagine import ImagineConfig, imagine
+
+    with pytest.raises(ValueError, match=r"(?s)--task lift-blue is for task\(s\) \['lift-blue'\].*trained on \['push-red'\]"):
+        run_rank(RankConfig(policies=("random",), world_model=trained, data=tiny_data, task="lift-blue",
+                            out=tmp_path / "rank"), progress=False)
+    assert not (tmp_path / "rank").exists()  # refused before anything was written
+    assert VLAPolicy.load(resolve_checkpoint(tiny_policy)).cfg.tasks == ["push-red"]
+    other = VLAPolicy.load(resolve_checkpoint(tiny_policy))
+    other.cfg.tasks = ["lift-blue"]
+    other.save(tmp_path / "lift_policy")
+    with pytest.raises(ValueError, match=r"is for task\(s\) \['lift-blue'\].*trained on \['push-red'\]"):
+        imagine(ImagineConfig(policy=tmp_path / "lift_policy", world_model=trained, data=tiny_data,
+                              out=tmp_path / "im"), progress=False)
+
+
 def test_rank_writes_statistics_and_scatter(trained, tiny_data, tmp_path):
     r = run_rank(RankConfig(policies=("scripted", "scripted:failure_prob=1.0", "random"), world_model=trained,
                             data=tiny_data, episodes=2, num_envs=2, out=tmp_path / "rank"), progress=False)

@@ -65,7 +65,9 @@ def _plain(obj: Any) -> Any:
 
 # Settings that may differ between a run and its resumption (where and how fast, not what is computed).
 RESUME_MAY_CHANGE = {"resume", "overwrite", "device", "threads", "progress", "wandb", "amp", "workers", "ckpt_every",
-                     "log_every", "eval_every", "keep_every"}
+                     "log_every", "eval_every", "keep_every",
+                     "out",  # a run folder copied or moved elsewhere resumes there
+                     "dagger"}  # DAgger rounds may follow a finished BC run (rounds already recorded are kept)
 BUDGETS = {"steps", "iterations", "epochs"}  # and every `*_steps`: may grow on resume (train longer), never shrink
 
 

@@ -24,7 +24,7 @@ from wmrl.core.io import atomic_path, write_json
 from wmrl.core.run import Tracker, start_run
 from world_models.env import make_imagination_env
 from world_models.factory import make_world_model
-from world_models.video.train import world_model_data
+from world_models.video.train import check_world_model_task, world_model_data
 
 
 WORKERS = ("local", "ray")
@@ -160,8 +160,9 @@ def plot_scatter(rows: list[dict], path: Path, stats: dict) -> Path:
 
 
 def run_rank(cfg: RankConfig, progress: bool = True) -> dict:
-    run = start_run(cfg)
     data = cfg.data or world_model_data(cfg.world_model)
+    check_world_model_task(cfg.world_model, data, [cfg.task], f"--task {cfg.task}")
+    run = start_run(cfg)
     t0 = time.time()
     rows = score_population(list(cfg.policies), str(cfg.world_model), str(data), cfg.task, cfg.episodes, cfg.num_envs,
                             cfg.seed, cfg.workers, cfg.num_workers, progress)

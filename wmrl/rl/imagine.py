@@ -35,7 +35,7 @@ from wmrl.rl.ppo import clipped_fraction
 from wmrl.rl.rollouts import Rollouts, collect_rollouts, step_logp, take
 from world_models.env import make_imagination_env
 from world_models.factory import make_world_model
-from world_models.video.train import world_model_data
+from world_models.video.train import check_world_model_task, world_model_data
 
 
 ALGOS = {"grpo": grpo, "ppo": ppo}  # each module: prepare(policy, rollouts, cfg) and loss(...)
@@ -138,6 +138,8 @@ def imagine(cfg: ImagineConfig, progress: bool = True) -> dict:
         raise ValueError(f"{cfg.algo} needs the gaussian head's exact log-probability; {cfg.policy} has the "
                          f"{policy.cfg.head} head")
     model = make_world_model("video", str(cfg.world_model), device=cfg.device)
+    check_world_model_task(cfg.world_model, cfg.data or world_model_data(cfg.world_model), policy.cfg.tasks,
+                           f"policy {cfg.policy}")
     env = make_imagination_env(model, cfg.data or world_model_data(cfg.world_model), cfg.groups * cfg.group_size,
                                cfg.max_steps, cfg.keyframe_prob, cfg.success_threshold, cfg.sampling_steps)
     policy.check_spaces(env.single_observation_space, env.single_action_space)

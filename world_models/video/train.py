@@ -342,6 +342,18 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
     return result
 
 
+def check_world_model_task(wm_path, data, tasks, who: str) -> None:
+    """Refuse to imagine a task the world model's data never showed (`tasks`: task names such as push-red; empty:
+    unknown, nothing to check). One line with both sets of names."""
+    from sim.tabletop.tasks import task_from_instruction
+    from wmrl.datasets import LeRobotV3Dataset
+
+    want = sorted(set(tasks))
+    have = sorted({task_from_instruction(t) for t in LeRobotV3Dataset(data).tasks})
+    if want and not set(want) & set(have):
+        raise ValueError(f"{who} is for task(s) {want}, but the world model {wm_path} was trained on {have} ({data})")
+
+
 def world_model_data(wm_path: Path) -> Path:
     """The dataset a `wmrl train-wm` run was trained on (from its config.yaml)."""
     cfg = Path(wm_path) / "config.yaml"
