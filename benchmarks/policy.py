@@ -32,17 +32,24 @@ def _evaluate(policy, episodes: int, num_envs: int, seeds: int = 3) -> dict:
     from wmrl.eval import evaluate, wilson_interval
 
     env = sim.make_vector_env("push-red", num_envs)
+    stalled = []
+
+    def stall(ep: dict) -> None:  # failed with the hand frozen: < 2 mm of motion over the last 20 steps
+        ee = np.asarray(ep["observation.state"])[-20:, 5:8]
+        stalled.append(not np.asarray(ep["next.success"]).any() and np.linalg.norm(ee[-1] - ee[0]) < 0.002)
+
     try:
         per = []
         for k in range(seeds):
             n = episodes // seeds + (k < episodes % seeds)
-            r = evaluate(policy, env, n, seed=10_000 + 100_000 * k, progress=False)
+            r = evaluate(policy, env, n, seed=10_000 + 100_000 * k, progress=False, on_episode=stall)
             per.append((round(r.pc_success * n / 100), n))
     finally:
         env.close()
     s, n = sum(p[0] for p in per), sum(p[1] for p in per)
     lo, hi = wilson_interval(s, n)
-    return {"success": s / n, "ci": [lo, hi], "per_seed": [a / b for a, b in per], "episodes": n}
+    return {"success": s / n, "ci": [lo, hi], "per_seed": [a / b for a, b in per], "episodes": n,
+            "stalled": float(np.mean(stalled))}
 
 
 def main(quick: bool = False, episodes: int = 300, data_episodes: int = 300, noise: float = 0.3,

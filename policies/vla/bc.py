@@ -41,7 +41,7 @@ def load_replay(paths, seed: int = 0, successful_only: bool = False, labels: str
         raise ValueError(f"labels: expected one of {LABELS}, got {labels!r}")
     dss, replay, _ = EpisodeReplay.from_datasets(
         paths, keys=lambda d: set(d.camera_keys) | {OBS_STATE, ACTION, TASK, INTERVENTION, SUCCESS, TERMINATED,
-                                                   TRUNCATED, REWARD, IS_LAST},
+                                                   TRUNCATED, REWARD, IS_LAST, OBS_ENV_STATE},
         require=(OBS_STATE, ACTION) + ((OBS_ENV_STATE,) if labels == "expert" else ()),
         where=(lambda ep: ep[SUCCESS].any()) if successful_only else None,
         transform=expert_labels if labels == "expert" else None, seed=seed)
@@ -69,7 +69,7 @@ def weight_interventions(replay, weight: float) -> int:
 
 def bc_batch(replay, batch_size: int, chunk: int, cameras) -> dict:
     """Observations at t and the chunk a_t..a_{t+H-1} (padded past the episode's end, masked by `action_mask`)."""
-    keys = [image_key(c) for c in cameras] + [OBS_STATE, ACTION, TASK]
+    keys = [image_key(c) for c in cameras] + [OBS_STATE, ACTION, TASK] + ([OBS_ENV_STATE] if OBS_ENV_STATE in replay.data else [])
     w = replay.sample_windows(batch_size, chunk, keys=keys)
     batch = {k: w[k][:, 0] for k in keys if k not in (ACTION, TASK)}
     batch[TASK] = replay.decode_strings(TASK, w[TASK][:, 0]).tolist()

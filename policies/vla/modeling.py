@@ -29,7 +29,7 @@ from torch import nn
 
 from sim.tabletop.tasks import task_from_instruction
 from wmrl.core.checkpoint import load_state, read_config, save_pretrained
-from wmrl.core.features import ACTION, OBS_STATE, TASK, image_key
+from wmrl.core.features import ACTION, OBS_ENV_STATE, OBS_STATE, TASK, image_key
 from wmrl.core.text import TEXT_ENCODERS, words
 
 
@@ -55,12 +55,16 @@ class VLAConfig:
     log_std_max: float = 0.5
     flow_steps: int = 10
     augment_shift: int = 4  # random-shift augmentation (DrQ) in pixels during training; 0 = off
+    aux_env_state: float = 0.0  # weight of the privileged auxiliary loss: predict the environment state (training only)
+    env_state_dim: int = 0
     task_vocab: list[str] = field(default_factory=list)
     tasks: list[str] = field(default_factory=list)  # the task names it was trained on (push-red); empty: unknown
     state_mean: list[float] = field(default_factory=list)
     state_std: list[float] = field(default_factory=list)
     action_mean: list[float] = field(default_factory=list)
     action_std: list[float] = field(default_factory=list)
+    env_state_mean: list[float] = field(default_factory=list)
+    env_state_std: list[float] = field(default_factory=list)
 
     def validate(self) -> None:
         if self.head not in HEADS:
@@ -73,7 +77,11 @@ class VLAConfig:
             if self.n_action_steps != 1:
                 raise ValueError("temporal ensembling predicts a chunk every step: it needs n_action_steps=1, got "
                                  f"{self.n_action_steps}")
-        for name, dim in (("state", self.state_dim), ("action", self.action_dim)):
+        if not (math.isfinite(self.aux_env_state) and self.aux_env_state >= 0):
+            raise ValueError(f"aux_env_state must be a finite weight >= 0, got {self.aux_env_state}")
+        if self.aux_env_state and not self.env_state_dim:
+            raise ValueError("aux_env_state needs data with observation.environment_state (env_state_dim is 0)")
+        for name, dim in (("state", self.state_dim), ("action", self.action_dim), ("env_state", self.env_state_dim)):
             for s in ("mean", "std"):
                 v = getattr(self, f"{name}_{s}")
                 if v and len(v) != dim:
@@ -103,8 +111,10 @@ class VLAConfig:
         am, as_ = pooled(ACTION, ad)
         vocab = sorted({w for d in dss for t in d.tasks for w in words(t)})
         names = sorted({task_from_instruction(t) for d in dss for t in d.tasks if _parses(t)})
+        ed = int(first.features[OBS_ENV_STATE]["shape"][0]) if all(OBS_ENV_STATE in d.features for d in dss) else 0
+        em, es = pooled(OBS_ENV_STATE, ed) if ed else ([], [])
         cfg = cls(cameras=cams, state_dim=sd, action_dim=ad, task_vocab=vocab, tasks=names, state_mean=sm, state_std=ss,
-                  action_mean=am, action_std=as_)
+                  action_mean=am, action_std=as_, env_state_dim=ed, env_state_mean=em, env_state_std=es)
         return dataclasses.replace(cfg, **overrides)
 
 
@@ -211,6 +221,10 @@ class VLAPolicy(nn.Module):
             self.time_emb = nn.Linear(32, D)
             self.velocity = nn.Sequential(nn.Linear(H * A + D, D), nn.SiLU(), nn.Linear(D, D), nn.SiLU(), nn.Linear(D, H * A))
         self.value_head = nn.Sequential(nn.Linear(D, D), nn.SiLU(), nn.Linear(D, 1))  # PPO's critic V(s)
+        if cfg.aux_env_state:  # training signal only: acting never needs the privileged state
+            self.env_state_head = nn.Linear(D, cfg.env_state_dim)
+            self.register_buffer("env_state_mean", torch.tensor(cfg.env_state_mean or [0.0] * cfg.env_state_dim))
+            self.register_buffer("env_state_std", torch.tensor(cfg.env_state_std or [1.0] * cfg.env_state_dim))
         self.stochastic = False  # select_action: sample (True) or act with the mean / a fixed-noise flow (False)
         self._queue: deque = deque()
         self.ensembler = (TemporalEnsembler(cfg.temporal_ensemble_coeff, cfg.chunk_size)
@@ -344,14 +358,24 @@ class VLAPolicy(nn.Module):
         n = m.sum().clamp(min=1)
         if self.cfg.head == "gaussian":
             d = self.dist(feats)
-            nll = -(d.log_prob(a).sum(-1) * m).sum() / n
-            mse = (((d.mean - a) ** 2).mean(-1) * m).sum() / n
-            return nll, {"nll": nll.item(), "mse": mse.item()}
-        t = torch.distributions.Beta(1.5, 1.0).sample((len(a),)).to(self.device) * 0.999 + 0.001  # pi0's schedule
-        noise = torch.randn_like(a)
-        x_t = t[:, None, None] * noise + (1 - t[:, None, None]) * a
-        loss = (((self._velocity(feats, x_t, t) - (noise - a)) ** 2).mean(-1) * m).sum() / n
-        return loss, {"flow_mse": loss.item()}
+            loss = -(d.log_prob(a).sum(-1) * m).sum() / n
+            info = {"nll": loss.item(), "mse": ((((d.mean - a) ** 2).mean(-1) * m).sum() / n).item()}
+        else:
+            t = torch.distributions.Beta(1.5, 1.0).sample((len(a),)).to(self.device) * 0.999 + 0.001  # pi0's schedule
+            noise = torch.randn_like(a)
+            x_t = t[:, None, None] * noise + (1 - t[:, None, None]) * a
+            loss = (((self._velocity(feats, x_t, t) - (noise - a)) ** 2).mean(-1) * m).sum() / n
+            info = {"flow_mse": loss.item()}
+        if self.cfg.aux_env_state:
+            # privileged auxiliary target (cube and zone positions from the simulator): it teaches the vision
+            # encoder *where* things are, which the action loss alone conveys slowly through a 4-d action
+            if OBS_ENV_STATE not in batch:
+                raise ValueError(f"aux_env_state needs {OBS_ENV_STATE} in the training batch")
+            e = torch.as_tensor(np.asarray(batch[OBS_ENV_STATE]), dtype=torch.float32, device=self.device)
+            aux = ((self.env_state_head(feats) - (e - self.env_state_mean) / self.env_state_std) ** 2).mean()
+            loss = loss + self.cfg.aux_env_state * aux
+            info["aux_env_state_mse"] = aux.item()
+        return loss, info
 
     # ------------------------------------------------------------------ checkpoints
     def save(self, path: str | Path) -> Path:

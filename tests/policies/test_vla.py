@@ -197,3 +197,22 @@ def test_dagger_records_the_learner_and_relabels_its_states_with_the_expert(tiny
     with pytest.raises(ValueError, match="successful-only"):
         train_policy(TrainPolicyConfig(**{**base, "out": tmp_path / "r2"}, successful_only=True,
                                        dagger=DAggerConfig(rounds=1)), progress=False)
+
+
+def test_privileged_auxiliary_loss_trains_a_head_that_acting_never_needs(tiny_data):
+    torch.manual_seed(0)
+    dss, replay = load_replay([tiny_data])
+    cfg = VLAConfig.from_dataset(dss, vision_width=8, hidden=64, text_dim=8, aux_env_state=1.0)
+    assert cfg.env_state_dim == 13 and len(cfg.env_state_std) == 13
+    pol = VLAPolicy(cfg)
+    batch = bc_batch(replay, 8, pol.cfg.chunk_size, pol.cfg.cameras)
+    _, info0 = pol(batch)
+    bc_train(pol, replay, steps=80, batch_size=16, lr=1e-3, progress=False)
+    _, info1 = pol.train()(batch)
+    assert info1["aux_env_state_mse"] < 0.5 * info0["aux_env_state_mse"]
+    obs = {k: v for k, v in batch.items() if k not in ("action", "action_mask", "observation.environment_state")}
+    assert pol.eval().predict_action_chunk(obs).shape == (8, 4, 4)  # acting reads no privileged state
+    with pytest.raises(ValueError, match="observation.environment_state in the training batch"):
+        pol.train()(obs | {"action": batch["action"]})
+    with pytest.raises(ValueError, match="aux_env_state needs data"):
+        _policy(aux_env_state=1.0)
