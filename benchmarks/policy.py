@@ -7,12 +7,16 @@ through `wmrl train-policy` with the same seed and step budget:
 - `expert_n1`: DART-style labels (the clean expert's action at every recorded state, all episodes), receding
   horizon (predict every step, execute the first action), EMA weights, warm-up + cosine learning rate;
 - `expert_te`: the same checkpoint executed with ACT's temporal ensembling (m = 0.01) instead;
+- `expert_aux`: `expert_n1` plus the privileged auxiliary loss (predict the cube and zone positions from the
+  policy's features during training; acting never reads them);
 - `dagger`: `expert_n1` resumed for `dagger_rounds` DAgger rounds (the learner's own episodes, relabelled by the
   expert, aggregated), and `expert_more`: `expert_n1` resumed for the same number of extra gradient steps on the base
   data alone, so that DAgger's gain is not a longer-training gain (both restart the cosine schedule over the
   longer total, alike).
 Every policy: `episodes` true episodes (seeds 10000.., split in three evaluation seeds for per-seed values), success
-with a 95% Wilson interval. The scripted expert itself (noise-free) is the ceiling, measured on the same layouts.
+with a 95% Wilson interval, and the share of episodes that ended *stalled* (failed with the hand frozen over its
+last 20 steps: the policy sits at a fixed point where its mean action is ~0, the average of the expert's actions
+in look-alike states). The scripted expert itself (noise-free) is the ceiling, measured on the same layouts.
 """
 
 from __future__ import annotations
@@ -75,6 +79,8 @@ def main(quick: bool = False, episodes: int = 300, data_episodes: int = 300, noi
     recipes = {
         "recorded_n4": dict(labels="recorded", successful_only=True, n_action_steps=4),
         "expert_n1": dict(labels="expert", n_action_steps=1, ema=0.999, warmup=200, schedule="cosine"),
+        "expert_aux": dict(labels="expert", n_action_steps=1, ema=0.999, warmup=200, schedule="cosine",
+                           extra={**extra, "aux_env_state": 1.0}),
     }
     continued = {  # resumed from a copy of expert_n1's run
         "expert_more": dict(recipes["expert_n1"], steps=steps + dagger_rounds * dagger_steps),

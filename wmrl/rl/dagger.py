@@ -74,6 +74,5 @@ def dagger(policy, data: tuple[Path, ...], task: str, run: Path, cfg: DAggerConf
         r = bc_train(policy, replay, end, start_step=max(start_step, begin), progress=progress,
                      desc=f"dagger {i + 1}/{cfg.rounds}", **train_kwargs)
         if out and out[-1]["round"] == i:
-            out[-1].update({"frames_aggregate": replay.num_frames if hasattr(replay, "num_frames") else None,
-                            "loss_last": r["loss_last"]})
+            out[-1].update({"frames_aggregate": len(replay), "loss_last": r["loss_last"]})
     return out
