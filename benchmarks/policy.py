@@ -58,7 +58,7 @@ def _evaluate(policy, episodes: int, num_envs: int, seeds: int = 3) -> dict:
 
 def main(quick: bool = False, episodes: int = 300, data_episodes: int = 300, noise: float = 0.3,
          perturbed: float = 0.2, steps: int = 3000, dagger_rounds: int = 2, dagger_episodes: int = 100,
-         dagger_steps: int = 1000, num_envs: int = 4, batch_size: int = 64) -> dict:
+         dagger_steps: int = 1000, num_envs: int = 4, batch_size: int = 64, device: str = "cpu") -> dict:
     from policies.vla import VLAPolicy
     from policies.vla.modeling import TemporalEnsembler
     from policies.factory import make_policy
@@ -75,7 +75,7 @@ def main(quick: bool = False, episodes: int = 300, data_episodes: int = 300, noi
                                  perturbed=perturbed, post_success_steps=3, num_envs=num_envs), progress=False)
     minutes = {"collect": (time.time() - t0) / 60}
     common = dict(data=(work / "data",), steps=steps, batch_size=batch_size, eval_episodes=0, num_envs=num_envs,
-                  chunk_size=4, extra=extra, overwrite=True)
+                  chunk_size=4, extra=extra, overwrite=True, device=device)
     recipes = {
         "recorded_n4": dict(labels="recorded", successful_only=True, n_action_steps=4),
         "expert_n1": dict(labels="expert", n_action_steps=1, ema=0.999, warmup=200, schedule="cosine"),
@@ -95,7 +95,7 @@ def main(quick: bool = False, episodes: int = 300, data_episodes: int = 300, noi
         r = train_policy(TrainPolicyConfig(**{**common, **recipe, "out": work / name, "overwrite": name not in continued,
                                               "resume": name in continued}), progress=False)
         minutes[f"train_{name}"] = (time.time() - t) / 60
-        policy = VLAPolicy.load(work / name / "checkpoints" / "last").eval()
+        policy = VLAPolicy.load(work / name / "checkpoints" / "last", device=device).eval()
         t = time.time()
         out["results"][name] = {**_evaluate(policy, episodes, num_envs), "steps": r["steps"],
                                 "loss_last": r.get("loss_last")}
@@ -119,6 +119,6 @@ def main(quick: bool = False, episodes: int = 300, data_episodes: int = 300, noi
         "success_rl_start_candidates": {k: v["success"] for k, v in res.items() if k != "scripted_expert"},
         "budgets": {"episodes": episodes, "data_episodes": data_episodes, "noise": noise, "perturbed": perturbed,
                     "steps": steps, "dagger_rounds": dagger_rounds, "dagger_episodes": dagger_episodes,
-                    "dagger_steps": dagger_steps, "batch_size": batch_size, "training_seed": 0},
+                    "dagger_steps": dagger_steps, "batch_size": batch_size, "training_seed": 0, "device": device},
         "minutes": {**minutes, "total": (time.time() - t0) / 60}})
     return finish("policy", out, quick)

@@ -92,7 +92,8 @@ def evaluate(policy: Policy, env: gym.Env | gym.vector.VectorEnv, n_episodes: in
         traj = [{"obs": [_slice(obs, i)], "act": [], "rew": [], "term": [], "trunc": [], "succ": [],
                  "extra": {k: [np.asarray(info[k][i])] for k in info_keys if k in info}} for i in range(B)]
         while active.any():
-            action = np.asarray(policy.select_action(obs), dtype=np.float32)
+            action = policy.select_action(obs)
+            action = np.asarray(action.detach().cpu() if hasattr(action, "detach") else action, dtype=np.float32)
             if action.shape != (B, *act_shape):
                 raise ValueError(f"action: policy returned shape {action.shape}, env expects {(B, *act_shape)}")
             if not np.all(np.isfinite(action[active])):
