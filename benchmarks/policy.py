@@ -67,7 +67,7 @@ def main(quick: bool = False, episodes: int = 300, data_episodes: int = 300, noi
     from wmrl.rl.dagger import DAggerConfig
 
     if quick:
-        episodes, data_episodes, steps, dagger_rounds, dagger_episodes, dagger_steps, batch_size = 6, 6, 4, 1, 2, 2, 8
+        episodes, data_episodes, steps, dagger_rounds, dagger_episodes, dagger_steps, batch_size = 3, 4, 4, 1, 1, 2, 8
     extra = {"vision_width": 8, "hidden": 32, "text_dim": 8} if quick else {}
     t0 = time.time()
     work = Path(tempfile.mkdtemp(prefix="wmrl-bench-policy-"))
