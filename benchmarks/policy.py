@@ -56,9 +56,43 @@ def _evaluate(policy, episodes: int, num_envs: int, seeds: int = 3) -> dict:
             "stalled": float(np.mean(stalled))}
 
 
+def _evaluate_checkpoints(folders: list[str], episodes: int, num_envs: int, device: str, quick: bool) -> dict:
+    import gymnasium as gym
+
+    from policies.factory import make_policy
+    from policies.vla import VLAPolicy
+    from policies.vla.modeling import TemporalEnsembler
+
+    t0 = time.time()
+    res = {}
+    for f in folders:
+        policy = VLAPolicy.load(f, device=device).eval()
+        res[Path(f).name] = _evaluate(policy, episodes, num_envs)
+        if f == folders[-1]:
+            policy.ensembler = TemporalEnsembler(0.01, policy.cfg.chunk_size)
+            res[Path(f).name + "_te"] = _evaluate(policy, episodes, num_envs)
+    res["scripted_expert"] = _evaluate(make_policy("scripted", gym.spaces.Box(-1, 1, (4,), np.float32)), episodes,
+                                       num_envs)
+    best = max((k for k in res if k != "scripted_expert"), key=lambda k: res[k]["success"])
+    return finish("policy_checkpoints", {"results": res, "best_recipe": best, "success_bc": res[best]["success"],
+                                         "success_bc_ci": res[best]["ci"], "budgets": {"episodes": episodes},
+                                         "minutes": {"total": (time.time() - t0) / 60}}, quick,
+                  command=f"wmrl bench policy --json --options checkpoints={','.join(folders)} episodes={episodes} "
+                          f"num_envs={num_envs}")
+
+
 def main(quick: bool = False, episodes: int = 300, data_episodes: int = 300, noise: float = 0.3,
          perturbed: float = 0.2, steps: int = 3000, dagger_rounds: int = 2, dagger_episodes: int = 100,
-         dagger_steps: int = 1000, num_envs: int = 4, batch_size: int = 64, device: str = "cpu") -> dict:
+         dagger_steps: int = 1000, num_envs: int = 4, batch_size: int = 64, device: str = "cpu",
+         recipes: str = "all", data: str = "", keep: str = "", checkpoints: str = "") -> dict:
+    """`recipes`: comma-separated names to run (default all; `dagger` and `expert_more` need `expert_n1`).
+    `data`: an existing push-red dataset to train on instead of collecting one. `keep`: a folder to keep the runs in
+    (their checkpoints: RL starts, ranking populations) instead of a temporary one. `checkpoints`: comma-separated
+    policy folders trained elsewhere (e.g. on a GPU with `wmrl train-policy --device cuda`) to evaluate the same way
+    instead of training (the last one also with temporal ensembling)."""
+    if checkpoints:
+        return _evaluate_checkpoints(checkpoints.split(","), episodes, num_envs, device, quick)
+    recipes_arg = str(recipes)
     from policies.vla import VLAPolicy
     from policies.vla.modeling import TemporalEnsembler
     from policies.factory import make_policy
@@ -70,11 +104,21 @@ def main(quick: bool = False, episodes: int = 300, data_episodes: int = 300, noi
         episodes, data_episodes, steps, dagger_rounds, dagger_episodes, dagger_steps, batch_size = 3, 4, 4, 1, 1, 2, 8
     extra = {"vision_width": 8, "hidden": 32, "text_dim": 8} if quick else {}
     t0 = time.time()
-    work = Path(tempfile.mkdtemp(prefix="wmrl-bench-policy-"))
-    data = collect(CollectConfig(task="push-red", episodes=data_episodes, out=work / "data", noise=noise,
-                                 perturbed=perturbed, post_success_steps=3, num_envs=num_envs), progress=False)
+    work = Path(keep) if keep else Path(tempfile.mkdtemp(prefix="wmrl-bench-policy-"))
+    work.mkdir(parents=True, exist_ok=True)
+    if data:
+        from wmrl.datasets import LeRobotV3Dataset
+
+        ds = LeRobotV3Dataset(data)
+        data_dir = Path(data)
+        info = {"episodes": ds.num_episodes, "frames": ds.num_frames, "pc_success": None}
+    else:
+        data_dir = work / "data"
+        info = collect(CollectConfig(task="push-red", episodes=data_episodes, out=data_dir, noise=noise,
+                                     perturbed=perturbed, post_success_steps=3, num_envs=num_envs, overwrite=True),
+                       progress=False)
     minutes = {"collect": (time.time() - t0) / 60}
-    common = dict(data=(work / "data",), steps=steps, batch_size=batch_size, eval_episodes=0, num_envs=num_envs,
+    common = dict(data=(data_dir,), steps=steps, batch_size=batch_size, eval_episodes=0, num_envs=num_envs,
                   chunk_size=4, extra=extra, overwrite=True, device=device)
     recipes = {
         "recorded_n4": dict(labels="recorded", successful_only=True, n_action_steps=4),
@@ -87,8 +131,16 @@ def main(quick: bool = False, episodes: int = 300, data_episodes: int = 300, noi
         "dagger": dict(recipes["expert_n1"], dagger=DAggerConfig(rounds=dagger_rounds, episodes=dagger_episodes,
                                                                  steps=dagger_steps)),
     }
-    out: dict = {"data": {k: data[k] for k in ("episodes", "frames", "pc_success")}, "results": {}}
-    for name, recipe in {**recipes, **continued}.items():
+    chosen = {**recipes, **continued}
+    if recipes_arg != "all":
+        names = recipes_arg.split(",")
+        if unknown := set(names) - set(chosen):
+            raise ValueError(f"recipes: unknown {sorted(unknown)}; valid: {sorted(chosen)}")
+        if set(names) & set(continued) and "expert_n1" not in names:
+            raise ValueError("recipes: dagger and expert_more continue expert_n1's run; name expert_n1 too")
+        chosen = {k: v for k, v in chosen.items() if k in names}
+    out: dict = {"data": {k: info[k] for k in ("episodes", "frames", "pc_success")}, "results": {}}
+    for name, recipe in chosen.items():
         t = time.time()
         if name in continued:
             shutil.copytree(work / "expert_n1", work / name)
@@ -113,9 +165,11 @@ def main(quick: bool = False, episodes: int = 300, data_episodes: int = 300, noi
     best = max((k for k in res if k != "scripted_expert"), key=lambda k: res[k]["success"])
     out.update({
         "success_bc": res[best]["success"], "success_bc_ci": res[best]["ci"], "best_recipe": best,
-        "success_old_recipe": res["recorded_n4"]["success"],
-        "ratio_best_to_old": res[best]["success"] / max(res["recorded_n4"]["success"], 1e-9),
-        "dagger_minus_more_bc": res["dagger"]["success"] - res["expert_more"]["success"],
+        "success_old_recipe": res.get("recorded_n4", {}).get("success"),
+        "ratio_best_to_old": (res[best]["success"] / max(res["recorded_n4"]["success"], 1e-9)
+                              if "recorded_n4" in res else None),
+        "dagger_minus_more_bc": (res["dagger"]["success"] - res["expert_more"]["success"]
+                                 if {"dagger", "expert_more"} <= set(res) else None),
         "success_rl_start_candidates": {k: v["success"] for k, v in res.items() if k != "scripted_expert"},
         "budgets": {"episodes": episodes, "data_episodes": data_episodes, "noise": noise, "perturbed": perturbed,
                     "steps": steps, "dagger_rounds": dagger_rounds, "dagger_episodes": dagger_episodes,

@@ -57,6 +57,7 @@ class WorldModelEnv(gym.vector.VectorEnv):
         self.rules = rules if model.state_channel is not None else None
         self.success_source = "state" if self.rules is not None else "frames"
         self.starts = starts  # an EpisodeReplay of real episodes
+        self.max_chunk = model.cfg.chunk  # `step` takes up to this many actions at once (chunked evaluation)
         if not starts.episodes:
             raise ValueError("starts: the replay of real episodes is empty")
         self.num_envs = num_envs

@@ -2,7 +2,10 @@ import json
 
 import pytest
 
-from wmrl.eval.rank import RankConfig, parse_policy_spec, rank_statistics, run_rank, score_population
+import numpy as np
+
+from wmrl.eval.rank import (RankConfig, bootstrap_spearman, mmrv, parse_policy_spec, rank_statistics, ranking_report,
+                            run_rank, score_population)
 
 
 def test_rank_statistics_on_known_inputs():
@@ -15,6 +18,79 @@ def test_rank_statistics_on_known_inputs():
     assert s["rank_spearman"] == pytest.approx(0.4) and s["rank_kendall"] == pytest.approx(1 / 3)
     with pytest.raises(ValueError, match="at least 2"):
         rank_statistics([0.5], [0.5])
+
+
+def test_mmrv_on_known_examples():
+    assert mmrv([0.1, 0.5, 0.9], [0.2, 0.4, 0.8]) == 0.0  # the same order: no violation, whatever the values
+    # every pair reversed: policy 0's worst violation is vs policy 2 (|0.1 - 0.9|), policy 1's vs either (0.4)
+    assert mmrv([0.9, 0.5, 0.1], [0.1, 0.5, 0.9]) == pytest.approx((0.8 + 0.4 + 0.8) / 3)
+    # policy 1 (true 0.8) is ranked below policies 2 (0.4) and 3 (0.6): violations 0.4 and 0.2
+    assert mmrv([0.2, 0.4, 0.6, 0.8], [0.2, 0.8, 0.4, 0.6]) == pytest.approx((0 + 0.4 + 0.4 + 0.2) / 4)
+    assert rank_statistics([0.9, 0.5, 0.1], [0.1, 0.5, 0.9])["rank_mmrv"] == pytest.approx(2 / 3)
+
+
+def test_bootstrap_interval_is_tight_for_separated_policies_and_wide_for_noise():
+    rng = np.random.default_rng(0)
+    separated = [np.r_[np.zeros(40 - k), np.ones(k)] for k in (0, 20, 40)]
+    assert bootstrap_spearman(separated, separated, n_boot=300) == (1.0, 1.0)
+    same_rate = [rng.random(40) < 0.5 for _ in range(6)]  # six policies of equal skill, scored twice independently
+    lo, hi = bootstrap_spearman(same_rate, [rng.random(40) < 0.5 for _ in range(6)], n_boot=300, paired=False)
+    assert lo < 0 < hi and hi - lo > 1.0
+    with pytest.raises(ValueError, match="at least 2"):
+        bootstrap_spearman(separated[:1], separated[:1])
+
+
+def test_ranking_report_keeps_anchors_out_of_the_headline():
+    def row(policy, imagined, true, repeat):
+        return {"policy": policy, "imagined_outcomes": [1] * imagined + [0] * (10 - imagined),
+                "true_outcomes": [1] * true + [0] * (10 - true), "true_repeat_outcomes": [1] * repeat + [0] * (10 - repeat)}
+
+    rows = [row("runs/a", 2, 1, 2), row("runs/b", 5, 4, 3), row("runs/c", 8, 7, 8),
+            row("scripted", 0, 10, 10), row("random", 9, 0, 0)]  # the world model gets both anchors wrong
+    r = ranking_report(rows, n_boot=200)
+    assert r["rank_spearman"] == pytest.approx(1.0) and r["n_policies"] == 3 and r["rank_mmrv"] == 0.0
+    assert r["rank_spearman_with_anchors"] < 0.5 and r["anchors"] == ["scripted", "random"]
+    assert r["rank_noise_ceiling"] == pytest.approx(1.0) and r["episodes_per_policy"] == 10
+    assert r["success_abs_error"] == pytest.approx(0.1)
+    with pytest.raises(ValueError, match="2 learned"):
+        ranking_report(rows[2:])
+
+
+def test_paired_starts_are_the_true_simulators_layouts_and_chunks_step_the_world_model(trained, tiny_data, tiny_policy):
+    import sim
+    from policies.vla import VLAPolicy
+    from policies.factory import make_policy
+    from wmrl.core.checkpoint import resolve_checkpoint
+    from wmrl.eval import evaluate
+    from world_models.env import make_imagination_env
+    from world_models.factory import make_world_model
+
+    wm = make_imagination_env(make_world_model("video", trained), tiny_data, 2, 12)
+    true = sim.make_vector_env("push-red", 2, asynchronous=False)
+    try:
+        random = make_policy("random", true.single_action_space)
+        im = evaluate(random, wm, 3, seed=7, start_from=true, record=True, progress=False)
+        tr = evaluate(random, true, 3, seed=7, record=True, progress=False)
+        assert [e["seed"] for e in im.per_episode] == [e["seed"] for e in tr.per_episode] == [7, 8, 9]
+        for a, b in zip(im.episodes, tr.episodes):  # the same first frame in both, per camera
+            for key in ("observation.images.front", "observation.images.wrist"):
+                assert np.array_equal(np.asarray(a[key][0]), np.asarray(b[key][0]))
+        other = evaluate(random, wm, 1, seed=8, start_from=true, record=True, progress=False)
+        assert not np.array_equal(np.asarray(other.episodes[0]["observation.images.front"][0]),
+                                  np.asarray(im.episodes[0]["observation.images.front"][0]))
+
+        policy = VLAPolicy.load(resolve_checkpoint(tiny_policy))
+        policy.cfg.n_action_steps = k = min(policy.cfg.chunk_size, wm.max_chunk)
+        assert k > 1
+        shapes = []
+        step = wm.step
+        wm.step = lambda a: (shapes.append(np.asarray(a).shape), step(a))[1]
+        r = evaluate(policy, wm, 2, seed=7, start_from=true, chunked=True, progress=False)
+        assert set(shapes) == {(2, k, 4)} and all(n % k == 0 for n in r.episode_lengths)
+        with pytest.raises(ValueError, match="cannot record"):
+            evaluate(policy, wm, 2, chunked=True, record=True, progress=False)
+    finally:
+        true.close()
 
 
 def test_policy_specs_are_parsed_and_bad_ones_refused(tmp_path):
@@ -54,6 +130,9 @@ def test_rank_writes_statistics_and_scatter(trained, tiny_data, tmp_path):
     assert all(0 <= x["imagined_success"] <= 1 for x in r["policies"])
     saved = json.loads((tmp_path / "rank/ranking.json").read_text())
     assert saved["success_abs_error"] == pytest.approx(r["success_abs_error"])
+    for x in r["policies"]:  # paired: the same seeds in both environments, another set for the noise ceiling
+        assert x["imagined_seeds"] == x["true_seeds"] != x["true_repeat_seeds"]
+        assert np.mean(x["true_outcomes"]) == x["true_success"]
 
 
 def test_ray_workers_give_the_same_metrics_as_in_process(trained, tiny_data):

@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 import gymnasium as gym
 import numpy as np
+import torch
 from tqdm.auto import tqdm
 
 import sim
@@ -66,18 +67,30 @@ def _slice(obs: dict, i: int) -> dict:
 def evaluate(policy: Policy, env: gym.Env | gym.vector.VectorEnv, n_episodes: int, seed: int = 0,
              record: bool = False, source: str = "policy", policy_id: str = "", info_keys: tuple[str, ...] = ("qpos", "qvel"),
              video_dir: str | Path | None = None, max_videos: int = 8, progress: bool = True,
-             on_episode: Callable[[dict], None] | None = None) -> EvalResult:
+             on_episode: Callable[[dict], None] | None = None, start_from: gym.vector.VectorEnv | None = None,
+             chunked: bool = False) -> EvalResult:
     """Run `policy` for `n_episodes` and return LeRobot's metrics (`pc_success`, `avg_sum_reward`,
     `avg_max_reward`) with a 95% Wilson interval, episode lengths and per-episode records.
 
     record: keep every episode as an episode dict (`wmrl.core.episode`); `on_episode` receives each one as it
     finishes (e.g. a dataset writer), so long collections need not hold them all. video_dir: write mp4s of the
     first `max_videos` episodes and a grid GIF.
+
+    start_from: another vector env (the true simulator) reset with the same seeds, whose observations become this
+    env's starts (`reset(options={"observations": ...})`, a world model's env): paired evaluation, the same
+    layouts in both. chunked: step an env that takes whole chunks (`accepts_chunks`, a world model's env, trained on
+    chunks) with each open-loop chunk the policy executes (`cfg.n_action_steps` > 1) in one call, instead of one
+    action at a time; not with recording (an episode's observations exist only at chunk boundaries).
     """
     if n_episodes <= 0:
         raise ValueError(f"n_episodes must be positive, got {n_episodes}")
     venv = _as_vector_env(env)
     B = venv.num_envs
+    if start_from is not None and start_from.num_envs != B:
+        raise ValueError(f"start_from has {start_from.num_envs} envs, the env {B}: paired starts need equal batches")
+    h = chunk_steps(policy, venv) if chunked else 1
+    if h > 1 and (record or on_episode is not None or video_dir is not None):
+        raise ValueError("chunked evaluation cannot record episodes (observations exist only at chunk boundaries)")
     act_shape = venv.single_action_space.shape
     keep = record or on_episode is not None or video_dir is not None
     per_episode: list[dict] = []
@@ -86,15 +99,23 @@ def evaluate(policy: Policy, env: gym.Env | gym.vector.VectorEnv, n_episodes: in
     batch = 0
     while len(per_episode) < n_episodes:
         n_here = min(B, n_episodes - len(per_episode))
-        obs, info = venv.reset(seed=seed + batch * B)
+        if start_from is not None:
+            starts, _ = start_from.reset(seed=seed + batch * B)
+            obs, info = venv.reset(seed=seed + batch * B, options={"observations": starts})
+        else:
+            obs, info = venv.reset(seed=seed + batch * B)
         policy.reset()
         active = np.arange(B) < n_here
         traj = [{"obs": [_slice(obs, i)], "act": [], "rew": [], "term": [], "trunc": [], "succ": [],
                  "extra": {k: [np.asarray(info[k][i])] for k in info_keys if k in info}} for i in range(B)]
         while active.any():
-            action = policy.select_action(obs)
+            if h > 1:
+                with torch.no_grad():
+                    action = policy.predict_action_chunk(obs)[:, :h]
+            else:
+                action = policy.select_action(obs)
             action = np.asarray(action.detach().cpu() if hasattr(action, "detach") else action, dtype=np.float32)
-            if action.shape != (B, *act_shape):
+            if action.shape != ((B, h, *act_shape) if h > 1 else (B, *act_shape)):
                 raise ValueError(f"action: policy returned shape {action.shape}, env expects {(B, *act_shape)}")
             if not np.all(np.isfinite(action[active])):
                 raise ValueError("action: policy returned NaN or inf")
@@ -102,7 +123,13 @@ def evaluate(policy: Policy, env: gym.Env | gym.vector.VectorEnv, n_episodes: in
             success = np.asarray(info.get("success", np.zeros(B, bool)), dtype=bool)
             for i in np.flatnonzero(active):
                 tr = traj[i]
-                tr["act"].append(action[i])
+                if h > 1:  # the chunk's first h-1 actions: reward, success and the end come with its last
+                    tr["act"] += list(action[i, :-1])
+                    tr["rew"] += [0.0] * (h - 1)
+                    tr["term"] += [False] * (h - 1)
+                    tr["trunc"] += [False] * (h - 1)
+                    tr["succ"] += [False] * (h - 1)
+                tr["act"].append(action[i, -1] if h > 1 else action[i])
                 tr["rew"].append(float(reward[i]))
                 tr["term"].append(bool(terminated[i]))
                 tr["trunc"].append(bool(truncated[i]))
@@ -141,6 +168,16 @@ def evaluate(policy: Policy, env: gym.Env | gym.vector.VectorEnv, n_episodes: in
     if video_dir is not None and episodes:
         result.video_paths = write_episode_videos(episodes[:max_videos], video_dir, per_episode[:max_videos])
     return result
+
+
+def chunk_steps(policy: Policy, venv: gym.vector.VectorEnv) -> int:
+    """Actions per env step for chunked evaluation: the policy's open-loop chunk (`cfg.n_action_steps`, no temporal
+    ensembling) when the env takes chunks that long, else 1."""
+    cfg = getattr(policy, "cfg", None)
+    n = getattr(cfg, "n_action_steps", 1)
+    if n <= 1 or getattr(policy, "ensembler", None) is not None or not hasattr(policy, "predict_action_chunk"):
+        return 1
+    return n if n <= getattr(venv, "max_chunk", 0) else 1
 
 
 def camera_keys(ep: dict[str, Any]) -> list[str]:

@@ -1,6 +1,11 @@
 """Policy evaluation without physical rollouts (Ctrl-World, WorldEval): score a population of policies in the world
 model and in the true simulator with the same evaluation loop, then measure how well the imagined ranking and
-success rates agree with the true ones (Spearman rho, Kendall tau, mean absolute success-rate error, a scatter plot).
+success rates agree with the true ones (Spearman rho with a bootstrap interval, Kendall tau, SIMPLER's MMRV, mean
+absolute success-rate error, the true-vs-true noise ceiling, a scatter plot with intervals).
+
+Protocol: paired starts (each imagined episode starts from the true simulator's reset with the same seed), the
+world model stepped by the chunks the policy executes open-loop, random and scripted anchors reported apart from
+the headline rho.
 
     wmrl rank --policies RUN_A RUN_B scripted scripted:noise=0.6 random --world-model WM_RUN [--workers ray]
 
@@ -39,12 +44,17 @@ class RankConfig:
     """Real episodes for the imagined starts; default: the world model's training dataset."""
     task: str = "push-red"
     episodes: int = 30
-    """Episodes per policy, in each of the two environments."""
+    """Episodes per policy, in each of the two environments (paired: the same layouts)."""
     num_envs: int = 10
     """Imagined episodes run as one batch."""
     seed: int = 0
     workers: str = "local"
     num_workers: int = 2
+    noise_ceiling: bool = True
+    """Also evaluate every policy a second time in the true simulator on other seeds: the true-vs-true Spearman is
+    the ceiling no world model can be expected to beat at this number of episodes."""
+    bootstrap: int = 2000
+    """Bootstrap resamples of the episodes for the Spearman interval."""
     out: Path = Path("runs/rank")
     overwrite: bool = False
     resume: bool = False
@@ -67,6 +77,32 @@ def parse_policy_spec(spec: str):
     return PolicyConfig(type="vla", path=Path(path), stochastic=stochastic)
 
 
+ANCHORS = ("scripted", "random")
+
+
+def is_anchor(spec: str) -> bool:
+    """Random and scripted policies pin the ends of the scale; they are reported apart from the headline rho (the
+    issue's protocol: a ranking of learned policies must not be carried by two easy extremes)."""
+    return spec.partition(":")[0] in ANCHORS
+
+
+def _spearman(a: np.ndarray, b: np.ndarray) -> float:
+    from scipy import stats
+
+    return float(stats.spearmanr(a, b).statistic) if a.std() > 0 and b.std() > 0 else float("nan")
+
+
+def mmrv(imagined, true) -> float:
+    """SIMPLER's mean maximum rank violation (Li et al. 2024, Eq. 1): for each policy i the largest true-success gap
+    |R_i - R_j| to a policy j that the imagined scores order the other way, averaged over policies. 0 when the
+    orders agree; a swap of two close policies costs little, a swap of a good and a bad one costs much."""
+    s, r = np.asarray(imagined, float), np.asarray(true, float)
+    if s.shape != r.shape or len(s) < 2:
+        raise ValueError(f"need two equally long lists of at least 2 scores, got {len(s)} and {len(r)}")
+    violated = (s[:, None] < s[None, :]) != (r[:, None] < r[None, :])
+    return float((np.abs(r[:, None] - r[None, :]) * violated).max(axis=1).mean())
+
+
 def rank_statistics(imagined: list[float], true: list[float]) -> dict:
     """Agreement of imagined and true success rates (fractions) over a population."""
     from scipy import stats
@@ -74,16 +110,70 @@ def rank_statistics(imagined: list[float], true: list[float]) -> dict:
     a, b = np.asarray(imagined, float), np.asarray(true, float)
     if a.shape != b.shape or len(a) < 2:
         raise ValueError(f"need two equally long lists of at least 2 scores, got {len(a)} and {len(b)}")
-    rho = stats.spearmanr(a, b).statistic if a.std() > 0 and b.std() > 0 else float("nan")
     tau = stats.kendalltau(a, b).statistic if a.std() > 0 and b.std() > 0 else float("nan")
-    return {"rank_spearman": float(rho), "rank_kendall": float(tau), "success_abs_error": float(np.abs(a - b).mean()),
-            "n_policies": int(len(a))}
+    return {"rank_spearman": _spearman(a, b), "rank_kendall": float(tau), "rank_mmrv": mmrv(a, b),
+            "success_abs_error": float(np.abs(a - b).mean()), "n_policies": int(len(a))}
+
+
+def bootstrap_spearman(x_outcomes: list, y_outcomes: list, n_boot: int = 2000, seed: int = 0,
+                       paired: bool = True) -> tuple[float, float]:
+    """95% percentile interval of Spearman's rho between two success rates per policy, resampling each policy's
+    episodes with replacement (the evaluation noise of a finite number of episodes). `paired`: the i-th episodes of
+    x and y share a start (paired ranking), so one draw of indices serves both."""
+    if len(x_outcomes) != len(y_outcomes) or len(x_outcomes) < 2:
+        raise ValueError(f"need two equally long lists of at least 2 policies, got {len(x_outcomes)} and {len(y_outcomes)}")
+    rng = np.random.default_rng(seed)
+    xs = [np.asarray(o, float) for o in x_outcomes]
+    ys = [np.asarray(o, float) for o in y_outcomes]
+    rhos = []
+    for _ in range(n_boot):
+        a, b = np.empty(len(xs)), np.empty(len(xs))
+        for i, (x, y) in enumerate(zip(xs, ys)):
+            ix = rng.integers(0, len(x), len(x))
+            a[i] = x[ix].mean()
+            b[i] = y[ix if paired and len(y) == len(x) else rng.integers(0, len(y), len(y))].mean()
+        rhos.append(_spearman(a, b))
+    rhos = np.asarray(rhos)
+    rhos = rhos[np.isfinite(rhos)]
+    if not len(rhos):
+        return float("nan"), float("nan")
+    return float(np.percentile(rhos, 2.5)), float(np.percentile(rhos, 97.5))
+
+
+def ranking_report(rows: list[dict], n_boot: int = 2000, seed: int = 0) -> dict:
+    """The issue's ranking keys from per-policy rows (`policy`, per-episode 0/1 `imagined_outcomes` and
+    `true_outcomes` on paired starts, optionally `true_repeat_outcomes` on other starts): Spearman with anchors
+    excluded (+ bootstrap CI), with anchors, MMRV, mean absolute success error, and the true-vs-true noise ceiling
+    (the Spearman of two independent true evaluations of the same population: no model can be expected to beat
+    it at this number of episodes)."""
+    learned = [r for r in rows if not is_anchor(r["policy"])]
+    if len(learned) < 2:
+        raise ValueError(f"ranking needs at least 2 learned (non-anchor) policies, got {len(learned)}")
+    rate = lambda rs, k: [float(np.mean(r[k])) for r in rs]  # noqa: E731
+    out = rank_statistics(rate(learned, "imagined_outcomes"), rate(learned, "true_outcomes"))
+    out["rank_spearman_ci"] = list(bootstrap_spearman([r["imagined_outcomes"] for r in learned],
+                                                      [r["true_outcomes"] for r in learned], n_boot, seed))
+    out["rank_spearman_with_anchors"] = (_spearman(np.asarray(rate(rows, "imagined_outcomes")),
+                                                   np.asarray(rate(rows, "true_outcomes")))
+                                         if len(rows) > len(learned) else out["rank_spearman"])
+    if all("true_repeat_outcomes" in r for r in learned):
+        out["rank_noise_ceiling"] = _spearman(np.asarray(rate(learned, "true_outcomes")),
+                                              np.asarray(rate(learned, "true_repeat_outcomes")))
+        out["rank_noise_ceiling_ci"] = list(bootstrap_spearman([r["true_outcomes"] for r in learned],
+                                                               [r["true_repeat_outcomes"] for r in learned], n_boot,
+                                                               seed, paired=False))
+    out["episodes_per_policy"] = int(min(len(r["true_outcomes"]) for r in rows))
+    out["anchors"] = [r["policy"] for r in rows if is_anchor(r["policy"])]
+    return out
 
 
 def score_policy(spec: str, world_model: str, data: str, task: str, episodes: int, num_envs: int, seed: int,
-                 threads: int | None = None) -> dict:
-    """Success of one policy in the world model and in the true simulator (same loop, same seeds). Runs in-process
-    or inside a Ray worker (everything is rebuilt from paths, nothing is pickled but strings)."""
+                 threads: int | None = None, noise_ceiling: bool = True) -> dict:
+    """Success of one policy in the world model and in the true simulator, paired: every imagined episode starts
+    from the true simulator's reset with the same seed (same layout, same first frame), the world model is stepped
+    by the open-loop chunks the policy executes, and the same loop scores both. With `noise_ceiling`, a second true
+    evaluation on other seeds. Runs in-process or inside a Ray worker (everything is rebuilt from paths, nothing is
+    pickled but strings)."""
     import torch
 
     from wmrl.eval import evaluate
@@ -94,23 +184,33 @@ def score_policy(spec: str, world_model: str, data: str, task: str, episodes: in
     model = make_world_model("video", world_model)
     max_steps = sim.make_env(task).unwrapped.max_episode_steps
     wm_env = make_imagination_env(model, Path(data), num_envs, max_steps, sampling_steps=1)
-    true_env = sim.make_vector_env(task, 1, asynchronous=False)
+    # one process per env: the synchronous vector env refuses to step an env whose episode ended (no autoreset)
+    true_env = sim.make_vector_env(task, num_envs)
     out = {"policy": spec}
+    runs = [("imagined", wm_env, seed, dict(start_from=true_env, chunked=True)), ("true", true_env, seed, {})]
+    if noise_ceiling:
+        runs.append(("true_repeat", true_env, seed + 1_000_003, {}))
     try:
-        for name, env in (("imagined", wm_env), ("true", true_env)):
+        for name, env, s, kw in runs:
             policy = pcfg.build(env, seed=seed)
             t = time.perf_counter()
-            r = evaluate(policy, env, episodes, seed=seed, progress=False)
+            r = evaluate(policy, env, episodes, seed=s, progress=False, **kw)
             out[f"{name}_success"] = r.pc_success / 100
             out[f"{name}_ci95"] = [r.success_ci95[0] / 100, r.success_ci95[1] / 100]
             out[f"{name}_seconds"] = time.perf_counter() - t
+            eps = sorted(r.per_episode, key=lambda e: e["seed"])  # finishing order differs between the two envs
+            out[f"{name}_outcomes"] = [int(e["success"]) for e in eps]
+            out[f"{name}_seeds"] = [e["seed"] for e in eps]
     finally:
         true_env.close()
+    if out["imagined_seeds"] != out["true_seeds"]:  # the pairing is what the statistics assume
+        raise RuntimeError("paired ranking: imagined and true episodes ran on different seeds")
     return out
 
 
 def score_population(specs: list[str], world_model: str, data: str, task: str, episodes: int, num_envs: int,
-                     seed: int, workers: str = "local", num_workers: int = 2, progress: bool = True) -> list[dict]:
+                     seed: int, workers: str = "local", num_workers: int = 2, progress: bool = True,
+                     noise_ceiling: bool = True) -> list[dict]:
     if workers not in WORKERS:
         raise ValueError(f"workers: expected one of {WORKERS}, got {workers!r}")
     for s in specs:  # fail before any work on a bad spec
@@ -119,7 +219,8 @@ def score_population(specs: list[str], world_model: str, data: str, task: str, e
     if workers == "local":
         from tqdm.auto import tqdm
 
-        return [score_policy(s, *args) for s in tqdm(specs, desc="policies", disable=not progress)]
+        return [score_policy(s, *args, noise_ceiling=noise_ceiling)
+                for s in tqdm(specs, desc="policies", disable=not progress)]
     try:
         import ray
     except ImportError as e:
@@ -129,29 +230,36 @@ def score_population(specs: list[str], world_model: str, data: str, task: str, e
         ray.init(num_cpus=num_workers, include_dashboard=False, log_to_driver=False)
     try:
         remote = ray.remote(num_cpus=1)(score_policy)
-        return ray.get([remote.remote(s, *args, threads=1) for s in specs])
+        return ray.get([remote.remote(s, *args, threads=1, noise_ceiling=noise_ceiling) for s in specs])
     finally:
         if started:
             ray.shutdown()
 
 
 def plot_scatter(rows: list[dict], path: Path, stats: dict) -> Path:
+    """True vs imagined success per policy with their 95% Wilson intervals; anchors in grey."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-
-    fig, ax = plt.subplots(figsize=(4.6, 4.4))
-    x = [r["true_success"] for r in rows]
-    y = [r["imagined_success"] for r in rows]
+    fig, ax = plt.subplots(figsize=(4.8, 4.6))
     ax.plot([0, 1], [0, 1], color="0.7", lw=1, ls="--")
-    ax.scatter(x, y, color="tab:blue")
     for r in rows:
-        ax.annotate(Path(r["policy"]).name if "/" in r["policy"] else r["policy"], (r["true_success"], r["imagined_success"]),
-                    fontsize=7, xytext=(3, 3), textcoords="offset points")
+        x, y = r["true_success"], r["imagined_success"]
+        xerr = np.abs(np.array(r.get("true_ci95", [x, x])) - x)[:, None]
+        yerr = np.abs(np.array(r.get("imagined_ci95", [y, y])) - y)[:, None]
+        ax.errorbar(x, y, xerr=xerr, yerr=yerr, fmt="o", ms=4, lw=0.8, capsize=2,
+                    color="0.6" if is_anchor(r["policy"]) else "tab:blue")
+        ax.annotate(Path(r["policy"]).name if "/" in r["policy"] else r["policy"], (x, y), fontsize=7,
+                    xytext=(3, 3), textcoords="offset points")
+    title = f"Spearman {stats['rank_spearman']:.2f}"
+    if "rank_spearman_ci" in stats:
+        lo, hi = stats["rank_spearman_ci"]
+        title += f" [{lo:.2f}, {hi:.2f}], MMRV {stats['rank_mmrv']:.2f}"
     ax.set(xlim=(-0.05, 1.05), ylim=(-0.05, 1.05), xlabel="true-simulator success", ylabel="world-model success",
-           title=f"Spearman {stats['rank_spearman']:.2f}, MAE {stats['success_abs_error']:.2f}")
+           title=title + f", MAE {stats['success_abs_error']:.2f}")
+    ax.title.set_fontsize(8)
     fig.tight_layout()
     with atomic_path(path) as tmp:
         fig.savefig(tmp, dpi=100, format="png")
@@ -165,8 +273,10 @@ def run_rank(cfg: RankConfig, progress: bool = True) -> dict:
     run = start_run(cfg)
     t0 = time.time()
     rows = score_population(list(cfg.policies), str(cfg.world_model), str(data), cfg.task, cfg.episodes, cfg.num_envs,
-                            cfg.seed, cfg.workers, cfg.num_workers, progress)
-    stats = rank_statistics([r["imagined_success"] for r in rows], [r["true_success"] for r in rows])
+                            cfg.seed, cfg.workers, cfg.num_workers, progress, cfg.noise_ceiling)
+    learned = [r for r in rows if not is_anchor(r["policy"])]
+    stats = (ranking_report(rows, cfg.bootstrap, cfg.seed) if len(learned) >= 2 else
+             rank_statistics([r["imagined_success"] for r in rows], [r["true_success"] for r in rows]))
     plot_scatter(rows, run / "ranking.png", stats)
     result = {**stats, "policies": rows, "minutes": (time.time() - t0) / 60, "run_dir": str(run)}
     write_json(run / "ranking.json", result)
