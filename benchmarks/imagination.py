@@ -16,7 +16,6 @@ import json
 import tempfile
 from pathlib import Path
 
-import numpy as np
 
 from wmrl.benchutil import finish
 
@@ -67,6 +66,9 @@ def main(quick: bool = False, work: str = "") -> dict:
     for k in ("rank_spearman", "rank_kendall", "success_abs_error", "n_policies", "hallucinated_success_before",
               "hallucinated_success_after"):
         out[k] = s[k]
+    for k in ("rank_spearman_ci", "rank_spearman_with_anchors", "rank_mmrv", "rank_noise_ceiling", "episodes_per_policy"):
+        if k in s:  # the paired protocol's statistics (with >= 2 learned policies in the population)
+            out[k] = s[k]
     # Ctrl-World: fine-tune BC on the world model's imagined successes (the co-evolved world model)
     wm = VideoWorldModel.load(resolve_checkpoint(run / "coevolution" / "world_model"))
     sft = imagined_success_sft(bc, wm, task, n=8 if quick else 64, steps=20 if quick else 300, progress=not quick)

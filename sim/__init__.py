@@ -54,13 +54,15 @@ def make_vector_env(task: str, num_envs: int = 1, asynchronous: bool = True, **k
     `reset()` for new episodes (as `wmrl.eval.evaluate` does per batch). Why not NEXT_STEP: gymnasium 1.4's
     AsyncVectorEnv without shared memory (our observations hold text) keeps a worker's pending-autoreset flag across
     `reset()`, so the first step after a seeded reset silently became an unseeded reset that ignored the action, and
-    recorded episodes began with a frame from another layout."""
+    recorded episodes began with a frame from another layout. The synchronous one clears that flag on `reset()` but
+    refuses (asserts) to step an ended env without autoreset, which the evaluation loop does while the batch's
+    other episodes run on: it keeps NEXT_STEP (the ended env's next step is an ignored reset)."""
     env_id = resolve_task(task)
     fns = [functools.partial(_make_registered, env_id, kwargs) for _ in range(num_envs)]
-    mode = gym.vector.AutoresetMode.DISABLED
     if asynchronous and num_envs > 1:
-        return gym.vector.AsyncVectorEnv(fns, shared_memory=False, context="spawn", autoreset_mode=mode)
-    return gym.vector.SyncVectorEnv(fns, autoreset_mode=mode)
+        return gym.vector.AsyncVectorEnv(fns, shared_memory=False, context="spawn",
+                                         autoreset_mode=gym.vector.AutoresetMode.DISABLED)
+    return gym.vector.SyncVectorEnv(fns, autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
 
 
 def replay_open_loop(task: str, actions: np.ndarray, seed: int = 0, start_qpos: np.ndarray | None = None,

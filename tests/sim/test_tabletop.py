@@ -132,11 +132,13 @@ def test_post_success_steps_extend_the_episode_with_success_frames():
     assert ep["next.success"][:-1].sum() >= 3 and ep["next.terminated"][-2] and not ep["next.terminated"][:-2].any()
 
 
-def test_vector_env_episodes_start_from_their_seeded_reset_and_replay_exactly():
+@pytest.mark.parametrize("asynchronous", [True, False])
+def test_vector_env_episodes_start_from_their_seeded_reset_and_replay_exactly(asynchronous):
     """Every recorded episode of a batched collection (several batches, so workers that ended an episode are reset
     again) starts from its seeded reset, and its actions replayed open-loop reproduce its last state exactly
-    (gymnasium's NEXT_STEP autoreset used to turn the first step of later batches into an unseeded reset)."""
-    venv = sim.make_vector_env("push-red", 2, cameras=())
+    (gymnasium's NEXT_STEP autoreset used to turn the first step of later batches into an unseeded reset in the
+    asynchronous env; the synchronous one must also let the batch's other episodes run on after one ended)."""
+    venv = sim.make_vector_env("push-red", 2, asynchronous=asynchronous, cameras=())
     r = evaluate(ScriptedExpert(noise=0.05, seed=1), venv, 6, seed=11, record=True, progress=False)
     venv.close()
     env = TabletopEnv("push-red", cameras=())

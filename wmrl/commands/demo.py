@@ -175,6 +175,8 @@ def run_demo(cfg: DemoConfig, progress: bool = True) -> dict:
         "hallucinated_success_after": coevo["after"]["hallucinated_success"],
         "rank_spearman": rank["rank_spearman"], "rank_kendall": rank["rank_kendall"],
         "success_abs_error": rank["success_abs_error"], "n_policies": rank["n_policies"],
+        **{k: rank[k] for k in ("rank_spearman_ci", "rank_spearman_with_anchors", "rank_mmrv", "rank_noise_ceiling",
+                                "episodes_per_policy") if k in rank},
         "dataset_frames": data["frames"], "wm_train_minutes": wm["train_minutes"], "bc_loss_last": bc["loss_last"],
         **{f"wm_{k}": wm_eval[k] for k in ("motion_psnr_gain_h16", "masked_psnr_gain_h16", "success_auroc_matched_state",
                                            "success_auroc_matched_frames") if k in wm_eval},

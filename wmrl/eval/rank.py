@@ -184,8 +184,7 @@ def score_policy(spec: str, world_model: str, data: str, task: str, episodes: in
     model = make_world_model("video", world_model)
     max_steps = sim.make_env(task).unwrapped.max_episode_steps
     wm_env = make_imagination_env(model, Path(data), num_envs, max_steps, sampling_steps=1)
-    # one process per env: the synchronous vector env refuses to step an env whose episode ended (no autoreset)
-    true_env = sim.make_vector_env(task, num_envs)
+    true_env = sim.make_vector_env(task, num_envs, asynchronous=False)
     out = {"policy": spec}
     runs = [("imagined", wm_env, seed, dict(start_from=true_env, chunked=True)), ("true", true_env, seed, {})]
     if noise_ceiling:
