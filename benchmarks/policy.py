@@ -56,12 +56,25 @@ def _evaluate(policy, episodes: int, num_envs: int, seeds: int = 3) -> dict:
             "stalled": float(np.mean(stalled))}
 
 
-def _evaluate_checkpoints(folders: list[str], episodes: int, num_envs: int, device: str, quick: bool) -> dict:
+def _evaluate_ensembled(policy, episodes: int, num_envs: int) -> dict:
+    """The same checkpoint executed with ACT's temporal ensembling (m = 0.01)."""
+    from policies.vla.modeling import TemporalEnsembler
+
+    policy.ensembler = TemporalEnsembler(0.01, policy.cfg.chunk_size)
+    return _evaluate(policy, episodes, num_envs)
+
+
+def _evaluate_expert(episodes: int, num_envs: int) -> dict:
+    """The noise-free scripted expert on the same layouts: the ceiling."""
     import gymnasium as gym
 
     from policies.factory import make_policy
+
+    return _evaluate(make_policy("scripted", gym.spaces.Box(-1, 1, (4,), np.float32)), episodes, num_envs)
+
+
+def _evaluate_checkpoints(folders: list[str], episodes: int, num_envs: int, device: str, quick: bool) -> dict:
     from policies.vla import VLAPolicy
-    from policies.vla.modeling import TemporalEnsembler
 
     t0 = time.time()
     res = {}
@@ -69,10 +82,8 @@ def _evaluate_checkpoints(folders: list[str], episodes: int, num_envs: int, devi
         policy = VLAPolicy.load(f, device=device).eval()
         res[Path(f).name] = _evaluate(policy, episodes, num_envs)
         if f == folders[-1]:
-            policy.ensembler = TemporalEnsembler(0.01, policy.cfg.chunk_size)
-            res[Path(f).name + "_te"] = _evaluate(policy, episodes, num_envs)
-    res["scripted_expert"] = _evaluate(make_policy("scripted", gym.spaces.Box(-1, 1, (4,), np.float32)), episodes,
-                                       num_envs)
+            res[Path(f).name + "_te"] = _evaluate_ensembled(policy, episodes, num_envs)
+    res["scripted_expert"] = _evaluate_expert(episodes, num_envs)
     best = max((k for k in res if k != "scripted_expert"), key=lambda k: res[k]["success"])
     return finish("policy_checkpoints", {"results": res, "best_recipe": best, "success_bc": res[best]["success"],
                                          "success_bc_ci": res[best]["ci"], "budgets": {"episodes": episodes},
@@ -94,8 +105,6 @@ def main(quick: bool = False, episodes: int = 300, data_episodes: int = 300, noi
         return _evaluate_checkpoints(checkpoints.split(","), episodes, num_envs, device, quick)
     recipes_arg = str(recipes)
     from policies.vla import VLAPolicy
-    from policies.vla.modeling import TemporalEnsembler
-    from policies.factory import make_policy
     from wmrl.commands.train_policy import TrainPolicyConfig, train_policy
     from wmrl.eval.record import CollectConfig, collect
     from wmrl.rl.dagger import DAggerConfig
@@ -154,13 +163,9 @@ def main(quick: bool = False, episodes: int = 300, data_episodes: int = 300, noi
         if "dagger" in r:
             out["results"][name]["rounds"] = r["dagger"]
         if name == "expert_n1":
-            policy.ensembler = TemporalEnsembler(0.01, policy.cfg.chunk_size)
-            out["results"]["expert_te"] = _evaluate(policy, episodes, num_envs)
+            out["results"]["expert_te"] = _evaluate_ensembled(policy, episodes, num_envs)
         minutes[f"eval_{name}"] = (time.time() - t) / 60
-    import gymnasium as gym
-
-    expert = make_policy("scripted", gym.spaces.Box(-1, 1, (4,), np.float32))
-    out["results"]["scripted_expert"] = _evaluate(expert, episodes, num_envs)
+    out["results"]["scripted_expert"] = _evaluate_expert(episodes, num_envs)
     res = out["results"]
     best = max((k for k in res if k != "scripted_expert"), key=lambda k: res[k]["success"])
     out.update({

@@ -78,7 +78,7 @@ def evaluate(policy: Policy, env: gym.Env | gym.vector.VectorEnv, n_episodes: in
 
     start_from: another vector env (the true simulator) reset with the same seeds, whose observations become this
     env's starts (`reset(options={"observations": ...})`, a world model's env): paired evaluation, the same
-    layouts in both. chunked: step an env that takes whole chunks (`accepts_chunks`, a world model's env, trained on
+    layouts in both. chunked: step an env that takes whole chunks (`max_chunk`, a world model's env, trained on
     chunks) with each open-loop chunk the policy executes (`cfg.n_action_steps` > 1) in one call, instead of one
     action at a time; not with recording (an episode's observations exist only at chunk boundaries).
     """
