@@ -44,6 +44,7 @@ def _evaluate(policy, episodes: int, num_envs: int, seeds: int = 3) -> dict:
 
     try:
         per = []
+        seeds = min(seeds, episodes)  # fewer episodes than evaluation seeds: one episode per seed
         for k in range(seeds):
             n = episodes // seeds + (k < episodes % seeds)
             r = evaluate(policy, env, n, seed=10_000 + 100_000 * k, progress=False, on_episode=stall)
