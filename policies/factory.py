@@ -1,4 +1,4 @@
-"""Policies by registered name (`--policy.type scripted | random | vla`), LeRobot's `make_policy`."""
+"""Policies by registered name (`--policy.type scripted | random | vla | act | diffusion`), LeRobot's `make_policy`."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ from typing import Optional
 
 import gymnasium as gym
 
+from policies.lerobot.act import ACTPolicy
+from policies.lerobot.diffusion import DiffusionPolicy
 from policies.random_policy import RandomPolicy
 from policies.vla import VLAPolicy
 from sim.tabletop.experts import ScriptedExpert
@@ -40,6 +42,24 @@ def _vla(action_space: gym.spaces.Box, path: str | None = None, device: str = "c
     return policy
 
 
+def _lerobot(cls, kind: str):
+    def build(action_space: gym.spaces.Box, path: str | None = None, device: str = "cpu",
+              observation_space: gym.spaces.Dict | None = None, **_):
+        if path is None:
+            raise ValueError(f"policy {kind} needs a LeRobot checkpoint: --policy.path DIR (the folder with config.json "
+                             "and model.safetensors)")
+        policy = cls.load(path, device=device)
+        policy.check_spaces(observation_space, action_space)
+        return policy
+
+    build.__doc__ = f"A LeRobot {kind} checkpoint (lerobot's file layout, read without lerobot)."
+    return build
+
+
+POLICIES.register("act")(_lerobot(ACTPolicy, "act"))
+POLICIES.register("diffusion")(_lerobot(DiffusionPolicy, "diffusion"))
+
+
 def make_policy(name: str, action_space: gym.spaces.Box, **kwargs):
     return POLICIES.get(name)(action_space, **kwargs)
 
@@ -53,7 +73,8 @@ class PolicyConfig:
     failure_prob: float = 0.0
     """Scripted expert only: share of episodes in near-success failure mode."""
     path: Optional[Path] = None
-    """Learned policies (vla): a `wmrl train-policy` run folder or checkpoint folder."""
+    """Learned policies: a `wmrl train-policy` run or checkpoint folder (vla); a LeRobot checkpoint folder with
+    config.json and model.safetensors (act, diffusion)."""
     stochastic: bool = False
     """Learned policies: sample actions instead of acting with the mean."""
 

@@ -172,10 +172,12 @@ def evaluate(policy: Policy, env: gym.Env | gym.vector.VectorEnv, n_episodes: in
 
 def chunk_steps(policy: Policy, venv: gym.vector.VectorEnv) -> int:
     """Actions per env step for chunked evaluation: the policy's open-loop chunk (`cfg.n_action_steps`, no temporal
-    ensembling) when the env takes chunks that long, else 1."""
+    ensembling, no observation history) when the env takes chunks that long, else 1."""
     cfg = getattr(policy, "cfg", None)
     n = getattr(cfg, "n_action_steps", 1)
     if n <= 1 or getattr(policy, "ensembler", None) is not None or not hasattr(policy, "predict_action_chunk"):
+        return 1
+    if getattr(cfg, "n_obs_steps", 1) > 1:  # it keeps an observation history (Diffusion Policy): every step counts
         return 1
     return n if n <= getattr(venv, "max_chunk", 0) else 1
 
