@@ -43,12 +43,12 @@ def _vla(action_space: gym.spaces.Box, path: str | None = None, device: str = "c
 
 
 def _lerobot(cls, kind: str):
-    def build(action_space: gym.spaces.Box, path: str | None = None, device: str = "cpu",
+    def build(action_space: gym.spaces.Box, path: str | None = None, device: str = "cpu", seed: int = 0,
               observation_space: gym.spaces.Dict | None = None, **_):
         if path is None:
             raise ValueError(f"policy {kind} needs a LeRobot checkpoint: --policy.path DIR (the folder with config.json "
                              "and model.safetensors)")
-        policy = cls.load(path, device=device)
+        policy = cls.load(path, device=device, seed=seed)
         policy.check_spaces(observation_space, action_space)
         return policy
 
@@ -73,8 +73,7 @@ class PolicyConfig:
     failure_prob: float = 0.0
     """Scripted expert only: share of episodes in near-success failure mode."""
     path: Optional[Path] = None
-    """Learned policies: a `wmrl train-policy` run or checkpoint folder (vla); a LeRobot checkpoint folder with
-    config.json and model.safetensors (act, diffusion)."""
+    """Learned policies: a `wmrl train-policy` run or checkpoint folder (vla), a LeRobot checkpoint folder (act, diffusion)."""
     stochastic: bool = False
     """Learned policies: sample actions instead of acting with the mean."""
 

@@ -53,3 +53,15 @@ def quick_demo(tmp_path_factory):
     out = tmp_path_factory.mktemp("quick-demo") / "demo"
     assert main(["demo", "--out", str(out), "--quick"]) == 0
     return out
+
+
+@pytest.fixture(scope="session")
+def lerobot_checkpoints(tmp_path_factory):
+    """{"act": DIR, "diffusion": DIR}: tiny random LeRobot checkpoints for the push-red env's spaces."""
+    from policies.lerobot.act import ACTPolicy
+    from policies.lerobot.diffusion import DiffusionPolicy
+    from tests.helpers import lerobot_act_config, lerobot_dp_config, lerobot_stats, write_tiny_lerobot
+
+    root = tmp_path_factory.mktemp("lerobot")
+    return {"act": write_tiny_lerobot(root, ACTPolicy, lerobot_act_config(), lerobot_stats(), name="act"),
+            "diffusion": write_tiny_lerobot(root, DiffusionPolicy, lerobot_dp_config(), lerobot_stats("MIN_MAX"), name="dp")}

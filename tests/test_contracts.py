@@ -23,14 +23,15 @@ def push_env():
     env.close()
 
 
-def _policy(name, env, seed, tiny_policy):
-    kw = {"path": str(tiny_policy)} if name == "vla" else {"noise": 0.3} if name == "scripted" else {}
+def _policy(name, env, seed, tiny_policy, lerobot):
+    kw = ({"path": str(tiny_policy)} if name == "vla" else {"path": str(lerobot[name])} if name in lerobot
+          else {"noise": 0.3} if name == "scripted" else {})
     return make_policy(name, env.single_action_space, seed=seed, observation_space=env.single_observation_space, **kw)
 
 
 @pytest.mark.parametrize("name", POLICIES.names())
-def test_policy_contract(name, push_env, tiny_policy):
-    policy = _policy(name, push_env, 7, tiny_policy)
+def test_policy_contract(name, push_env, tiny_policy, lerobot_checkpoints):
+    policy = _policy(name, push_env, 7, tiny_policy, lerobot_checkpoints)
     assert isinstance(policy, Policy)
     obs, _ = push_env.reset(seed=0)
     policy.reset()
@@ -39,7 +40,7 @@ def test_policy_contract(name, push_env, tiny_policy):
     chunk = np.asarray(policy.predict_action_chunk(obs))
     assert chunk.ndim == 3 and chunk.shape[0] == 2 and chunk.shape[2] == a.shape[1] and chunk.shape[1] >= 1
     # two instances made with the same seed act the same on the same observations (evaluation is reproducible)
-    first, second = (_policy(name, push_env, 7, tiny_policy) for _ in range(2))
+    first, second = (_policy(name, push_env, 7, tiny_policy, lerobot_checkpoints) for _ in range(2))
     first.reset(), second.reset()
     np.testing.assert_allclose(np.asarray(first.select_action(obs)), np.asarray(second.select_action(obs)), atol=1e-6)
     # the evaluation loop runs it and the true simulator accepts every action it chose

@@ -15,7 +15,6 @@ Temporal ensembling (`temporal_ensemble_coeff`, Algorithm 2) uses the same ensem
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -23,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from policies.lerobot.common import FrozenBatchNorm2d, LeRobotPolicy, ResNetTrunk, read_lerobot_checkpoint
+from policies.lerobot.common import FrozenBatchNorm2d, LeRobotPolicy, ResNetTrunk
 from policies.vla.modeling import TemporalEnsembler
 from wmrl.core.features import ACTION
 
@@ -222,13 +221,6 @@ class ACTPolicy(LeRobotPolicy):
                          int(feats[self.env_key]["shape"][0]) if self.env_key else 0, self.action_dim, len(self.image_keys))
         self.ensembler = (TemporalEnsembler(c.temporal_ensemble_coeff, c.chunk_size)
                           if c.temporal_ensemble_coeff is not None else None)
-
-    @classmethod
-    def load(cls, path: str | Path, device: str = "cpu") -> "ACTPolicy":
-        config, weights, stats = read_lerobot_checkpoint(path, cls.policy_type)
-        policy = cls(config, stats)
-        policy.load_lerobot_weights(weights, Path(path))
-        return policy.to(device).eval()
 
     def reset(self) -> None:
         super().reset()

@@ -68,6 +68,19 @@ def read_lerobot_checkpoint(path: str | Path, policy_type: str) -> tuple[dict, d
     return config, weights, stats
 
 
+def lerobot_policy_type(path: str | Path) -> str | None:
+    """The policy type a LeRobot checkpoint folder names in its config.json ("act", "diffusion", ...), or None
+    when `path` is not one (e.g. one of our own run folders)."""
+    f = Path(path) / "config.json"
+    if not (f.is_file() and (Path(path) / "model.safetensors").is_file()):
+        return None
+    try:
+        cfg = json.loads(f.read_text())
+    except json.JSONDecodeError:
+        return None
+    return cfg.get("type") if isinstance(cfg, dict) and "input_features" in cfg else None
+
+
 def feature_keys(config: dict) -> list[str]:
     return [*config["input_features"], *config["output_features"]]
 
@@ -301,6 +314,7 @@ class LeRobotPolicy(nn.Module):
         norm_map = config.get("normalization_mapping", {})
         self.normalizer = Normalizer({**config["input_features"], **config["output_features"]}, norm_map, stats)
         self._queue: deque = deque()
+        self.generator: torch.Generator | None = None  # sampling noise (stochastic policies)
 
     # ---- the protocol
     @property
@@ -386,6 +400,18 @@ class LeRobotPolicy(nn.Module):
         raise NotImplementedError
 
     # ---- loading
+    @classmethod
+    def load(cls, path: str | Path, device: str = "cpu", seed: int | None = None):
+        """The policy from a LeRobot checkpoint folder; `seed` fixes the sampling noise of stochastic policies
+        (Diffusion) so that two instances act the same."""
+        config, weights, stats = read_lerobot_checkpoint(path, cls.policy_type)
+        policy = cls(config, stats)
+        policy.load_lerobot_weights(weights, Path(path))
+        policy = policy.to(device).eval()
+        if seed is not None:
+            policy.generator = torch.Generator(device=device).manual_seed(seed)
+        return policy
+
     def load_lerobot_weights(self, weights: dict[str, torch.Tensor], path: Path) -> None:
         """Strict load: every tensor the checkpoint has must find its module, and every module its tensor; the
         differing names are listed (a checkpoint from another architecture or lerobot version)."""

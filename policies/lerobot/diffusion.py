@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -26,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from policies.lerobot.common import LeRobotPolicy, ResNetTrunk, read_lerobot_checkpoint
+from policies.lerobot.common import LeRobotPolicy, ResNetTrunk
 from wmrl.core.features import ACTION
 
 DEFAULTS = dict(n_obs_steps=2, horizon=16, n_action_steps=8, vision_backbone="resnet18", resize_shape=None,
@@ -252,17 +251,6 @@ class DiffusionPolicy(LeRobotPolicy):
         self.diffusion = DiffusionModel(c, int(feats[self.state_key]["shape"][0]),
                                         int(feats[self.env_key]["shape"][0]) if self.env_key else 0, self.action_dim, shapes)
         self._history: deque = deque(maxlen=c.n_obs_steps)
-        self.generator: torch.Generator | None = None
-
-    @classmethod
-    def load(cls, path: str | Path, device: str = "cpu", seed: int | None = None) -> "DiffusionPolicy":
-        config, weights, stats = read_lerobot_checkpoint(path, cls.policy_type)
-        policy = cls(config, stats)
-        policy.load_lerobot_weights(weights, Path(path))
-        policy = policy.to(device).eval()
-        if seed is not None:
-            policy.generator = torch.Generator(device=device).manual_seed(seed)
-        return policy
 
     def reset(self) -> None:
         super().reset()

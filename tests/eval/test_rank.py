@@ -101,6 +101,12 @@ def test_policy_specs_are_parsed_and_bad_ones_refused(tmp_path):
         parse_policy_spec("scripted:speed=2")
     with pytest.raises(ValueError, match="not scripted"):
         parse_policy_spec(str(tmp_path / "missing"))
+    (tmp_path / "ck").mkdir()
+    with pytest.raises(ValueError, match="not a LeRobot checkpoint folder"):
+        parse_policy_spec(f"act:{tmp_path / 'ck'}")
+    (tmp_path / "ck" / "config.json").write_text("{}")
+    p = parse_policy_spec(f"diffusion:{tmp_path / 'ck'}")
+    assert (p.type, p.path) == ("diffusion", tmp_path / "ck")
 
 
 def test_a_world_model_of_another_task_is_refused_with_both_names(trained, tiny_data, tiny_policy, tmp_path):

@@ -13,56 +13,12 @@ import torch
 import sim
 from policies.factory import make_policy
 from policies.lerobot.act import ACTPolicy
-from policies.lerobot.common import read_lerobot_checkpoint, write_lerobot_checkpoint
+from policies.lerobot.common import read_lerobot_checkpoint
 from policies.lerobot.diffusion import DiffusionPolicy
 from sim.tabletop.env import EE_STEP
+from tests.helpers import ACTION_MEAN, lerobot_act_config as _act_config, lerobot_dp_config as _dp_config
+from tests.helpers import lerobot_stats as _stats, write_tiny_lerobot as _write
 from wmrl.eval.loop import chunk_steps, evaluate
-
-IMG = {"type": "VISUAL", "shape": [3, 64, 64]}
-STATE = {"type": "STATE", "shape": [8]}
-OUT = {"action": {"type": "ACTION", "shape": [4]}}
-ACTION_MEAN = torch.tensor([0.5, 0.0, 0.0, 1.0])  # with a zeroed output layer: +x at half speed, gripper closed
-
-
-def _stats(mode: str = "MEAN_STD") -> dict:
-    img = {"mean": torch.full((3, 1, 1), 0.4), "std": torch.full((3, 1, 1), 0.25)}
-    if mode == "MEAN_STD":
-        act = {"mean": ACTION_MEAN, "std": torch.tensor([0.3, 0.3, 0.3, 0.9])}
-    else:  # MIN_MAX: a zero output is the middle of the range
-        act = {"min": ACTION_MEAN - torch.tensor([0.2, 0.1, 0.1, 0.05]), "max": ACTION_MEAN + torch.tensor([0.2, 0.1, 0.1, 0.05])}
-    return {"observation.images.front": img, "observation.images.wrist": dict(img),
-            "observation.state": {"mean": torch.zeros(8), "std": torch.ones(8), "min": -torch.ones(8), "max": torch.ones(8)},
-            "action": act}
-
-
-def _act_config(images: bool = True, **kw) -> dict:
-    feats = {"observation.images.front": IMG, "observation.images.wrist": IMG} if images else {
-        "observation.environment_state": {"type": "ENV", "shape": [13]}}
-    return {"type": "act", "input_features": {**feats, "observation.state": STATE}, "output_features": OUT,
-            "normalization_mapping": {"VISUAL": "MEAN_STD", "STATE": "MEAN_STD", "ACTION": "MEAN_STD"},
-            "chunk_size": 8, "n_action_steps": 4, "dim_model": 32, "n_heads": 2, "dim_feedforward": 64,
-            "n_encoder_layers": 1, "n_decoder_layers": 1, "n_vae_encoder_layers": 1, "latent_dim": 4, **kw}
-
-
-def _dp_config(**kw) -> dict:
-    return {"type": "diffusion", "input_features": {"observation.images.front": IMG, "observation.images.wrist": IMG,
-                                                    "observation.state": STATE}, "output_features": OUT,
-            "normalization_mapping": {"VISUAL": "MEAN_STD", "STATE": "MIN_MAX", "ACTION": "MIN_MAX"},
-            "n_obs_steps": 2, "horizon": 8, "n_action_steps": 4, "down_dims": [16, 32], "kernel_size": 3, "n_groups": 4,
-            "crop_shape": [56, 56], "spatial_softmax_num_keypoints": 4, "diffusion_step_embed_dim": 8,
-            "use_group_norm": True, "use_separate_rgb_encoder_per_camera": False, "num_inference_steps": 4, **kw}
-
-
-def _write(tmp_path, cls, config: dict, stats: dict, legacy: bool = False, zero_output: bool = False, name: str = "ck"):
-    torch.manual_seed(0)
-    net = cls(config, stats)
-    weights = {k: v for k, v in net.state_dict().items() if not k.startswith("normalizer.")}
-    if zero_output:  # the network's normalised output is exactly 0: the action is what the statistics say
-        for k in weights:
-            if k.startswith(("model.action_head.", "diffusion.unet.final_conv.1.")):
-                weights[k] = torch.zeros_like(weights[k])
-    return write_lerobot_checkpoint(tmp_path / name, config, weights, stats, legacy=legacy)
-
 
 def _obs(seed: int = 0, n: int = 2) -> dict:
     env = sim.make_env("push-red")
@@ -214,3 +170,12 @@ def test_bad_checkpoints_and_environments_are_refused_with_the_reason(tmp_path):
         policy.predict_action_chunk(bad)
     with pytest.raises(ValueError, match="needs a LeRobot checkpoint"):
         make_policy("diffusion", env.action_space)
+
+
+def test_rl_in_imagination_refuses_a_lerobot_checkpoint_with_the_reason(tmp_path, lerobot_checkpoints):
+    from wmrl.rl.imagine import ImagineConfig, imagine
+
+    with pytest.raises(ValueError, match="LeRobot act checkpoint: grpo needs an exact action log-probability"):
+        imagine(ImagineConfig(policy=lerobot_checkpoints["act"], world_model=tmp_path / "wm", out=tmp_path / "rl"),
+                progress=False)
+    assert not (tmp_path / "rl").exists()  # refused before a run folder was made

@@ -61,8 +61,13 @@ class RankConfig:
 
 
 def parse_policy_spec(spec: str):
-    """'scripted:noise=0.3,failure_prob=0.5' | 'random' | FOLDER | FOLDER:stochastic -> PolicyConfig."""
+    """'scripted:noise=0.3,failure_prob=0.5' | 'random' | FOLDER | FOLDER:stochastic | act:FOLDER |
+    diffusion:FOLDER (LeRobot checkpoints) -> PolicyConfig."""
     name, _, args = spec.partition(":")
+    if name in ("act", "diffusion") and args:
+        if not (Path(args) / "config.json").is_file():
+            raise ValueError(f"policy spec {spec!r}: {args} is not a LeRobot checkpoint folder (no config.json)")
+        return PolicyConfig(type=name, path=Path(args))
     if name in ("scripted", "random"):
         kw = {}
         for item in filter(None, args.split(",")):

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from policies.lerobot.common import lerobot_policy_type
 from policies.vla import VLAPolicy
 from sim.tabletop.env import TabletopEnv
 from wmrl.core.checkpoint import (commit_checkpoint, load_train_state, resolve_checkpoint, resume_checkpoint,
@@ -129,6 +130,11 @@ def imagine(cfg: ImagineConfig, progress: bool = True) -> dict:
         raise ValueError(f"algo: expected one of {tuple(ALGOS)}, got {cfg.algo!r}")
     if cfg.reward not in grpo.REWARDS:
         raise ValueError(f"reward: expected one of {grpo.REWARDS}, got {cfg.reward!r}")
+    kind = lerobot_policy_type(cfg.policy)
+    if kind is not None:
+        raise ValueError(f"{cfg.policy} is a LeRobot {kind} checkpoint: {cfg.algo} needs an exact action "
+                         "log-probability, which ACT and Diffusion Policy do not have; evaluate, rank or deploy it "
+                         "(--policy.type " + kind + "), or train a VLA here (wmrl train-policy)")
     run = start_run(cfg)
     torch.manual_seed(cfg.seed)
     ck, _ = resume_checkpoint(run / "checkpoints") if cfg.resume else (None, 0)
