@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Optional
 
 import gymnasium as gym
+import torch
 
 from policies.lerobot.act import ACTPolicy
 from policies.lerobot.diffusion import DiffusionPolicy
@@ -32,13 +33,14 @@ def _random(action_space: gym.spaces.Box, seed: int = 0, **_):
 
 @POLICIES.register("vla")
 def _vla(action_space: gym.spaces.Box, path: str | None = None, device: str = "cpu", stochastic: bool = False,
-         observation_space: gym.spaces.Dict | None = None, **_):
+         seed: int = 0, observation_space: gym.spaces.Dict | None = None, **_):
     """A trained VLA policy from a `wmrl train-policy` run folder or checkpoint folder."""
     if path is None:
         raise ValueError("policy vla needs a checkpoint: --policy.path RUN_DIR")
     policy = VLAPolicy.load(resolve_checkpoint(path), device=device).eval()
     policy.check_spaces(observation_space, action_space)
     policy.stochastic = stochastic
+    policy.generator = torch.Generator(device=device).manual_seed(seed)  # a sampling policy acts reproducibly per seed
     return policy
 
 

@@ -226,6 +226,7 @@ class VLAPolicy(nn.Module):
             self.register_buffer("env_state_mean", torch.tensor(cfg.env_state_mean or [0.0] * cfg.env_state_dim))
             self.register_buffer("env_state_std", torch.tensor(cfg.env_state_std or [1.0] * cfg.env_state_dim))
         self.stochastic = False  # select_action: sample (True) or act with the mean / a fixed-noise flow (False)
+        self.generator: torch.Generator | None = None  # acting noise; None: torch's global generator
         self._queue: deque = deque()
         self.ensembler = (TemporalEnsembler(cfg.temporal_ensemble_coeff, cfg.chunk_size)
                           if cfg.temporal_ensemble_coeff is not None else None)
@@ -325,11 +326,14 @@ class VLAPolicy(nn.Module):
         stochastic = self.stochastic if stochastic is None else stochastic
         feats = self.features(obs)
         B, H, A = feats.shape[0], self.cfg.chunk_size, self.cfg.action_dim
+        # acting draws from the policy's own generator when it has one (`make_policy(seed=...)`), so a sampling
+        # policy's evaluation does not depend on what else consumed torch's global generator before it
+        noise = (torch.randn(B, H, A, device=self.device, generator=self.generator) if stochastic
+                 else torch.zeros(B, H, A, device=self.device))
         if self.cfg.head == "gaussian":
             d = self.dist(feats)
-            a = d.sample() if stochastic else d.mean
+            a = d.mean + d.stddev * noise
         else:
-            noise = torch.randn(B, H, A, device=self.device) if stochastic else torch.zeros(B, H, A, device=self.device)
             a = self._flow_sample(feats, noise)
         return self.unnormalize_actions(a)
 
