@@ -211,8 +211,8 @@ class ACTPolicy(LeRobotPolicy):
             raise ValueError(f"n_action_steps {c.n_action_steps} > chunk_size {c.chunk_size}")
         if c.temporal_ensemble_coeff is not None and c.n_action_steps > 1:
             raise ValueError("temporal ensembling needs n_action_steps = 1 (the policy is queried every step)")
-        if c.replace_final_stride_with_dilation and c.vision_backbone in ("resnet18", "resnet34"):
-            raise ValueError(f"{c.vision_backbone} has no dilated layer4 (torchvision refuses it too)")
+        if c.replace_final_stride_with_dilation:  # torchvision refuses it for resnet18/34; not built here for 50
+            raise ValueError("replace_final_stride_with_dilation is not supported (a dilated layer4)")
         if not self.image_keys and self.env_key is None:
             raise ValueError("ACT needs at least one image or observation.environment_state among its inputs")
         self.cfg = c

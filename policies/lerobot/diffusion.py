@@ -235,8 +235,9 @@ class DiffusionPolicy(LeRobotPolicy):
         for k in ("crop_shape", "resize_shape", "down_dims"):
             if getattr(c, k) is not None:
                 setattr(c, k, tuple(getattr(c, k)))
-        if c.resize_shape is not None and c.crop_ratio < 1.0 and "crop_shape" not in config:
-            c.crop_shape = (int(c.resize_shape[0] * c.crop_ratio), int(c.resize_shape[1] * c.crop_ratio))
+        if c.resize_shape is not None:  # LeRobot's rule: with a resize, the crop comes from crop_ratio alone
+            c.crop_shape = ((int(c.resize_shape[0] * c.crop_ratio), int(c.resize_shape[1] * c.crop_ratio))
+                            if c.crop_ratio < 1.0 else None)
         if c.n_action_steps > c.horizon - c.n_obs_steps + 1:
             raise ValueError(f"n_action_steps {c.n_action_steps} > horizon - n_obs_steps + 1 ({c.horizon - c.n_obs_steps + 1})")
         if self.state_key is None:
