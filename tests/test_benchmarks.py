@@ -132,3 +132,13 @@ def test_policy_benchmark_compares_every_recipe_on_the_same_layouts():
     assert res["dagger"]["steps"] == res["expert_more"]["steps"] == res["expert_n1"]["steps"] + 2
     assert [d["round"] for d in res["dagger"]["rounds"]] == [0]
     assert r["success_bc"] == max(v["success"] for k, v in res.items() if k != "scripted_expert")
+
+
+def test_contact_predictability_benchmark_checks_its_metric():
+    r = _run("contact_predictability")
+    assert r["mean_baseline"]["r2_moving"] <= 0.0  # the training mean explains nothing on held-out moving steps
+    assert r["mean_baseline"]["length_ratio_moving"] < 0.1
+    for name in ("state_channel", "+ee_velocity", "+yaw_joint_velocity", "+cube_velocity"):
+        assert set(r[name]) >= {"r2_moving", "length_ratio_moving", "length_ratio_kicks", "cosine_moving", "n_features"}
+    assert r["state_channel"]["n_features"] < r["+cube_velocity"]["n_features"]
+    assert 0.0 < r["true_sim_moving_steps_finger_far_share"] < 1.0 and r["test_moving_rows"] > 0
