@@ -39,7 +39,7 @@ def _control(rates, latencies, episodes, seconds, quick) -> dict:
     from real_robot.safety import SafeRobot, SafetyConfig
     from real_robot.sim_robot import spawn_sim_robot
     from real_robot.transport import RemoteRobot
-    from sim.tabletop.experts import ScriptedExpert
+    from sim.experts import ScriptedExpert
     from wmrl.commands.deploy import free_port
 
     out = {}

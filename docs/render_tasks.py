@@ -9,7 +9,7 @@ import imageio.v3 as iio
 import numpy as np
 
 from sim.tabletop.env import TabletopEnv
-from sim.tabletop.experts import ScriptedExpert
+from sim.experts import ScriptedExpert
 from sim.tabletop.tasks import FAMILIES
 from wmrl.eval import evaluate
 

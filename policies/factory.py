@@ -13,7 +13,7 @@ from policies.lerobot.act import ACTPolicy
 from policies.lerobot.diffusion import DiffusionPolicy
 from policies.random_policy import RandomPolicy
 from policies.vla import VLAPolicy
-from sim.tabletop.experts import ScriptedExpert
+from sim.experts import ScriptedExpert
 from wmrl.core.checkpoint import resolve_checkpoint
 from wmrl.core.registry import POLICIES
 

@@ -29,7 +29,7 @@ import numpy as np
 
 from real_robot.adapters import joint_command
 from sim.tabletop.env import TabletopEnv
-from sim.tabletop.experts import ScriptedExpert
+from sim.experts import ScriptedExpert
 from sim.tabletop.tasks import parse_task
 from sim.tabletop.twin import TwinParams
 from wmrl.core.arm import EE_STEP, HOME_EE, forward_kinematics, inverse_kinematics, step_hand

@@ -19,7 +19,7 @@ from typing import Protocol
 import numpy as np
 
 from real_robot.adapters import joint_command
-from sim.tabletop.experts import ScriptedExpert
+from sim.experts import ScriptedExpert
 from wmrl.core.arm import EE_STEP, forward_kinematics, step_hand
 from wmrl.core.episode import build_episode
 from wmrl.core.features import OBS_ENV_STATE, OBS_STATE, SOURCE, TASK

@@ -25,7 +25,7 @@ import torch
 
 from policies.state.networks import TanhGaussianActor
 from sim.tabletop.env import TabletopEnv
-from sim.tabletop.experts import ScriptedExpert
+from sim.experts import ScriptedExpert
 from wmrl.core.features import ACTION, INTERVENTION, OBS_ENV_STATE, OBS_STATE, TASK
 
 

@@ -1,5 +1,6 @@
-"""Simulated task suites. Importing `sim` registers every tabletop task in gymnasium's registry under `wmrl/`:
-`gymnasium.make("wmrl/tabletop-push-red-v0")`, and the hidden-parameter "real" cell `wmrl/tabletop-real-push-red-v0`.
+"""Simulated task suites. Importing `sim` registers every task in gymnasium's registry under `wmrl/`: the embedded
+tabletop (`gymnasium.make("wmrl/tabletop-push-red-v0")`, its hidden-parameter "real" cell
+`wmrl/tabletop-real-push-red-v0`) and, when the optional package is installed, Meta-World (`wmrl/metaworld-push-v0`).
 """
 
 from __future__ import annotations
@@ -12,14 +13,17 @@ os.environ.setdefault("MUJOCO_GL", "egl")  # headless rendering; must be set bef
 import gymnasium as gym  # noqa: E402
 import numpy as np  # noqa: E402
 
+import sim.metaworld  # noqa: E402
 from sim.tabletop.tasks import all_tasks  # noqa: E402
+from sim.tabletop.tasks import task_from_instruction as tabletop_task_from_instruction  # noqa: E402
 from wmrl.core.features import OBS_ENV_STATE  # noqa: E402
 
 ENTRY_POINT = "sim.tabletop.env:TabletopEnv"
 
 
 def env_ids() -> list[str]:
-    return [f"wmrl/tabletop-{t.name}-v0" for t in all_tasks()] + [f"wmrl/tabletop-real-{t.name}-v0" for t in all_tasks()]
+    tabletop = [f"wmrl/tabletop-{t.name}-v0" for t in all_tasks()] + [f"wmrl/tabletop-real-{t.name}-v0" for t in all_tasks()]
+    return tabletop + sim.metaworld.env_ids()
 
 
 def _register() -> None:
@@ -28,16 +32,33 @@ def _register() -> None:
             env_id = f"wmrl/{suite}-{t.name}-v0"
             if env_id not in gym.registry:
                 gym.register(id=env_id, entry_point=ENTRY_POINT, kwargs={"task": t.name, "twin": twin})
+    for env_id in sim.metaworld.env_ids():
+        if env_id not in gym.registry:
+            task = env_id.removeprefix("wmrl/metaworld-").removesuffix("-v0")
+            gym.register(id=env_id, entry_point=sim.metaworld.ENTRY_POINT, kwargs={"task": task})
 
 
 def resolve_task(task: str) -> str:
-    """Accept 'push-red', 'tabletop-push-red', 'tabletop-real-push-red' or a full gymnasium id; return the id."""
+    """Accept 'push-red', 'tabletop-push-red', 'tabletop-real-push-red', 'metaworld-push' or a full gymnasium id;
+    return the id. A Meta-World name without the package installed says how to install it."""
     ids = env_ids()
     for candidate in (task, f"wmrl/{task}-v0", f"wmrl/tabletop-{task}-v0", f"wmrl/{task}"):
         if candidate in ids:
             return candidate
+    if task.removeprefix("wmrl/").startswith("metaworld-") and not sim.metaworld.available():
+        raise ValueError(f"task {task!r} needs Meta-World: pip install 'wmrl[metaworld]'")
     short = sorted({i.removeprefix("wmrl/").removesuffix("-v0") for i in ids})
     raise ValueError(f"unknown task {task!r}; valid tasks: {', '.join(short)}")
+
+
+def task_from_instruction(text: str) -> str:
+    """The task name whose episodes carry this instruction ('push-red', 'metaworld-push'); ValueError if none."""
+    if sim.metaworld.available():
+        from sim.metaworld.env import task_of
+
+        if (mw := task_of(text)) is not None:
+            return f"metaworld-{mw}"
+    return tabletop_task_from_instruction(text)
 
 
 def make_env(task: str, **kwargs) -> gym.Env:

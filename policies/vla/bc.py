@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 
 from safetensors.torch import load_file, save_file
 
-from sim.tabletop.experts import expert_labels
+from sim.experts import expert_labels
 from wmrl.core.checkpoint import commit_checkpoint, save_train_state
 from wmrl.core.features import (ACTION, INTERVENTION, IS_LAST, OBS_ENV_STATE, OBS_STATE, REWARD, SUCCESS, TASK, TERMINATED, TRUNCATED,
                                  image_key)

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sim.tabletop.tasks import task_from_instruction
+from sim import task_from_instruction
 from wmrl.core.checkpoint import load_state, read_config, save_pretrained
 from wmrl.core.features import ACTION, OBS_ENV_STATE, OBS_STATE, TASK, image_key
 from wmrl.core.text import TEXT_ENCODERS, words

@@ -21,6 +21,7 @@ from sim.tabletop import model as M
 from sim.tabletop.tasks import MAX_STEPS, Layout, SceneState, parse_task, reward, sample_layout, success, instruction
 from sim.tabletop.twin import CUBE_COLOURS, REAL_WORLD, ZONE_COLOURS, TwinParams, apply_twin_params, read_nominal
 from wmrl.core.arm import EE_STEP, HOME_EE  # noqa: F401  (re-exported)
+from wmrl.core.control import TABLETOP
 from wmrl.core.features import OBS_ENV_STATE, OBS_STATE, TASK, image_key
 
 STATE_NAMES = ["yaw", "shoulder", "elbow", "wrist", "gripper_opening", "ee_x", "ee_y", "ee_z"]
@@ -39,7 +40,7 @@ def validate_action(action, shape: tuple[int, ...], field: str = "action") -> np
 
 
 class TabletopEnv(gym.Env):
-    metadata = {"render_modes": ["rgb_array"], "render_fps": 10}
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 10, "robot_type": "wmrl_tabletop", "control": TABLETOP.to_meta()}
     steps_taken = 0  # true-simulator steps in this process, all instances (RL in imagination reports it stays 0)
 
     def __init__(

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from sim.tabletop.env import TabletopEnv
-from sim.tabletop.experts import ScriptedExpert
+from sim.experts import ScriptedExpert
 from policies.random_policy import RandomPolicy
 from wmrl.eval import evaluate, wilson_interval
 

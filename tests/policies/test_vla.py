@@ -150,7 +150,7 @@ def test_ema_and_learning_rate_schedule_by_hand():
 def test_expert_labels_are_the_clean_experts_action_at_hand_checked_states():
     """Far above the cube the push expert rises/descends to hover height and travels to the point behind the cube
     (clipped to unit speed, gripper closed); the recorded (noisy) action is replaced, the rest is kept."""
-    from sim.tabletop.experts import expert_labels
+    from sim.experts import expert_labels
 
     state = np.zeros((2, 8), np.float32)
     state[:, 5:8] = [[0.4, 0.3, 0.2], [0.4, 0.042, 0.031]]  # ee: far above / right behind the cube, low

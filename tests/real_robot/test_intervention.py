@@ -10,7 +10,7 @@ class _StrayingPolicy:
     chunk_size = 1
 
     def __init__(self):
-        from sim.tabletop.experts import ScriptedExpert
+        from sim.experts import ScriptedExpert
 
         self.expert, self.t = ScriptedExpert(), 0
 

@@ -4,7 +4,7 @@ import torch
 
 import sim
 from policies.vla import VLAPolicy
-from sim.tabletop.experts import ScriptedExpert
+from sim.experts import ScriptedExpert
 from wmrl.core.checkpoint import resolve_checkpoint
 from wmrl.eval import evaluate
 from wmrl.rl.coevolve import (evolve_world_model, hallucination_rate, imagine_from, imagined_success_sft,

@@ -9,7 +9,7 @@ from gymnasium.utils.env_checker import check_env
 
 import sim
 from policies.random_policy import RandomPolicy
-from sim.tabletop.experts import ScriptedExpert
+from sim.experts import ScriptedExpert
 from sim.tabletop.tasks import success_and_reward
 from tests.helpers import tiny_wm_config
 from wmrl.eval import evaluate

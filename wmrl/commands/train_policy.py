@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from sim.tabletop.tasks import task_from_instruction
+from sim import task_from_instruction
 
 import torch
 

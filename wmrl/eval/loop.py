@@ -17,7 +17,7 @@ import torch
 from tqdm.auto import tqdm
 
 import sim
-from sim.tabletop.tasks import task_from_instruction
+from sim import task_from_instruction
 from wmrl.core.episode import build_episode
 from wmrl.core.features import TASK, is_image_key
 from wmrl.core.protocols import Policy

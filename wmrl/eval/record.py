@@ -91,11 +91,12 @@ def record(policy, env, episodes: int, out: Path, *, seed: int, source: str, pol
     """`evaluate(policy, env)` for `episodes` episodes, each written to the LeRobot v3 dataset `out` as it ends
     (`mode`: create | overwrite | resume). Returns the evaluation and the number of frames written."""
     writer: list[LeRobotV3Writer] = []
+    fps, robot_type = int(env.metadata.get("render_fps", 10)), env.metadata.get("robot_type")  # the suite's control rate
 
     def on_episode(ep: dict) -> None:
         if not writer:  # features come from the first episode
-            writer.append(LeRobotV3Writer(out, fps=10, features=features_for(ep), robot_type="wmrl_tabletop",
-                                          mode=mode, codec=codec, extra_meta={"task": task}))
+            writer.append(LeRobotV3Writer(out, fps=fps, features=features_for(ep), robot_type=robot_type,
+                                          mode=mode, codec=codec, extra_meta={"task": task, "control": env.metadata.get("control")}))
         write_episode(writer[0], ep)
 
     result = evaluate(policy, env, episodes, seed=seed, source=source, policy_id=policy_id, on_episode=on_episode,

@@ -22,7 +22,7 @@ import torch
 import sim
 from policies.random_policy import RandomPolicy
 from sim import replay_in_true_sim, replay_open_loop
-from sim.tabletop.experts import ScriptedExpert
+from sim.experts import ScriptedExpert
 from sim.tabletop.tasks import success_and_reward
 from sim.tabletop.twin import CUBE_COLOURS
 from wmrl.core.features import ACTION, OBS_ENV_STATE, OBS_STATE, TASK, image_key

@@ -27,6 +27,7 @@ from tqdm.auto import tqdm
 
 from wmrl.core.checkpoint import (commit_checkpoint, load_train_state, resolve_checkpoint, resume_checkpoint,
                                   save_train_state)
+from wmrl.core.control import EEDeltaControl
 from wmrl.core.features import ACTION, OBS_ENV_STATE, OBS_STATE, REWARD, SUCCESS, TERMINATED
 from wmrl.core.run import Tracker, start_run
 from wmrl.replay import EpisodeReplay
@@ -102,7 +103,10 @@ def load_split(data: Path, holdout: float, seed: int = 0, extra: tuple[Path, ...
 
 def model_config(cfg: TrainWMConfig, ds) -> WorldModelConfig:
     vocab = sorted({w for t in ds.tasks for w in TaskEncoder.words(t)})
-    return WorldModelConfig(context=cfg.context, chunk=cfg.chunk, size=cfg.size, sampling_steps=cfg.sampling_steps,
+    c = EEDeltaControl.of_dataset(ds.root)  # the suite's action geometry, recorded with the data
+    return WorldModelConfig(ee_index=c.ee_index, gripper_index=c.gripper_index, gripper_open=c.gripper_open,
+                            ee_step=c.ee_step, workspace_low=c.workspace_low, workspace_high=c.workspace_high,
+                            context=cfg.context, chunk=cfg.chunk, size=cfg.size, sampling_steps=cfg.sampling_steps,
                             deterministic=cfg.deterministic, task_vocab=vocab, latent_channels=cfg.latent_channels,
                             ae_width=cfg.ae_width, state_members=cfg.state_members if cfg.state_channel else 0,
                             action_dim=int(ds.features[ACTION]["shape"][0]), state_dim=int(ds.features[STATE]["shape"][0]),
@@ -244,6 +248,10 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
     if cfg.state_channel and cfg.state_steps and not mcfg.env_state_dim:
         raise ValueError(f"{cfg.data}: the state channel needs {ENV_STATE!r}, which the dataset lacks; pass "
                          "--no-state-channel to read success from generated frames only")
+    if cfg.state_channel and cfg.state_steps and EEDeltaControl.of_dataset(ds.root).object_state != "tabletop":
+        raise ValueError(f"{cfg.data}: the state channel models the tabletop's cubes; this dataset's "
+                         f"{ENV_STATE!r} has another layout (its meta/wmrl.json 'control'); pass --no-state-channel "
+                         "to read success from generated frames only")
     ck, _ = resume_checkpoint(run / "checkpoints") if cfg.resume else (None, 0)
     resuming = ck is not None
     model = VideoWorldModel.load(ck, expect=mcfg, device=cfg.device) if resuming else VideoWorldModel(mcfg).to(cfg.device)
@@ -345,7 +353,7 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
 def check_world_model_task(wm_path, data, tasks, who: str) -> None:
     """Refuse to imagine a task the world model's data never showed (`tasks`: task names such as push-red; empty:
     unknown, nothing to check). One line with both sets of names."""
-    from sim.tabletop.tasks import task_from_instruction
+    from sim import task_from_instruction
     from wmrl.datasets import LeRobotV3Dataset
 
     want = sorted(set(tasks))

@@ -1,0 +1,53 @@
+"""How a 4-D end-effector-delta action moves a suite's arm: the contract between a simulator, the datasets it
+writes (`meta/wmrl.json`, key `control`) and the world model, which integrates commanded poses from actions
+(`world_models.video.model.commanded_pose`) and so must know the step size, the workspace and where the hand and
+gripper sit in `observation.state`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+from wmrl.core.arm import EE_STEP, WORKSPACE_HIGH, WORKSPACE_LOW
+
+
+@dataclass(frozen=True)
+class EEDeltaControl:
+    ee_index: tuple[int, int, int] = (5, 6, 7)
+    """End-effector xyz inside observation.state."""
+    gripper_index: int = 4
+    """Gripper opening inside observation.state."""
+    gripper_open: float = 0.09
+    """The opening at gripper command -1 (fully open); command +1 closes."""
+    ee_step: float = EE_STEP
+    """m per control step at |action| = 1."""
+    workspace_low: tuple[float, float, float] = tuple(float(v) for v in WORKSPACE_LOW)
+    workspace_high: tuple[float, float, float] = tuple(float(v) for v in WORKSPACE_HIGH)
+    object_state: str | None = "tabletop"
+    """The layout of observation.environment_state that the world model's state channel and task rules read
+    ("tabletop": cube xyz then zone xy); None: a suite whose state the channel does not model."""
+
+    def to_meta(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_meta(cls, meta: dict) -> "EEDeltaControl":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(meta) - known)
+        if unknown:
+            raise ValueError(f"control: unknown keys {unknown} (known: {sorted(known)})")
+        tuples = {k: tuple(v) for k, v in meta.items() if isinstance(v, list)}
+        return cls(**{**meta, **tuples})
+
+    @classmethod
+    def of_dataset(cls, root: str | Path) -> "EEDeltaControl":
+        """The control a dataset was recorded with (`meta/wmrl.json`); the tabletop's when it names none (datasets
+        written before the key existed, or by other tools)."""
+        path = Path(root) / "meta" / "wmrl.json"
+        meta = json.loads(path.read_text()).get("control") if path.exists() else None
+        return cls.from_meta(meta) if meta else TABLETOP
+
+
+TABLETOP = EEDeltaControl()
