@@ -101,7 +101,7 @@ def main(quick: bool = False, episodes: int = 50, tasks: tuple[str, ...] = TASKS
         raise RuntimeError("Meta-World is not installed: pip install 'wmrl[metaworld]'")
     t0 = time.time()
     if quick:
-        episodes, tasks = 4, ("reach", "drawer-open")
+        episodes, tasks = 4, ("reach",)
     seeds = np.arange(episodes) + 7_000
     per_task = {}
     for task in tasks:
@@ -116,7 +116,7 @@ def main(quick: bool = False, episodes: int = 50, tasks: tuple[str, ...] = TASKS
             ok, dist = run_episodes(task, policy, seeds)
             lo, hi = wilson_interval(int(ok.sum()), len(ok))
             row[name] = {"success": float(ok.mean()), "success_ci95": [lo, hi], "median_final_goal_distance_cm": float(np.median(dist) * 100)}
-        row.update(throughput(task, 100 if quick else 600))
+        row.update(throughput(task, 60 if quick else 600))
         per_task[task] = row
     result = {
         "benchmark": "metaworld",

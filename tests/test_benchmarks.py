@@ -142,3 +142,18 @@ def test_contact_predictability_benchmark_checks_its_metric():
         assert set(r[name]) >= {"r2_moving", "length_ratio_moving", "length_ratio_kicks", "cosine_moving", "n_features"}
     assert r["state_channel"]["n_features"] < r["+cube_velocity"]["n_features"]
     assert 0.0 < r["true_sim_moving_steps_finger_far_share"] < 1.0 and r["test_moving_rows"] > 0
+
+
+def test_metaworld_benchmark_checks_its_metric():
+    import sim.metaworld
+
+    if not sim.metaworld.available():
+        pytest.skip("Meta-World not installed (pip install 'wmrl[metaworld]')")
+    r = _run("metaworld")
+    reach = r["tasks"]["reach"]
+    assert reach["random"]["success"] == 0.0 and reach["expert"]["success"] == 1.0  # the baseline and the ceiling
+    assert reach["expert_failure_mode"]["success"] == 0.0
+    assert 5.0 < reach["expert_failure_mode"]["median_final_goal_distance_cm"] < 12.0  # a near miss, not a random one
+    assert reach["random"]["median_final_goal_distance_cm"] > reach["expert_failure_mode"]["median_final_goal_distance_cm"]
+    assert r["random_success_max"] == 0.0
+    assert reach["steps_per_s_state_only"] > reach["steps_per_s_two_cameras_64px"] > 0
