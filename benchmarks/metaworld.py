@@ -23,27 +23,18 @@ from wmrl.benchutil import finish
 TASKS = ("reach", "push", "pick-place", "drawer-open", "button-press-topdown", "door-open")
 
 
-def run_episodes(task: str, policy, seeds, **env_kw) -> tuple[np.ndarray, np.ndarray]:
+def run_episodes(task: str, policy, seeds) -> tuple[np.ndarray, np.ndarray]:
     """(success per episode, final distance to the goal in m: hand for reach, first object otherwise)."""
     import sim
+    from sim.metaworld.env import goal_distance
+    from wmrl.core.features import OBS_ENV_STATE, SUCCESS
+    from wmrl.eval.loop import evaluate
 
-    env = sim.make_env(f"metaworld-{task}", cameras=(), **env_kw).unwrapped
-    ok, dist = [], []
-    for s in seeds:
-        policy.reset()
-        obs, _ = env.reset(seed=int(s))
-        success = False
-        for _ in range(env.max_episode_steps):
-            batch = {k: (v[None] if isinstance(v, np.ndarray) else [v]) for k, v in obs.items()}
-            obs, _, term, trunc, info = env.step(policy.select_action(batch)[0])
-            success |= info["success"]
-            if term or trunc:
-                break
-        e = obs["observation.environment_state"]
-        ok.append(success)
-        dist.append(float(np.linalg.norm((e[:3] if task == "reach" else e[4:7]) - e[-3:])))
+    env = sim.make_env(f"metaworld-{task}", cameras=()).unwrapped
+    eps = [evaluate(policy, env, 1, seed=int(s), record=True, progress=False).episodes[0] for s in seeds]
     env.close()
-    return np.array(ok), np.array(dist)
+    return (np.array([bool(np.any(ep[SUCCESS])) for ep in eps]),
+            np.array([goal_distance(task, ep[OBS_ENV_STATE][-1]) for ep in eps]))
 
 
 def throughput(task: str, steps: int) -> dict:
@@ -91,6 +82,8 @@ def throughput(task: str, steps: int) -> dict:
 
 
 def main(quick: bool = False, episodes: int = 50, tasks: tuple[str, ...] = TASKS) -> dict:
+    import gymnasium as gym
+
     import sim.metaworld
     from policies.random_policy import RandomPolicy
     from sim.experts import ScriptedExpert
@@ -105,8 +98,6 @@ def main(quick: bool = False, episodes: int = 50, tasks: tuple[str, ...] = TASKS
     seeds = np.arange(episodes) + 7_000
     per_task = {}
     for task in tasks:
-        import gymnasium as gym
-
         row = {}
         runs = {"expert": ScriptedExpert(seed=0), "expert_noisy_perturbed": ScriptedExpert(noise=0.3, perturb_prob=1.0, seed=0),
                 "random": RandomPolicy(gym.spaces.Box(-1, 1, (4,), np.float32), seed=0)}

@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 
 ENTRY_POINT = "sim.metaworld.env:MetaWorldEnv"
 
 
+@functools.cache  # asked on every scripted action
 def available() -> bool:
     return importlib.util.find_spec("metaworld") is not None
 

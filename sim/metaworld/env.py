@@ -82,6 +82,12 @@ def task_of(text: str) -> str | None:
     return _task_of_instruction().get(text)
 
 
+def goal_distance(task: str, env_state: np.ndarray) -> float:
+    """Distance (m) to the goal of what the task moves there: the hand for reach tasks, else the first object."""
+    e = np.asarray(env_state, np.float64)
+    return float(np.linalg.norm((e[:3] if task.startswith("reach") else e[4:7]) - e[-3:]))
+
+
 def _reset_mocap_welds(self) -> None:
     """Meta-World's `reset_mocap_welds`, written so it runs under mujoco 3.x (11-entry rows) and 4.x (12)."""
     if self.model.nmocap > 0 and self.model.eq_data is not None:
