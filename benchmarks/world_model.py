@@ -30,10 +30,21 @@ ROOT = WORK.parent.parent
 H16 = 16
 
 
+def _trained(cfg) -> bool:
+    """Whether `cfg.out`'s last checkpoint already reached the step budget of `cfg` (then nothing is trained, so a
+    run trained on a lent device is measured on any machine without loading it there)."""
+    state = cfg.out / "checkpoints/last/train_state.json"
+    budget = cfg.ae_steps + (cfg.state_steps if cfg.state_channel else 0) + cfg.dyn_steps + cfg.unroll_steps
+    return state.exists() and json.loads(state.read_text())["step"] >= budget
+
+
 def main(quick: bool = False, size: str = "small", device: str = "cpu", steps_scale: float = 1.0,
-         batch_size: int = 32) -> dict:
+         batch_size: int = 32, amp: bool = False, compile: str | None = None, train_only: bool = False) -> dict:
     """The defaults are the committed CPU numbers. Anything else (e.g. `--size base --device cuda --steps-scale 5`)
-    trains in its own work folder and writes `world-model-SIZE-DEVICE.json`, never the CPU result."""
+    trains in its own work folder and writes `world-model-SIZE-DEVICE.json`, never the CPU result.
+
+    `train_only`: collect and train, measure nothing (on a lent device, whose time is short); copy the work folder
+    back and run the same options without it to measure here (finished trainings are not touched)."""
     from wmrl.commands.collect import CollectConfig, collect
     from wmrl.eval.world_model import (auroc_plot, cube_error_at_episode_end, cube_error_in_true_sim, gain_plot,
                                        hallucination, pair_auroc, success_pairs, window_fidelity)
@@ -42,13 +53,13 @@ def main(quick: bool = False, size: str = "small", device: str = "cpu", steps_sc
     from world_models.video.train import TrainWMConfig, load_split, train_world_model
 
     default = (size, device, steps_scale, batch_size) == ("small", "cpu", 1.0, 32)
-    tag = "full" if default else f"{size}-{device.split(':')[0]}"
+    tag = "full" if default else f"{size}-{device.split(':')[0]}" + (f"-x{steps_scale:g}" if steps_scale != 1 else "")
     work = Path(tempfile.mkdtemp(prefix="wmrl-bench-wm-")) if quick else WORK / tag  # quick: always fresh
     n_eps = 16 if quick else 300
     mix = dict(failures=0.3, noise=0.05, perturbed=0.25)
     base = TrainWMConfig(data=Path("."), out=Path("."))
     steps = dict(ae_steps=20, state_steps=20, dyn_steps=20, unroll_steps=10, size="tiny", batch_size=8) if quick else dict(
-        size=size, device=device, batch_size=batch_size,
+        size=size, device=device, batch_size=batch_size, amp=amp, compile=compile,
         **{k: int(getattr(base, k) * steps_scale) for k in ("ae_steps", "state_steps", "dyn_steps", "unroll_steps")})
     data = work / "data"
     if not (data / "meta/info.json").exists():
@@ -57,13 +68,21 @@ def main(quick: bool = False, size: str = "small", device: str = "cpu", steps_sc
     run = work / "model"
     resume = (run / "checkpoints/last/train_state.json").exists()
     tcfg = TrainWMConfig(data=data, out=run, videos=3, resume=resume, overwrite=not resume, **steps)
-    train_world_model(tcfg, progress=not quick)
+    if not _trained(tcfg):
+        train_world_model(tcfg, progress=not quick)
     # the deterministic baseline: the same backbone regressing the change (the conditional mean), on the same latents
     det_run = work / "deterministic"
     det_resume = (det_run / "checkpoints/last/train_state.json").exists()
     dcfg = TrainWMConfig(data=data, out=det_run, deterministic=True, init_from=run, state_channel=False, videos=0,
                          resume=det_resume, overwrite=not det_resume, **{**steps, "ae_steps": 0, "state_steps": 0})
-    train_world_model(dcfg, progress=not quick)
+    if not _trained(dcfg):
+        train_world_model(dcfg, progress=not quick)
+    if train_only:
+        import torch
+
+        where = torch.cuda.get_device_name() if "cuda" in device and torch.cuda.is_available() else device
+        (work / "trained_on.json").write_text(json.dumps({"train_device": where}) + "\n")
+        return {"trained": str(work), "train_device": where}
     ts = json.loads((run / "checkpoints/last/train_state.json").read_text())
     model = VideoWorldModel.load(run / "checkpoints/last", device="cpu").eval()
     _, _, held = load_split(data, 0.1, keep=("qpos",))
@@ -117,7 +136,8 @@ def main(quick: bool = False, size: str = "small", device: str = "cpu", steps_sc
     out["train_steps_per_s"] = ts["step"] / ts["seconds"]
     out["config"] = {"size": model.cfg.size, "context": model.cfg.context, "chunk": model.cfg.chunk,
                      "latent": [model.cfg.frame_channels, model.cfg.latent_size, model.cfg.latent_size],
-                     "params_m": sum(p.numel() for p in model.parameters()) / 1e6, "device": device,
+                     "params_m": sum(p.numel() for p in model.parameters()) / 1e6, "device": device, "amp": amp, "compile": compile,
+                     **(json.loads((work / "trained_on.json").read_text()) if (work / "trained_on.json").exists() else {}),
                      **{k: getattr(tcfg, k) for k in ("ae_steps", "state_steps", "dyn_steps", "unroll_steps", "batch_size")}}
     if not quick:
         docs = ROOT / "docs"
@@ -138,5 +158,6 @@ def main(quick: bool = False, size: str = "small", device: str = "cpu", steps_sc
         out["videos"] = str((run / "videos").relative_to(ROOT))
     if default:
         return finish("world-model", out, quick)
-    opts = f"size={size} device={device} steps_scale={steps_scale} batch_size={batch_size}"
+    opts = (f"size={size} device={device} steps_scale={steps_scale} batch_size={batch_size}" + (" amp=true" if amp else "")
+            + (f" compile={compile}" if compile else ""))
     return finish(f"world-model-{tag}", out, quick, command=f"wmrl bench world-model --json --options {opts}")

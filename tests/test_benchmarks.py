@@ -50,6 +50,23 @@ def test_world_model_benchmark_reports_every_result_key():
     assert r["expert_true_success"] >= 0.5  # the noisy expert succeeds in the true simulator from these starts
 
 
+def test_world_model_speed_rates_are_per_phase_medians_without_warm_up():
+    rates = runpy.run_path(str(BENCH / "world_model_speed.py"), run_name="bench")["phase_rates"]
+    # ae: intervals of 10 steps in 1 s (warm-up, left out), 0.1 s, 0.2 s, 0.1 s; dyn: 1 s (left out), 0.5, 0.5
+    t = np.cumsum([0, 1, 0.1, 0.2, 0.1, 1, 1, 0.5, 0.5])
+    rows = [{"time": float(x), "step": 10 * (i + 1), ("ae_loss" if i < 5 else "dyn_loss"): 1.0} for i, x in enumerate(t)]
+    r = rates(rows)
+    assert r["ae"] == pytest.approx(100.0) and r["dyn"] == pytest.approx(20.0) and set(r) == {"ae", "dyn"}
+
+
+def test_world_model_speed_benchmark_times_every_phase():
+    r = runpy.run_path(str(BENCH / "world_model_speed.py"), run_name="bench")["main"](quick=True, modes="eager", big_batch=0)
+    run = r["runs"]["eager"]
+    assert set(run["steps_per_s"]) == {"ae", "state", "dyn", "unroll"}  # the tiny data has a state channel
+    # the whole budget's rate is a weighted harmonic mean of the phases' rates: between the slowest and the fastest
+    assert min(run["steps_per_s"].values()) <= run["default_budget_steps_per_s"] <= max(run["steps_per_s"].values())
+
+
 def test_imagination_benchmark_reports_every_result_key(quick_demo):
     bench = runpy.run_path(str(BENCH / "imagination.py"), run_name="bench")
     r = bench["main"](quick=True, work=str(quick_demo.parent))  # resumes the shared quick demo

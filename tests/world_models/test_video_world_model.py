@@ -347,7 +347,7 @@ def test_missing_environment_state_names_the_feature_and_the_flag(tiny_data, tmp
 
 def test_nan_loss_stops_training_and_names_the_last_checkpoint(tiny_data, tmp_path, monkeypatch):
     monkeypatch.setattr(VideoWorldModel, "dynamics_loss", lambda self, *a, **k: torch.tensor(float("nan"), requires_grad=True))
-    with pytest.raises(RuntimeError, match="loss became nan.*last good checkpoint is in .*checkpoints/last"):
+    with pytest.raises(RuntimeError, match="loss became non-finite.*last good checkpoint is in .*checkpoints/last"):
         train_world_model(_cfg(tiny_data, tmp_path / "r", ae_steps=2, state_steps=0, state_channel=False), progress=False)
 
 

@@ -34,7 +34,13 @@ class TaskEncoder(nn.Module):
 
     words = staticmethod(words)
 
-    def forward(self, tasks: list[str]) -> torch.Tensor:
+    def forward(self, tasks: list[str] | torch.Tensor) -> torch.Tensor:
+        """B instructions, or their (B, n) token ids from `token_ids` (a training loop gathers those on the device
+        by task index instead of tokenising strings every step)."""
+        return self.emb(tasks if torch.is_tensor(tasks) else self.token_ids(tasks))
+
+    def token_ids(self, tasks: list[str]) -> torch.Tensor:
+        """(B, n) word ids, right-padded with 0, on the embedding's device."""
         toks = [words(t) for t in tasks]
         unknown = {w for ws in toks for w in ws if w not in self.index} - self._warned
         if unknown:
@@ -43,5 +49,4 @@ class TaskEncoder(nn.Module):
                           stacklevel=2)
         ids = [[self.index.get(w, 0) for w in ws] or [0] for ws in toks]
         n = max(len(i) for i in ids)
-        t = torch.tensor([i + [0] * (n - len(i)) for i in ids], device=self.emb.weight.device)
-        return self.emb(t)
+        return torch.tensor([i + [0] * (n - len(i)) for i in ids], device=self.emb.weight.device)

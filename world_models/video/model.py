@@ -250,10 +250,11 @@ class VideoWorldModel(nn.Module):
         err = err.mean(dim=(2, 3, 4))
         return (err * mask).sum() / mask.sum().clamp(min=1)
 
-    def heads_loss(self, z: torch.Tensor, tasks: list[str], labels: dict[str, torch.Tensor], mask: torch.Tensor,
+    def heads_loss(self, z: torch.Tensor, tasks: list[str] | torch.Tensor, labels: dict[str, torch.Tensor], mask: torch.Tensor,
                    noise: float = 0.2, pos_weight: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
         """Per-frame heads on latents z (N,C,S,S): proprioception (for the policy's observation), success, reward,
-        done. Trained on real latents first, then on generated ones (`train.py`'s unrolled phase)."""
+        done. Trained on real latents first, then on generated ones (`train.py`'s unrolled phase). `tasks`: N
+        instructions or their token ids (`self.task.token_ids`)."""
         z = z + noise * torch.rand(len(z), 1, 1, 1, device=z.device) * torch.randn_like(z)
         out = self.heads(z, self.task(tasks))
         m = mask.float()

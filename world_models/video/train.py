@@ -38,6 +38,8 @@ from world_models.video.networks import TaskEncoder
 
 STATE, ENV_STATE, SUCC, REW, TERM = OBS_STATE, OBS_ENV_STATE, SUCCESS, REWARD, TERMINATED
 
+COMPILE_MODES = (None, "default", "reduce-overhead", "max-autotune")
+
 
 @dataclass
 class TrainWMConfig:
@@ -84,6 +86,9 @@ class TrainWMConfig:
     device: str = "cpu"
     amp: bool = False
     """bf16 autocast for the denoiser (on a GPU)."""
+    compile: Optional[str] = None
+    """torch.compile the training losses and the autoencoder: default, reduce-overhead (CUDA graphs) or
+    max-autotune. Pays on a GPU, where small batches are bound by kernel launches; checkpoints are unchanged."""
     threads: Optional[int] = None
     overwrite: bool = False
     resume: bool = False
@@ -177,9 +182,6 @@ class WindowSampler:
         self.starts = t(np.concatenate(starts), torch.long)
         self._remaining = self.last[self.starts] - self.starts
 
-    def tasks(self, idx: torch.Tensor) -> list[str]:
-        return [self.vocab[i] for i in idx.tolist()]
-
     def sample(self, B: int, K: int, n: int, gen: torch.Generator, min_future: int = 1, reset_prob: float = 0.1) -> dict:
         pool = self.starts if min_future <= 1 else self.starts[self._remaining >= min_future]
         if len(pool) == 0:
@@ -241,6 +243,8 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
     for name in ("ae_steps", "state_steps", "dyn_steps", "unroll_steps"):
         if getattr(cfg, name) < 0:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(cfg, name)}")
+    if cfg.compile not in COMPILE_MODES:
+        raise ValueError(f"--compile must be one of {', '.join(m for m in COMPILE_MODES if m)}, got {cfg.compile!r}")
     run = start_run(cfg)
     torch.manual_seed(cfg.seed)
     ds, train, held = load_split(cfg.data, cfg.holdout, cfg.seed, cfg.extra_data)
@@ -281,12 +285,23 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
     n_pos = float(train.data[SUCC][: train.high_water][train.frame_episode[: train.high_water] >= 0].sum())
     pos_weight = torch.tensor(min(20.0, max(1.0, (len(train) - n_pos) / max(n_pos, 1))), device=cfg.device)
     sampler = WindowSampler(train, cfg.device, mcfg)
+    task_tokens = model.task.token_ids(sampler.vocab)  # (tasks, n) on the device: no strings in the loop
+    if cfg.compile:  # the training losses whole (fewer, fused kernels); parameter names and checkpoints unchanged
+        model.ae.compile(mode=cfg.compile)
+        model.dynamics_loss, model.heads_loss = (torch.compile(f, mode=cfg.compile) for f in (model.dynamics_loss, model.heads_loss))
+        if model.state_channel is not None:  # L unrolled steps of a small ensemble: hundreds of tiny kernels eager
+            model.state_channel.unrolled_loss = torch.compile(model.state_channel.unrolled_loss, mode=cfg.compile)
+    # one device-side flag instead of a host sync per step; read at log and checkpoint steps, so a non-finite
+    # loss never reaches a checkpoint
+    nonfinite, checked = torch.zeros((), dtype=torch.bool, device=cfg.device), step
     amp = torch.autocast("cuda", dtype=torch.bfloat16) if cfg.amp and "cuda" in cfg.device else nullcontext()
     bar = tqdm(total=total, initial=step, desc="train-wm", disable=not progress)
     t0 = time.time() - extra.get("seconds", 0.0)
     last: dict = {}
     while step < total:
         torch.manual_seed(cfg.seed * 1_000_003 + step)  # per-step randomness: a resumed run continues exactly
+        if cfg.compile == "reduce-overhead":
+            torch.compiler.cudagraph_mark_step_begin()  # the last step's graph outputs are no longer read
         gen = torch.Generator(device=cfg.device).manual_seed(cfg.seed * 1_000_003 + step)
         phase = int(np.searchsorted(bounds, step, side="right"))
         if phase >= 2 and sampler.lat is None:
@@ -309,7 +324,7 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
         else:
             unroll = phase == 3
             d = sampler.sample(B, K, 2 * H if unroll else H, gen, min_future=H + 1 if unroll else 1)
-            tasks = sampler.tasks(d["task_idx"])
+            tasks = task_tokens[d["task_idx"]]
             with amp:
                 if unroll:
                     u = unrolled_batch(model, d, H, gen)
@@ -319,24 +334,29 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
                 else:
                     l_dyn = model.dynamics_loss(d["ctx"], d["anchor"], d["future"], _pose0(model, d), d["poses"], d["mask"])
                     head_z, head_mask, labels = d["future"], d["mask"], d["labels"]
-                l_heads, hinfo = model.heads_loss(head_z.flatten(0, 1).float(), [t for t in tasks for _ in range(H)],
+                l_heads, hinfo = model.heads_loss(head_z.flatten(0, 1).float(), tasks.repeat_interleave(H, 0),
                                                   {k: v.flatten(0, 1) for k, v in labels.items()}, head_mask.flatten(0, 1),
                                                   pos_weight=pos_weight)
             loss = l_dyn + l_heads
             opt, info = opts["dyn"], {"unroll_loss" if unroll else "dyn_loss": l_dyn, **{f"head_{k}": v for k, v in hinfo.items()}}
-        if not torch.isfinite(loss):
-            raise RuntimeError(f"loss became {loss.item()} at step {step}; the last good checkpoint is in {run / 'checkpoints' / 'last'}")
+        nonfinite |= ~torch.isfinite(loss.detach())
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_([p for g in opt.param_groups for p in g["params"]], 1.0)
         opt.step()
         step += 1
         bar.update(1)
+        save = step % cfg.ckpt_every == 0 or step == total or step in bounds
+        if save or step % cfg.log_every == 0:
+            if nonfinite:
+                raise RuntimeError(f"loss became non-finite (nan/inf) between steps {checked + 1} and {step}; the last "
+                                   f"good checkpoint is in {run / 'checkpoints' / 'last'}")
+            checked = step
         if step % cfg.log_every == 0 or step == total:
-            last = {k: float(v.detach()) if torch.is_tensor(v) else float(v) for k, v in info.items()}  # the only host syncs besides the finiteness check
+            last = {k: float(v.detach()) if torch.is_tensor(v) else float(v) for k, v in info.items()}  # host syncs only here
             tracker.log(last, step=step)
             bar.set_postfix({k: f"{v:.3f}" for k, v in list(last.items())[:2]})
-        if step % cfg.ckpt_every == 0 or step == total or step in bounds:
+        if save:
             _save_checkpoint(run, step, model, opts, {**extra, "seconds": time.time() - t0})
     bar.close()
     minutes = (time.time() - t0) / 60
