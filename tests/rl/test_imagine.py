@@ -162,3 +162,41 @@ def test_imagine_refuses_a_flow_policy(trained, tiny_data, tmp_path):
     with pytest.raises(ValueError, match="gaussian head"):
         imagine(ImagineConfig(policy=tmp_path / "flow", world_model=trained, data=tiny_data, out=tmp_path / "x"),
                 progress=False)
+
+
+class _FlagEnv:
+    """Three envs, three chunks. Env 0 succeeds at chunk 2 with the members agreeing; env 1 succeeds at chunk 2 but
+    the members disagree by 5 cm from chunk 1 on; env 2 never succeeds and disagrees by 3 cm at chunk 2."""
+
+    num_envs, max_episode_steps = 3, 12
+    dis = np.array([[0.5, 0.5, 0.5], [0.5, 5.0, 0.5], [0.5, 5.0, 3.0]])  # (chunk, env)
+
+    def reset(self, seed=None, options=None):
+        self.t = 0
+        return {"x": torch.zeros(3, 1)}, {}
+
+    def step(self, a):
+        t, self.t = self.t, self.t + 1
+        success = np.array([t == 1, t == 1, False])
+        info = {"success": success, "disagreement": self.dis[t]}
+        return {"x": torch.zeros(3, 1)}, success.astype(float), success, np.full(3, t == 2), info
+
+
+class _ConstPolicy:
+    class cfg:
+        chunk_size = 4
+
+    def sample(self, obs):
+        return torch.zeros(3, 4, 4), torch.zeros(3)
+
+
+def test_the_hallucination_flag_stops_an_episode_and_its_success_does_not_count():
+    from wmrl.rl.rollouts import collect_rollouts
+
+    ro = collect_rollouts(_ConstPolicy(), _FlagEnv(), 1, seed=0)  # off: every success counts
+    assert ro.success.tolist() == [True, True, False] and ro.flagged.tolist() == [False, False, False]
+    ro = collect_rollouts(_ConstPolicy(), _FlagEnv(), 1, seed=0, stop_cm=2.0)
+    assert ro.success.tolist() == [True, False, False] and ro.flagged.tolist() == [False, True, True]
+    # env 1 stops at its flagged chunk (1) with no reward there; env 2 runs until its flag at chunk 2
+    assert ro.valid.T.tolist() == [[True, True, False], [True, True, False], [True, True, True]]
+    assert ro.rewards[1].tolist() == [1.0, 0.0, 0.0] and ro.terminal[1].tolist() == [True, False, False]

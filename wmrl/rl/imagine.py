@@ -63,6 +63,9 @@ class ImagineConfig:
     reward: str = "success"
     """GRPO's rollout reward: success (binary outcome within the horizon) or progress (summed relative success)."""
     success_threshold: float = 0.9
+    stop_cm: float = 0.0
+    """The hallucination flag: end an imagined episode where the state channel's members disagree on an object's
+    position by more than this (cm; 0: off); its success from there on does not count. Logged as flagged_share."""
     sampling_steps: int = 1
     """Euler steps of the world model per step (1 is about 2.5x faster than 3 at similar quality)."""
     epochs: int = 2
@@ -130,6 +133,8 @@ def imagine(cfg: ImagineConfig, progress: bool = True) -> dict:
         raise ValueError(f"algo: expected one of {tuple(ALGOS)}, got {cfg.algo!r}")
     if cfg.reward not in grpo.REWARDS:
         raise ValueError(f"reward: expected one of {grpo.REWARDS}, got {cfg.reward!r}")
+    if not cfg.stop_cm >= 0:
+        raise ValueError(f"--stop-cm must be >= 0 (0: off), got {cfg.stop_cm}")
     kind = lerobot_policy_type(cfg.policy)
     if kind is not None:
         raise ValueError(f"{cfg.policy} is a LeRobot {kind} checkpoint: {cfg.algo} needs an exact action "
@@ -146,6 +151,9 @@ def imagine(cfg: ImagineConfig, progress: bool = True) -> dict:
     model = make_world_model("video", str(cfg.world_model), device=cfg.device)
     check_world_model_task(cfg.world_model, cfg.data or world_model_data(cfg.world_model), policy.cfg.tasks,
                            f"policy {cfg.policy}")
+    if cfg.stop_cm > 0 and (model.state_channel is None or model.cfg.state_members < 2):
+        raise ValueError(f"--stop-cm needs a world model whose state channel has 2+ members (their disagreement is "
+                         f"the flag); {cfg.world_model} has none; pass --stop-cm 0")
     env = make_imagination_env(model, cfg.data or world_model_data(cfg.world_model), cfg.groups * cfg.group_size,
                                cfg.max_steps, cfg.keyframe_prob, cfg.success_threshold, cfg.sampling_steps)
     policy.check_spaces(env.single_observation_space, env.single_action_space)
@@ -168,12 +176,13 @@ def imagine(cfg: ImagineConfig, progress: bool = True) -> dict:
     for it in tqdm(range(start, cfg.iterations), initial=start, total=cfg.iterations, desc=f"imagine-{cfg.algo}",
                    disable=not progress):
         policy.eval()  # rollouts without augmentation
-        ro = collect_rollouts(policy, env, G, seed=cfg.seed * 100_003 + it)
+        ro = collect_rollouts(policy, env, G, seed=cfg.seed * 100_003 + it, stop_cm=cfg.stop_cm)
         policy.train()
         info = update(policy, opt, ro, cfg, ref, seed=cfg.seed * 100_003 + it)
         policy.eval()
         rec = {"iteration": it + 1, "imagined_success": float(ro.success.float().mean()),
                "imagined_return": float(ro.returns.mean()), "episode_chunks": float(ro.valid.float().sum(0).mean()),
+               "flagged_share": float(ro.flagged.float().mean()),
                "log_std": float(policy.log_std.detach().mean()), "true_env_steps": TabletopEnv.steps_taken - true_steps0,
                "seconds": time.time() - t0, **info}
         tracker.log(rec, step=it + 1)

@@ -21,6 +21,7 @@ class Rollouts:
     terminal: torch.Tensor  # (T, N) the step ended the episode by success
     valid: torch.Tensor  # (T, N) the step belongs to the rollout's episode
     success: torch.Tensor  # (N,)
+    flagged: torch.Tensor | None = None  # (N,) stopped by the world model's hallucination flag
 
     @property
     def returns(self) -> torch.Tensor:
@@ -32,30 +33,40 @@ def take(obs: dict, idx: np.ndarray) -> dict:
 
 
 @torch.no_grad()
-def collect_rollouts(policy, env, group_size: int, seed: int) -> Rollouts:
-    """One imagined episode per env (each group of `group_size` envs shares its start); sampled action chunks."""
+def collect_rollouts(policy, env, group_size: int, seed: int, stop_cm: float = 0.0) -> Rollouts:
+    """One imagined episode per env (each group of `group_size` envs shares its start); sampled action chunks.
+
+    `stop_cm` > 0: the hallucination flag. A chunk whose state-channel disagreement (`info["disagreement"]`, the
+    ensemble's spread of object positions in cm) exceeds it ends the episode there, as a truncation: neither that
+    chunk's reward nor a success at or after it counts, so the policy is not taught by what the model cannot vouch
+    for (a pessimism in the spirit of MOPO's uncertainty penalty)."""
     obs, _ = env.reset(seed=seed, options={"group_size": group_size} if group_size > 1 else None)
     N, H = env.num_envs, policy.cfg.chunk_size
     T = math.ceil(env.max_episode_steps / H)
     alive = np.ones(N, bool)
-    success = np.zeros(N, bool)
+    success, flagged = np.zeros(N, bool), np.zeros(N, bool)
     out = {"obs": [], "actions": [], "logp": [], "rewards": [], "terminal": [], "valid": []}
     for _ in range(T):
         a, lp = policy.sample(obs)
         out["obs"].append(obs)
         obs, r, term, trunc, info = env.step(a.cpu().numpy())
+        if stop_cm > 0 and "disagreement" not in info:
+            raise ValueError("stop_cm needs the world model's disagreement (a state channel with 2+ members)")
+        flag = alive & (np.asarray(info["disagreement"]) > stop_cm) if stop_cm > 0 else np.zeros(N, bool)
+        trusted = alive & ~flag
         out["actions"].append(a)
         out["logp"].append(lp)
         out["valid"].append(torch.as_tensor(alive.copy()))
-        out["rewards"].append(torch.as_tensor(r * alive, dtype=torch.float32))
-        out["terminal"].append(torch.as_tensor(alive & term))
-        success |= alive & np.asarray(info["success"], bool)
-        alive &= ~(term | trunc)
+        out["rewards"].append(torch.as_tensor(r * trusted, dtype=torch.float32))
+        out["terminal"].append(torch.as_tensor(trusted & term))
+        success |= trusted & np.asarray(info["success"], bool)
+        flagged |= flag
+        alive &= ~(term | trunc | flag)
         if not alive.any():
             break
     out["obs"].append(obs)
     return Rollouts(obs=out["obs"], **{k: torch.stack(v) for k, v in out.items() if k != "obs"},
-                    success=torch.as_tensor(success))
+                    success=torch.as_tensor(success), flagged=torch.as_tensor(flagged))
 
 
 def step_logp(policy, ro: Rollouts, rollout_ids: np.ndarray) -> torch.Tensor:
