@@ -181,6 +181,14 @@ class WindowSampler:
         self.lo, self.last = t(lo, torch.long), t(last, torch.long)
         self.starts = t(np.concatenate(starts), torch.long)
         self._remaining = self.last[self.starts] - self.starts
+        # uint8 frames resident on the device for the autoencoder phase (on the CPU: views of the replay's arrays)
+        self.images = {c: torch.as_tensor(d[f"observation.images.{c}"][:hw], device=device) for c in mcfg.cameras}
+
+    def frames(self, B: int, gen: torch.Generator) -> torch.Tensor:
+        """(cameras * B, 3, H, W) frames in [-1, 1], one block per camera, gathered on the device."""
+        i = self.starts[torch.randint(len(self.starts), (B,), generator=gen, device=self.device)]
+        x = torch.cat([self.images[c][i] for c in self.mcfg.cameras])
+        return x.permute(0, 3, 1, 2).float() / 127.5 - 1.0
 
     def sample(self, B: int, K: int, n: int, gen: torch.Generator, min_future: int = 1, reset_prob: float = 0.1) -> dict:
         pool = self.starts if min_future <= 1 else self.starts[self._remaining >= min_future]
@@ -311,9 +319,7 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
             else:
                 sampler.lat = encode_all(model, train)
         if phase == 0:
-            b = train.sample(B, keys=[f"observation.images.{c}" for c in mcfg.cameras])
-            x = torch.cat([torch.as_tensor(b[f"observation.images.{c}"], device=cfg.device) for c in mcfg.cameras])
-            x = x.permute(0, 3, 1, 2).float() / 127.5 - 1.0
+            x = sampler.frames(B, gen)
             z = model.ae.encode(x)
             loss = (ae_weights(x, len(mcfg.cameras), cfg.fg_weight) * (model.ae.decode(z) - x) ** 2).mean() + 1e-4 * (z**2).mean()
             opt, info = opts["ae"], {"ae_loss": loss}
