@@ -174,3 +174,12 @@ def test_metaworld_benchmark_checks_its_metric():
     assert reach["random"]["median_final_goal_distance_cm"] > reach["expert_failure_mode"]["median_final_goal_distance_cm"]
     assert r["random_success_max"] == 0.0
     assert reach["steps_per_s_state_only"] > reach["steps_per_s_two_cameras_64px"] > 0
+
+
+def test_offline_speed_counts_the_work_of_each_update():
+    r = _run("offline_speed")
+    assert r["flop_counter_check"]["counted"] == r["flop_counter_check"]["expected"]
+    a = r["agents"]
+    # EDAC's diversity term (a double backward) and 5x the critics each add work
+    assert a["ravl"]["gflop_per_update"] > a["sac-n"]["gflop_per_update"] > a["mbpo_sac"]["gflop_per_update"]
+    assert all(0 < x["share_of_peak"] < 1 for x in a.values())  # nothing runs above the machine's product rate

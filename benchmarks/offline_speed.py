@@ -1,0 +1,98 @@
+"""How fast can an offline-RL update be on this machine? Updates/s of the SAC family against the arithmetic ceiling.
+
+Issue "Offline RL at real budgets" asks for >= 10x today's RAVL updates/s at the same network size. Before
+optimising, this measures what that would take: for RAVL (N=10 critics with EDAC's gradient-diversity term), MBPO's
+SAC (N=2) and SAC-N (N=10, no diversity term), at the benchmark's network size (3 x 256 units, batch 256,
+HalfCheetah's 17-d state and 6-d action):
+
+- `updates_per_s`: one `agent.update` on a fixed batch (the replay is not timed), median over repeats;
+- `gflop_per_update`: the matrix-product work of one update (2mnk per product, backward and double backward
+  included; elementwise work is not counted, so this is a lower bound);
+- `peak_gflops`: this machine's rate on matrix products shaped like the critics' layers (a batched (N, 256, 256)
+  product per member) and on one large square product;
+- `ceiling_updates_per_s` = peak / work: no implementation of the same update at the same size can beat it here.
+
+The metric's check: the counter gives exactly 2*m*n*k for a single (m, k) @ (k, n) product, verified in the same run.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from wmrl.benchutil import finish, median_time
+
+AGENTS = {"ravl": dict(num_critics=10, eta=1.0), "sac-n": dict(num_critics=10, eta=0.0), "mbpo_sac": dict(num_critics=2, eta=0.0)}
+
+
+def flops_of(fn) -> int:
+    """Matrix-product FLOPs (2mnk per product) of everything `fn` runs, backward and double backward included. A
+    dispatch mode of our own: torch's FlopCounterMode tracks modules with hooks that autograd.grad(create_graph=True),
+    which EDAC's term uses, does not support."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    aten = torch.ops.aten
+    mm = {aten.mm.default: lambda a, b: a.shape[0] * a.shape[1] * b.shape[1],
+          aten.addmm.default: lambda c, a, b: a.shape[0] * a.shape[1] * b.shape[1],
+          aten.bmm.default: lambda a, b: a.shape[0] * a.shape[1] * a.shape[2] * b.shape[2],
+          aten.baddbmm.default: lambda c, a, b: a.shape[0] * a.shape[1] * a.shape[2] * b.shape[2]}
+
+    class Count(TorchDispatchMode):
+        total = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func in mm:
+                Count.total += 2 * mm[func](*args[:3 if func in (aten.addmm.default, aten.baddbmm.default) else 2])
+            return func(*args, **(kwargs or {}))
+
+    with Count():
+        fn()
+    return Count.total
+
+
+def matmul_gflops(shape: tuple[int, ...], repeats: int) -> float:
+    """GFLOP/s of a product of two random tensors of `shape` ((n, n) or (b, n, n)), median of repeats."""
+    a, b = torch.randn(*shape), torch.randn(*shape)
+    f = (lambda: torch.bmm(a, b)) if len(shape) == 3 else (lambda: a @ b)
+    flops = 2 * int(np.prod(shape)) * shape[-1]
+    return flops / median_time(f, repeats) / 1e9
+
+
+def main(quick: bool = False, batch_size: int = 256, hidden: int = 256, layers: int = 3) -> dict:
+    from wmrl.rl.sac import SAC, SACConfig
+
+    obs_dim, act_dim = 17, 6
+    if quick:
+        batch_size, hidden = 32, 32
+    repeats = 3 if quick else 30
+    # the counter's own check: one product of known size
+    a, b = torch.randn(64, 48), torch.randn(48, 32)
+    check = flops_of(lambda: a @ b)
+    out: dict = {"threads": torch.get_num_threads(), "batch_size": batch_size, "hidden": hidden, "layers": layers,
+                 "flop_counter_check": {"counted": check, "expected": 2 * 64 * 48 * 32}, "agents": {}}
+    n = 10
+    out["peak_gflops_critic_layer"] = matmul_gflops((n, batch_size, hidden), repeats)
+    out["peak_gflops_square_2048"] = matmul_gflops((256, 256) if quick else (2048, 2048), max(3, repeats // 3))
+    peak = max(out["peak_gflops_critic_layer"], out["peak_gflops_square_2048"])
+    g = torch.Generator().manual_seed(0)
+    batch = {"obs": torch.randn(batch_size, obs_dim, generator=g), "act": torch.rand(batch_size, act_dim, generator=g) * 2 - 1,
+             "rew": torch.randn(batch_size, generator=g), "next_obs": torch.randn(batch_size, obs_dim, generator=g),
+             "term": torch.zeros(batch_size)}
+    for name, fields in AGENTS.items():
+        torch.manual_seed(0)
+        agent = SAC(SACConfig(obs_dim=obs_dim, act_dim=act_dim, action_low=(-1.0,) * act_dim, action_high=(1.0,) * act_dim,
+                              hidden=hidden, layers=layers, batch_size=batch_size, **fields))
+        flops = flops_of(lambda: agent.update(batch))
+        t0 = time.perf_counter()
+        sec = median_time(lambda: agent.update(batch), repeats)
+        ups = 1 / sec
+        out["agents"][name] = {"updates_per_s": ups, "gflop_per_update": flops / 1e9, "achieved_gflops": flops / sec / 1e9,
+                               "share_of_peak": flops / sec / 1e9 / peak, "ceiling_updates_per_s": peak / (flops / 1e9),
+                               "timing_seconds": time.perf_counter() - t0}
+    r = out["agents"]["ravl"]
+    out["ravl_updates_per_s"] = r["updates_per_s"]
+    out["ravl_ceiling_updates_per_s"] = r["ceiling_updates_per_s"]
+    out["ravl_ceiling_over_measured"] = r["ceiling_updates_per_s"] / r["updates_per_s"]
+    return finish("offline-speed", out, quick)
