@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from wmrl.core.checkpoint import (commit_checkpoint, load_state, read_config, resume_checkpoint, save_pretrained,
-                                  save_train_state)
+                                  save_train_state, verify_checkpoint)
 
 @dataclass
 class Cfg:
@@ -91,6 +91,12 @@ def test_incomplete_changed_or_unverifiable_checkpoints_are_refused(tmp_path):
         resume_checkpoint(tmp_path / "h")
     _write(tmp_path / "h", 3)
     last, _ = resume_checkpoint(tmp_path / "h")
+    # weights copied without the training state (e.g. back from a lent GPU) still load; resuming from them does not
+    (last / "train_state.json").rename(tmp_path / "aside.json")
+    assert verify_checkpoint(last, only=("model.safetensors",))["step"] == 3
+    with pytest.raises(ValueError, match=r"train_state.json: missing from the step-3 checkpoint"):
+        verify_checkpoint(last)
+    (tmp_path / "aside.json").rename(last / "train_state.json")
     data = (last / "model.safetensors").read_bytes()
     (last / "model.safetensors").write_bytes(data[: len(data) // 2])  # truncated
     with pytest.raises(ValueError, match="model.safetensors: changed since the step-3 checkpoint"):

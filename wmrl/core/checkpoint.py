@@ -45,7 +45,9 @@ def read_config(path: str | Path, cls: type[C], expect: C | None = None, what: s
     path = Path(path)
     if not (path / "config.json").exists() or not (path / "model.safetensors").exists():
         raise FileNotFoundError(f"{path}: not a {what} (config.json and model.safetensors needed)")
-    verify_checkpoint(path)
+    # the files a model is loaded from; a resume checks the whole folder (optimiser states too), so weights copied
+    # without the optimiser state (e.g. back from a lent GPU) still load for evaluation
+    verify_checkpoint(path, only=("config.json", "model.safetensors"))
     try:
         raw = json.loads((path / "config.json").read_text())
     except (ValueError, UnicodeDecodeError) as e:
@@ -127,9 +129,10 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def verify_checkpoint(ck: str | Path) -> dict | None:
-    """The manifest of checkpoint folder `ck` after checking every file it lists against its hash; None for a
-    folder without a manifest (a model saved on its own). A missing or changed file: ValueError naming it."""
+def verify_checkpoint(ck: str | Path, only: tuple[str, ...] | None = None) -> dict | None:
+    """The manifest of checkpoint folder `ck` after checking every file it lists (or the `only` ones among them)
+    against its hash; None for a folder without a manifest (a model saved on its own). A missing or changed file:
+    ValueError naming it."""
     ck = Path(ck)
     if not (ck / MANIFEST).exists():
         return None
@@ -139,6 +142,8 @@ def verify_checkpoint(ck: str | Path) -> dict | None:
     except (ValueError, KeyError, TypeError) as e:
         raise ValueError(f"{ck / MANIFEST}: unreadable checkpoint manifest ({e})") from None
     for name, digest in files.items():
+        if only is not None and name not in only:
+            continue
         f = ck / name
         if not f.is_file():
             raise ValueError(f"{f}: missing from the step-{step} checkpoint its manifest describes")
