@@ -11,7 +11,9 @@ imagination unchanged (RLinf's BaseWorldEnv / DIAMOND's WorldModelEnv, with WoVR
 - Reward: `relative_success` (WoVR: the change in success probability, 0/1 on the state path) or `head` (the
   reward head's prediction; on the state path the task's shaped reward on predicted state).
 - `info["disagreement"]`: the state channel's ensemble spread of object positions (cm, max over the chunk): a
-  hallucination flag that RL and ranking can use to discount or stop uncertain imagined episodes.
+  hallucination flag. With `stop_cm` > 0 an episode whose chunk exceeds it is truncated there (`info["flagged"]`),
+  and neither that chunk's reward nor a success in it counts: RL and ranking are not taught or scored by what the
+  model cannot vouch for (a pessimism in the spirit of MOPO's uncertainty penalty).
 - Images are decoded only when `decode_images` is set (decoding is the costly part); otherwise observations carry
   `observation.state` and `task` only.
 - Autoreset follows gymnasium's NEXT_STEP mode, like the true simulator's vector envs.
@@ -46,13 +48,19 @@ class WorldModelEnv(gym.vector.VectorEnv):
     def __init__(self, model: VideoWorldModel, starts, num_envs: int = 8, keyframe_prob: float = 0.0,
                  reward: str = "relative_success", success_threshold: float = 0.9, max_episode_steps: int = 80,
                  decode_images: bool = True, sampling_steps: int | None = None, action_low: float = -1.0,
-                 action_high: float = 1.0, rules=None):
+                 action_high: float = 1.0, rules=None, stop_cm: float = 0.0):
         if reward not in ("relative_success", "head"):
             raise ValueError(f"reward: expected 'relative_success' or 'head', got {reward!r}")
         if not 0.0 <= keyframe_prob <= 1.0:
             raise ValueError(f"keyframe_prob must be in [0, 1], got {keyframe_prob}")
         if num_envs <= 0:
             raise ValueError(f"num_envs must be positive, got {num_envs}")
+        if not stop_cm >= 0:
+            raise ValueError(f"stop_cm must be >= 0 (0: off), got {stop_cm}")
+        if stop_cm > 0 and (model.state_channel is None or model.cfg.state_members < 2):
+            raise ValueError("stop_cm needs a world model whose state channel has 2+ members (their disagreement is "
+                             "the flag); pass stop_cm=0")
+        self.stop_cm = stop_cm
         self.model = model.eval()
         self.rules = rules if model.state_channel is not None else None
         self.success_source = "state" if self.rules is not None else "frames"
@@ -228,15 +236,20 @@ class WorldModelEnv(gym.vector.VectorEnv):
             frames = self.model.decode(preds["latents"][:, -1], self._state)
             for k, v in frames.items():
                 self._last_frames[k] = v
+        dis = preds["disagreement"].max(dim=1).values.cpu().numpy() if "disagreement" in preds else None
+        flagged = dis > self.stop_cm if self.stop_cm > 0 else np.zeros(self.num_envs, bool)
+        success &= ~flagged
+        reward = np.where(flagged, 0.0, reward)
         terminated = success.copy()
-        truncated = ~terminated & (self._t >= self.max_episode_steps)
+        truncated = ~terminated & ((self._t >= self.max_episode_steps) | flagged)
         if len(resetting):  # NEXT_STEP autoreset: these envs ignore the action and start a new episode
             self._reset_envs(resetting)
             reward[resetting], terminated[resetting], truncated[resetting], success[resetting] = 0.0, False, False, False
+            flagged[resetting] = False
         self._needs_reset = terminated | truncated
-        info = {"success": success, "success_prob": p[:, -1], "step": self._t.copy()}
-        if "disagreement" in preds:
-            info["disagreement"] = preds["disagreement"].max(dim=1).values.cpu().numpy()
+        info = {"success": success, "success_prob": p[:, -1], "step": self._t.copy(), "flagged": flagged}
+        if dis is not None:
+            info["disagreement"] = dis
         return self._obs(), reward.astype(np.float64), terminated, truncated, info
 
 
@@ -270,9 +283,10 @@ def require_success_head(model) -> None:
 
 
 def make_imagination_env(model, data: Path, num_envs: int, max_steps: int, keyframe_prob: float = 0.0,
-                         success_threshold: float = 0.9, sampling_steps: int | None = 1):
+                         success_threshold: float = 0.9, sampling_steps: int | None = 1, stop_cm: float = 0.0):
     require_success_head(model)
     _, train, _ = load_split(data, holdout=0.0)
     return WorldModelEnv(model, train, num_envs=num_envs, keyframe_prob=keyframe_prob, max_episode_steps=max_steps,
                          success_threshold=success_threshold, sampling_steps=sampling_steps, decode_images=True,
-                         rules=success_and_reward)  # success from the task's rules where the model has a state channel
+                         rules=success_and_reward,  # success from the task's rules where the model has a state channel
+                         stop_cm=stop_cm)

@@ -164,12 +164,12 @@ def test_imagine_refuses_a_flow_policy(trained, tiny_data, tmp_path):
                 progress=False)
 
 
+
 class _FlagEnv:
-    """Three envs, three chunks. Env 0 succeeds at chunk 2 with the members agreeing; env 1 succeeds at chunk 2 but
-    the members disagree by 5 cm from chunk 1 on; env 2 never succeeds and disagrees by 3 cm at chunk 2."""
+    """Three envs: env 0 succeeds at chunk 1; env 1 is truncated by the world model's hallucination flag at chunk 1;
+    env 2 runs out of time at chunk 2."""
 
     num_envs, max_episode_steps = 3, 12
-    dis = np.array([[0.5, 0.5, 0.5], [0.5, 5.0, 0.5], [0.5, 5.0, 3.0]])  # (chunk, env)
 
     def reset(self, seed=None, options=None):
         self.t = 0
@@ -177,9 +177,9 @@ class _FlagEnv:
 
     def step(self, a):
         t, self.t = self.t, self.t + 1
-        success = np.array([t == 1, t == 1, False])
-        info = {"success": success, "disagreement": self.dis[t]}
-        return {"x": torch.zeros(3, 1)}, success.astype(float), success, np.full(3, t == 2), info
+        success, flagged = np.array([t == 1, False, False]), np.array([False, t == 1, False])
+        trunc = flagged | (t == 2)
+        return {"x": torch.zeros(3, 1)}, success.astype(float), success, trunc, {"success": success, "flagged": flagged}
 
 
 class _ConstPolicy:
@@ -190,13 +190,9 @@ class _ConstPolicy:
         return torch.zeros(3, 4, 4), torch.zeros(3)
 
 
-def test_the_hallucination_flag_stops_an_episode_and_its_success_does_not_count():
+def test_rollouts_record_which_episodes_the_hallucination_flag_stopped():
     from wmrl.rl.rollouts import collect_rollouts
 
-    ro = collect_rollouts(_ConstPolicy(), _FlagEnv(), 1, seed=0)  # off: every success counts
-    assert ro.success.tolist() == [True, True, False] and ro.flagged.tolist() == [False, False, False]
-    ro = collect_rollouts(_ConstPolicy(), _FlagEnv(), 1, seed=0, stop_cm=2.0)
-    assert ro.success.tolist() == [True, False, False] and ro.flagged.tolist() == [False, True, True]
-    # env 1 stops at its flagged chunk (1) with no reward there; env 2 runs until its flag at chunk 2
+    ro = collect_rollouts(_ConstPolicy(), _FlagEnv(), 1, seed=0)
+    assert ro.success.tolist() == [True, False, False] and ro.flagged.tolist() == [False, True, False]
     assert ro.valid.T.tolist() == [[True, True, False], [True, True, False], [True, True, True]]
-    assert ro.rewards[1].tolist() == [1.0, 0.0, 0.0] and ro.terminal[1].tolist() == [True, False, False]

@@ -326,6 +326,29 @@ def test_imagined_success_comes_from_the_tasks_rules_on_predicted_state(trained,
     assert info["success"].all() and term.all()
 
 
+def test_the_hallucination_flag_truncates_an_episode_and_its_success_does_not_count(trained, tiny_data):
+    model = VideoWorldModel.load(trained / "checkpoints/last")
+    _, _, held = load_split(tiny_data, 0.25)
+    with pytest.raises(ValueError, match="stop_cm must be >= 0"):
+        WorldModelEnv(model, held, num_envs=2, rules=success_and_reward, stop_cm=-1.0)
+    outcomes = {}
+    for stop in (0.0, 5.0):
+        venv = WorldModelEnv(model, held, num_envs=2, max_episode_steps=8, rules=success_and_reward,
+                             decode_images=False, stop_cm=stop)
+        venv.reset(seed=0)
+        x = venv._state["x"]
+        x[:, :, 4:6] = venv._state["static"][None, :, 0:2]  # both envs: the red cube in the yellow zone (a success)
+        x[0, 0, 10] += 0.2  # env 0: one member puts the blue cube 20 cm away (spread 8 cm)
+        venv._state["task"] = [TASK, TASK]
+        _, r, term, trunc, info = venv.step(np.zeros((2, 4), np.float32))
+        assert info["disagreement"][0] > 7.0 and info["disagreement"][1] < 5.0
+        outcomes[stop] = (info["success"].tolist(), term.tolist(), trunc.tolist(), info["flagged"].tolist(), r.tolist())
+    assert outcomes[0.0][:4] == ([True, True], [True, True], [False, False], [False, False])
+    success, term, trunc, flagged, r = outcomes[5.0]
+    assert success == [False, True] and term == [False, True] and trunc == [True, False] and flagged == [True, False]
+    assert r[0] == 0.0 and r[1] == outcomes[0.0][4][1]
+
+
 def test_missing_environment_state_names_the_feature_and_the_flag(tiny_data, tmp_path):
     from wmrl.datasets import LeRobotV3Dataset, LeRobotV3Writer, write_episode
     from wmrl.core.episode import features_for

@@ -133,8 +133,7 @@ def imagine(cfg: ImagineConfig, progress: bool = True) -> dict:
         raise ValueError(f"algo: expected one of {tuple(ALGOS)}, got {cfg.algo!r}")
     if cfg.reward not in grpo.REWARDS:
         raise ValueError(f"reward: expected one of {grpo.REWARDS}, got {cfg.reward!r}")
-    if not cfg.stop_cm >= 0:
-        raise ValueError(f"--stop-cm must be >= 0 (0: off), got {cfg.stop_cm}")
+
     kind = lerobot_policy_type(cfg.policy)
     if kind is not None:
         raise ValueError(f"{cfg.policy} is a LeRobot {kind} checkpoint: {cfg.algo} needs an exact action "
@@ -151,11 +150,9 @@ def imagine(cfg: ImagineConfig, progress: bool = True) -> dict:
     model = make_world_model("video", str(cfg.world_model), device=cfg.device)
     check_world_model_task(cfg.world_model, cfg.data or world_model_data(cfg.world_model), policy.cfg.tasks,
                            f"policy {cfg.policy}")
-    if cfg.stop_cm > 0 and (model.state_channel is None or model.cfg.state_members < 2):
-        raise ValueError(f"--stop-cm needs a world model whose state channel has 2+ members (their disagreement is "
-                         f"the flag); {cfg.world_model} has none; pass --stop-cm 0")
     env = make_imagination_env(model, cfg.data or world_model_data(cfg.world_model), cfg.groups * cfg.group_size,
-                               cfg.max_steps, cfg.keyframe_prob, cfg.success_threshold, cfg.sampling_steps)
+                               cfg.max_steps, cfg.keyframe_prob, cfg.success_threshold, cfg.sampling_steps,
+                               stop_cm=cfg.stop_cm)
     policy.check_spaces(env.single_observation_space, env.single_action_space)
     if policy.cfg.chunk_size > model.cfg.chunk:
         raise ValueError(f"policy chunk {policy.cfg.chunk_size} exceeds the world model's chunk {model.cfg.chunk}")
@@ -176,7 +173,7 @@ def imagine(cfg: ImagineConfig, progress: bool = True) -> dict:
     for it in tqdm(range(start, cfg.iterations), initial=start, total=cfg.iterations, desc=f"imagine-{cfg.algo}",
                    disable=not progress):
         policy.eval()  # rollouts without augmentation
-        ro = collect_rollouts(policy, env, G, seed=cfg.seed * 100_003 + it, stop_cm=cfg.stop_cm)
+        ro = collect_rollouts(policy, env, G, seed=cfg.seed * 100_003 + it)
         policy.train()
         info = update(policy, opt, ro, cfg, ref, seed=cfg.seed * 100_003 + it)
         policy.eval()

@@ -33,13 +33,10 @@ def take(obs: dict, idx: np.ndarray) -> dict:
 
 
 @torch.no_grad()
-def collect_rollouts(policy, env, group_size: int, seed: int, stop_cm: float = 0.0) -> Rollouts:
+def collect_rollouts(policy, env, group_size: int, seed: int) -> Rollouts:
     """One imagined episode per env (each group of `group_size` envs shares its start); sampled action chunks.
-
-    `stop_cm` > 0: the hallucination flag. A chunk whose state-channel disagreement (`info["disagreement"]`, the
-    ensemble's spread of object positions in cm) exceeds it ends the episode there, as a truncation: neither that
-    chunk's reward nor a success at or after it counts, so the policy is not taught by what the model cannot vouch
-    for (a pessimism in the spirit of MOPO's uncertainty penalty)."""
+    `flagged`: the episodes the world model's hallucination flag truncated (`info["flagged"]`, a `WorldModelEnv`
+    with `stop_cm`)."""
     obs, _ = env.reset(seed=seed, options={"group_size": group_size} if group_size > 1 else None)
     N, H = env.num_envs, policy.cfg.chunk_size
     T = math.ceil(env.max_episode_steps / H)
@@ -50,18 +47,14 @@ def collect_rollouts(policy, env, group_size: int, seed: int, stop_cm: float = 0
         a, lp = policy.sample(obs)
         out["obs"].append(obs)
         obs, r, term, trunc, info = env.step(a.cpu().numpy())
-        if stop_cm > 0 and "disagreement" not in info:
-            raise ValueError("stop_cm needs the world model's disagreement (a state channel with 2+ members)")
-        flag = alive & (np.asarray(info["disagreement"]) > stop_cm) if stop_cm > 0 else np.zeros(N, bool)
-        trusted = alive & ~flag
         out["actions"].append(a)
         out["logp"].append(lp)
         out["valid"].append(torch.as_tensor(alive.copy()))
-        out["rewards"].append(torch.as_tensor(r * trusted, dtype=torch.float32))
-        out["terminal"].append(torch.as_tensor(trusted & term))
-        success |= trusted & np.asarray(info["success"], bool)
-        flagged |= flag
-        alive &= ~(term | trunc | flag)
+        out["rewards"].append(torch.as_tensor(r * alive, dtype=torch.float32))
+        out["terminal"].append(torch.as_tensor(alive & term))
+        success |= alive & np.asarray(info["success"], bool)
+        flagged |= alive & np.asarray(info.get("flagged", False), bool)
+        alive &= ~(term | trunc)
         if not alive.any():
             break
     out["obs"].append(obs)
