@@ -13,6 +13,10 @@ HalfCheetah's 17-d state and 6-d action):
 - `ceiling_updates_per_s` = peak / work: no implementation of the same update at the same size can beat it here.
 
 The metric's check: the counter gives exactly 2*m*n*k for a single (m, k) @ (k, n) product, verified in the same run.
+
+The peer in the same run: torchrl's own `IQLLoss` and `TD3BCLoss` (with `SoftUpdate` and Adam), at our IQL's and
+TD3+BC's network sizes (2 x 256 units, 2 critics), one gradient step each on the very same batch tensors (asserted:
+the TensorDict holds our tensors, not copies). TD3+BC's actor and targets move every second step in both.
 """
 
 from __future__ import annotations
@@ -60,6 +64,82 @@ def matmul_gflops(shape: tuple[int, ...], repeats: int) -> float:
     return flops / median_time(f, repeats) / 1e9
 
 
+def torchrl_peers(batch: dict, obs_dim: int, act_dim: int, hidden: int, repeats: int) -> dict:
+    """Updates/s of our IQL and TD3+BC against torchrl's losses on the same batch, same sizes."""
+    try:
+        import torchrl
+        from tensordict import TensorDict
+        from tensordict.nn import (NormalParamExtractor, ProbabilisticTensorDictModule,
+                                   ProbabilisticTensorDictSequential, TensorDictModule)
+        from torchrl.modules import MLP, TanhNormal, ValueOperator
+        from torchrl.objectives import IQLLoss, SoftUpdate, TD3BCLoss
+    except ImportError:
+        return {"torchrl": "not installed (pip install 'wmrl[bench]')"}
+    from torch import nn
+
+    from wmrl.rl.iql import IQL, IQLConfig
+    from wmrl.rl.td3bc import TD3BC, TD3BCConfig
+
+    B = len(batch["obs"])
+    td = TensorDict({"observation": batch["obs"], "action": batch["act"],
+                     "next": {"observation": batch["next_obs"], "reward": batch["rew"][:, None],
+                              "done": batch["term"][:, None].bool(), "terminated": batch["term"][:, None].bool()}},
+                    batch_size=[B])
+    assert td["observation"].data_ptr() == batch["obs"].data_ptr() and td["action"].data_ptr() == batch["act"].data_ptr()
+    box = dict(obs_dim=obs_dim, act_dim=act_dim, action_low=(-1.0,) * act_dim, action_high=(1.0,) * act_dim, hidden=hidden)
+    mlp = lambda i, o: MLP(in_features=i, out_features=o, num_cells=[hidden, hidden], activation_class=nn.ReLU)
+    q = lambda: ValueOperator(mlp(obs_dim + act_dim, 1), in_keys=["observation", "action"])
+    torch.manual_seed(0)
+
+    # IQL: TanhNormal actor, 2 Q nets, a value net; one optimiser step on the summed losses
+    actor = ProbabilisticTensorDictSequential(
+        TensorDictModule(nn.Sequential(mlp(obs_dim, 2 * act_dim), NormalParamExtractor()), in_keys=["observation"],
+                         out_keys=["loc", "scale"]),
+        ProbabilisticTensorDictModule(in_keys=["loc", "scale"], out_keys=["action"], distribution_class=TanhNormal,
+                                      distribution_kwargs={"low": -1.0, "high": 1.0}))
+    iql = IQLLoss(actor, q(), ValueOperator(mlp(obs_dim, 1), in_keys=["observation"]), num_qvalue_nets=2,
+                  loss_function="l2", temperature=3.0, expectile=0.7)
+    iql.make_value_estimator(gamma=0.99)
+    iql_target, iql_opt = SoftUpdate(iql, tau=5e-3), torch.optim.Adam(iql.parameters(), 3e-4)
+
+    def iql_step():
+        o = iql(td)
+        loss = o["loss_actor"] + o["loss_qvalue"] + o["loss_value"]
+        iql_opt.zero_grad(set_to_none=True)
+        loss.backward()
+        iql_opt.step()
+        iql_target.step()
+
+    # TD3+BC: tanh actor, 2 Q nets; the actor and the targets every second step
+    td3 = TD3BCLoss(TensorDictModule(nn.Sequential(mlp(obs_dim, act_dim), nn.Tanh()), in_keys=["observation"],
+                                     out_keys=["action"]), q(), bounds=(-1.0, 1.0), num_qvalue_nets=2, alpha=2.5,
+                    loss_function="l2")
+    td3.make_value_estimator(gamma=0.99)
+    td3_target, td3_opt = SoftUpdate(td3, tau=5e-3), torch.optim.Adam(td3.parameters(), 3e-4)
+    count = [0]
+
+    def td3_step():
+        o = td3(td)
+        count[0] += 1
+        loss = o["loss_qvalue"] + (o["loss_actor"] if count[0] % 2 == 0 else 0.0)
+        td3_opt.zero_grad(set_to_none=True)
+        loss.backward()
+        td3_opt.step()
+        if count[0] % 2 == 0:
+            td3_target.step()
+
+    ours = {"iql": IQL(IQLConfig(**box)), "td3bc": TD3BC(TD3BCConfig(**box))}
+    out: dict = {"torchrl": torchrl.__version__, "peer_hidden": hidden}
+    for name, peer in (("iql", iql_step), ("td3bc", td3_step)):
+        agent = ours[name]
+        # an even number of steps per timing, so both TD3+BC sides do the same share of actor updates
+        ours_s = median_time(lambda: (agent.update(batch), agent.update(batch)), repeats) / 2
+        peer_s = median_time(lambda: (peer(), peer()), repeats) / 2
+        out[f"{name}_updates_per_s"], out[f"torchrl_{name}_updates_per_s"] = 1 / ours_s, 1 / peer_s
+        out[f"speedup_vs_torchrl_{name}"] = peer_s / ours_s
+    return out
+
+
 def main(quick: bool = False, batch_size: int = 256, hidden: int = 256, layers: int = 3) -> dict:
     from wmrl.rl.sac import SAC, SACConfig
 
@@ -91,6 +171,7 @@ def main(quick: bool = False, batch_size: int = 256, hidden: int = 256, layers: 
         out["agents"][name] = {"updates_per_s": ups, "gflop_per_update": flops / 1e9, "achieved_gflops": flops / sec / 1e9,
                                "share_of_peak": flops / sec / 1e9 / peak, "ceiling_updates_per_s": peak / (flops / 1e9),
                                "timing_seconds": time.perf_counter() - t0}
+    out.update(torchrl_peers(batch, obs_dim, act_dim, 32 if quick else 256, repeats))
     r = out["agents"]["ravl"]
     out["ravl_updates_per_s"] = r["updates_per_s"]
     out["ravl_ceiling_updates_per_s"] = r["ceiling_updates_per_s"]
