@@ -141,6 +141,16 @@ def test_rank_writes_statistics_and_scatter(trained, tiny_data, tmp_path):
         assert np.mean(x["true_outcomes"]) == x["true_success"]
 
 
+def test_rank_reports_the_share_of_imagined_episodes_the_hallucination_flag_stopped(trained, tiny_data):
+    from wmrl.eval.rank import score_policy
+
+    r = score_policy("random", str(trained), str(tiny_data), "push-red", 4, 2, 0, noise_ceiling=False, stop_cm=1e-6)
+    # any spread at all flags: a flagged episode is a failure, so flagged + successful episodes never exceed all
+    assert "imagined_flagged" in r and r["imagined_flagged"] + r["imagined_success"] <= 1.0
+    assert "imagined_flagged" not in score_policy("random", str(trained), str(tiny_data), "push-red", 2, 2, 0,
+                                                  noise_ceiling=False)
+
+
 def test_ray_workers_give_the_same_metrics_as_in_process(trained, tiny_data):
     pytest.importorskip("ray")
     specs = ["scripted:noise=0.3", "random"]

@@ -143,6 +143,8 @@ def evaluate(policy: Policy, env: gym.Env | gym.vector.VectorEnv, n_episodes: in
                     rec = {"episode": len(per_episode), "seed": int(seed + batch * B + i), "task": tr["obs"][0].get(TASK, ""),
                            "success": bool(any(tr["succ"])), "sum_reward": float(np.sum(tr["rew"])),
                            "max_reward": float(np.max(tr["rew"])), "length": len(tr["act"])}
+                    if "flagged" in info:  # a world model's hallucination flag ended it (`WorldModelEnv(stop_cm=...)`)
+                        rec["flagged"] = bool(info["flagged"][i])
                     per_episode.append(rec)
                     if keep:
                         ep = build_episode(tr["obs"], tr["act"], tr["rew"], tr["term"], tr["trunc"], tr["succ"],

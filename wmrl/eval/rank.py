@@ -55,6 +55,9 @@ class RankConfig:
     the ceiling no world model can be expected to beat at this number of episodes."""
     bootstrap: int = 2000
     """Bootstrap resamples of the episodes for the Spearman interval."""
+    stop_cm: float = 0.0
+    """The world model's hallucination flag: an imagined episode whose state-channel members disagree by more than
+    this (cm) ends there as a failure (0: off). Each policy's share of flagged episodes is reported."""
     out: Path = Path("runs/rank")
     overwrite: bool = False
     resume: bool = False
@@ -173,7 +176,7 @@ def ranking_report(rows: list[dict], n_boot: int = 2000, seed: int = 0) -> dict:
 
 
 def score_policy(spec: str, world_model: str, data: str, task: str, episodes: int, num_envs: int, seed: int,
-                 threads: int | None = None, noise_ceiling: bool = True) -> dict:
+                 threads: int | None = None, noise_ceiling: bool = True, stop_cm: float = 0.0) -> dict:
     """Success of one policy in the world model and in the true simulator, paired: every imagined episode starts
     from the true simulator's reset with the same seed (same layout, same first frame), the world model is stepped
     by the open-loop chunks the policy executes, and the same loop scores both. With `noise_ceiling`, a second true
@@ -188,7 +191,7 @@ def score_policy(spec: str, world_model: str, data: str, task: str, episodes: in
     pcfg = parse_policy_spec(spec)
     model = make_world_model("video", world_model)
     max_steps = sim.make_env(task).unwrapped.max_episode_steps
-    wm_env = make_imagination_env(model, Path(data), num_envs, max_steps, sampling_steps=1)
+    wm_env = make_imagination_env(model, Path(data), num_envs, max_steps, sampling_steps=1, stop_cm=stop_cm)
     true_env = sim.make_vector_env(task, num_envs, asynchronous=False)
     out = {"policy": spec}
     runs = [("imagined", wm_env, seed, dict(start_from=true_env, chunked=True)), ("true", true_env, seed, {})]
@@ -205,6 +208,8 @@ def score_policy(spec: str, world_model: str, data: str, task: str, episodes: in
             eps = sorted(r.per_episode, key=lambda e: e["seed"])  # finishing order differs between the two envs
             out[f"{name}_outcomes"] = [int(e["success"]) for e in eps]
             out[f"{name}_seeds"] = [e["seed"] for e in eps]
+            if stop_cm > 0 and name == "imagined":
+                out["imagined_flagged"] = float(np.mean([e.get("flagged", False) for e in eps]))
     finally:
         true_env.close()
     if out["imagined_seeds"] != out["true_seeds"]:  # the pairing is what the statistics assume
@@ -214,7 +219,7 @@ def score_policy(spec: str, world_model: str, data: str, task: str, episodes: in
 
 def score_population(specs: list[str], world_model: str, data: str, task: str, episodes: int, num_envs: int,
                      seed: int, workers: str = "local", num_workers: int = 2, progress: bool = True,
-                     noise_ceiling: bool = True) -> list[dict]:
+                     noise_ceiling: bool = True, stop_cm: float = 0.0) -> list[dict]:
     if workers not in WORKERS:
         raise ValueError(f"workers: expected one of {WORKERS}, got {workers!r}")
     for s in specs:  # fail before any work on a bad spec
@@ -223,7 +228,7 @@ def score_population(specs: list[str], world_model: str, data: str, task: str, e
     if workers == "local":
         from tqdm.auto import tqdm
 
-        return [score_policy(s, *args, noise_ceiling=noise_ceiling)
+        return [score_policy(s, *args, noise_ceiling=noise_ceiling, stop_cm=stop_cm)
                 for s in tqdm(specs, desc="policies", disable=not progress)]
     try:
         import ray
@@ -234,7 +239,8 @@ def score_population(specs: list[str], world_model: str, data: str, task: str, e
         ray.init(num_cpus=num_workers, include_dashboard=False, log_to_driver=False)
     try:
         remote = ray.remote(num_cpus=1)(score_policy)
-        return ray.get([remote.remote(s, *args, threads=1, noise_ceiling=noise_ceiling) for s in specs])
+        return ray.get([remote.remote(s, *args, threads=1, noise_ceiling=noise_ceiling, stop_cm=stop_cm)
+                        for s in specs])
     finally:
         if started:
             ray.shutdown()
@@ -277,7 +283,7 @@ def run_rank(cfg: RankConfig, progress: bool = True) -> dict:
     run = start_run(cfg)
     t0 = time.time()
     rows = score_population(list(cfg.policies), str(cfg.world_model), str(data), cfg.task, cfg.episodes, cfg.num_envs,
-                            cfg.seed, cfg.workers, cfg.num_workers, progress, cfg.noise_ceiling)
+                            cfg.seed, cfg.workers, cfg.num_workers, progress, cfg.noise_ceiling, cfg.stop_cm)
     learned = [r for r in rows if not is_anchor(r["policy"])]
     stats = (ranking_report(rows, cfg.bootstrap, cfg.seed) if len(learned) >= 2 else
              rank_statistics([r["imagined_success"] for r in rows], [r["true_success"] for r in rows]))
