@@ -15,7 +15,7 @@ HalfCheetah's 17-d state and 6-d action):
 The metric's check: the counter gives exactly 2*m*n*k for a single (m, k) @ (k, n) product, verified in the same run.
 
 The peer in the same run: torchrl's own `IQLLoss` and `TD3BCLoss` (with `SoftUpdate` and Adam), at our IQL's and
-TD3+BC's network sizes (2 x 256 units, 2 critics), one gradient step each on the very same batch tensors (asserted:
+TD3+BC's network shapes (2 hidden layers of `hidden` units, 2 critics), one gradient step each on the very same batch tensors (asserted:
 the TensorDict holds our tensors, not copies). TD3+BC's actor and targets move every second step in both.
 """
 
@@ -171,9 +171,11 @@ def main(quick: bool = False, batch_size: int = 256, hidden: int = 256, layers: 
         out["agents"][name] = {"updates_per_s": ups, "gflop_per_update": flops / 1e9, "achieved_gflops": flops / sec / 1e9,
                                "share_of_peak": flops / sec / 1e9 / peak, "ceiling_updates_per_s": peak / (flops / 1e9),
                                "timing_seconds": time.perf_counter() - t0}
-    out.update(torchrl_peers(batch, obs_dim, act_dim, 32 if quick else 256, repeats))
+    out.update(torchrl_peers(batch, obs_dim, act_dim, hidden, repeats))
     r = out["agents"]["ravl"]
     out["ravl_updates_per_s"] = r["updates_per_s"]
     out["ravl_ceiling_updates_per_s"] = r["ceiling_updates_per_s"]
     out["ravl_ceiling_over_measured"] = r["ceiling_updates_per_s"] / r["updates_per_s"]
-    return finish("offline-speed", out, quick)
+    name = "offline-speed" + ("" if (hidden, layers, batch_size) == (256, 3, 256) else f"-h{hidden}x{layers}-b{batch_size}")
+    return finish(name, out, quick, command=f"wmrl bench offline-speed --json --options hidden={hidden} layers={layers} "
+                                            f"batch_size={batch_size}")
