@@ -64,7 +64,7 @@ def main(quick: bool = False, work: str = "") -> dict:
     out["success_gain_points"] = 100 * (out["success_rl"] - out["success_bc"])
     out["true_env_steps_during_rl"] = s["true_env_steps_during_rl"]
     for k in ("rank_spearman", "rank_kendall", "success_abs_error", "n_policies", "hallucinated_success_before",
-              "hallucinated_success_after"):
+              "hallucinated_success_after", "hallucination_imagined_successes"):
         out[k] = s[k]
     for k in ("rank_spearman_ci", "rank_spearman_with_anchors", "rank_mmrv", "rank_noise_ceiling", "episodes_per_policy"):
         if k in s:  # the paired protocol's statistics (with >= 2 learned policies in the population)

@@ -56,12 +56,11 @@ def flops_of(fn) -> int:
     return Count.total
 
 
-def matmul_gflops(shape: tuple[int, ...], repeats: int) -> float:
-    """GFLOP/s of a product of two random tensors of `shape` ((n, n) or (b, n, n)), median of repeats."""
-    a, b = torch.randn(*shape), torch.randn(*shape)
-    f = (lambda: torch.bmm(a, b)) if len(shape) == 3 else (lambda: a @ b)
-    flops = 2 * int(np.prod(shape)) * shape[-1]
-    return flops / median_time(f, repeats) / 1e9
+def matmul_gflops(batch: int, m: int, k: int, n: int, repeats: int) -> float:
+    """GFLOP/s of `batch` products (m, k) @ (k, n) (one bmm; batch 0: a plain matrix product), median of repeats."""
+    a, b = torch.randn(*(batch,) * bool(batch), m, k), torch.randn(*(batch,) * bool(batch), k, n)
+    f = (lambda: torch.bmm(a, b)) if batch else (lambda: a @ b)
+    return 2 * max(batch, 1) * m * k * n / median_time(f, repeats) / 1e9
 
 
 def torchrl_peers(batch: dict, obs_dim: int, act_dim: int, hidden: int, repeats: int) -> dict:
@@ -153,8 +152,9 @@ def main(quick: bool = False, batch_size: int = 256, hidden: int = 256, layers: 
     out: dict = {"threads": torch.get_num_threads(), "batch_size": batch_size, "hidden": hidden, "layers": layers,
                  "flop_counter_check": {"counted": check, "expected": 2 * 64 * 48 * 32}, "agents": {}}
     n = 10
-    out["peak_gflops_critic_layer"] = matmul_gflops((n, batch_size, hidden), repeats)
-    out["peak_gflops_square_2048"] = matmul_gflops((256, 256) if quick else (2048, 2048), max(3, repeats // 3))
+    out["peak_gflops_critic_layer"] = matmul_gflops(n, batch_size, hidden, hidden, repeats)  # (N, B, h) @ (N, h, h)
+    sq = 256 if quick else 2048
+    out["peak_gflops_square_2048"] = matmul_gflops(0, sq, sq, sq, max(3, repeats // 3))
     peak = max(out["peak_gflops_critic_layer"], out["peak_gflops_square_2048"])
     g = torch.Generator().manual_seed(0)
     batch = {"obs": torch.randn(batch_size, obs_dim, generator=g), "act": torch.rand(batch_size, act_dim, generator=g) * 2 - 1,

@@ -39,6 +39,9 @@ def test_hallucination_rate_counts_imagined_successes_that_fail_in_the_true_sim(
     h = hallucination_rate(policy, model, "push-red", n=3, success_threshold=0.0, rules=None)
     # every rollout "succeeds" after one imagined step; one action never solves a push in the true simulator
     assert h["imagined_success"] == 1.0 and h["replayed_true_success"] == 0.0 and h["hallucinated_success"] == 1.0
+    # nothing succeeds in imagination: the share is undefined, not 0 (which would read as "no hallucination")
+    h = hallucination_rate(policy, model, "push-red", n=2, success_threshold=2.0, rules=None)
+    assert h["n_imagined_success"] == 0 and np.isnan(h["hallucinated_success"])
 
 
 def test_imagined_success_sft_clones_the_kept_trajectories(trained, tiny_policy, tmp_path):

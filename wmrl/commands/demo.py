@@ -173,6 +173,7 @@ def run_demo(cfg: DemoConfig, progress: bool = True) -> dict:
         "true_env_steps_during_rl": rl["true_env_steps_during_rl"] + rl2["true_env_steps_during_rl"],
         "hallucinated_success_before": coevo["before"]["hallucinated_success"],
         "hallucinated_success_after": coevo["after"]["hallucinated_success"],
+        "hallucination_imagined_successes": [coevo[k]["n_imagined_success"] for k in ("before", "after")],
         "rank_spearman": rank["rank_spearman"], "rank_kendall": rank["rank_kendall"],
         "success_abs_error": rank["success_abs_error"], "n_policies": rank["n_policies"],
         **{k: rank[k] for k in ("rank_spearman_ci", "rank_spearman_with_anchors", "rank_mmrv", "rank_noise_ceiling",

@@ -81,7 +81,8 @@ def imagine_from(policy, model, starts: dict, max_steps: int, success_threshold:
 
 def hallucination_rate(policy, model, task: str, n: int, seed: int = 30_000, success_threshold: float = 0.9,
                        rules=success_and_reward) -> dict:
-    """Imagined successes whose action replay fails in the true simulator, as a share of imagined successes."""
+    """Imagined successes whose action replay fails in the true simulator, as a share of imagined successes (NaN
+    when nothing succeeded in imagination: no success, nothing to call hallucinated; `n_imagined_success` says)."""
     seeds = [seed + i for i in range(n)]
     starts, _ = _true_starts(task, seeds)
     max_steps = sim.make_env(task).unwrapped.max_episode_steps
@@ -89,7 +90,7 @@ def hallucination_rate(policy, model, task: str, n: int, seed: int = 30_000, suc
     true = np.array([replay_in_true_sim(task, s, a) for s, a in zip(seeds, r["actions"])])
     imagined = r["success"]
     n_imag = int(imagined.sum())
-    return {"hallucinated_success": float((imagined & ~true).sum() / n_imag) if n_imag else 0.0,
+    return {"hallucinated_success": float((imagined & ~true).sum() / n_imag) if n_imag else float("nan"),
             "imagined_success": float(imagined.mean()), "replayed_true_success": float(true.mean()),
             "missed_success": float((~imagined & true).mean()), "n": n, "n_imagined_success": n_imag}
 
