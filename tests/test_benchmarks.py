@@ -50,6 +50,22 @@ def test_world_model_benchmark_reports_every_result_key():
     assert r["expert_true_success"] >= 0.5  # the noisy expert succeeds in the true simulator from these starts
 
 
+def test_world_model_benchmark_leaves_a_finished_training_alone(tmp_path):
+    """Trained on a lent device (`train_only`), measured elsewhere: a run at its step budget is not trained again."""
+    from world_models.video.train import TrainWMConfig
+
+    trained = runpy.run_path(str(BENCH / "world_model.py"), run_name="bench")["_trained"]
+    cfg = TrainWMConfig(data=tmp_path, out=tmp_path / "run", ae_steps=2, state_steps=3, dyn_steps=4, unroll_steps=1)
+    assert not trained(cfg)  # nothing saved yet
+    (tmp_path / "run/checkpoints/last").mkdir(parents=True)
+    (tmp_path / "run/checkpoints/last/train_state.json").write_text('{"step": 9}')
+    assert not trained(cfg)  # 9 of 10 steps
+    assert trained(TrainWMConfig(data=tmp_path, out=tmp_path / "run", ae_steps=2, state_steps=3, dyn_steps=4,
+                                 unroll_steps=1, state_channel=False))  # 7 steps without the state channel: done
+    (tmp_path / "run/checkpoints/last/train_state.json").write_text('{"step": 10}')
+    assert trained(cfg)
+
+
 def test_world_model_speed_rates_are_per_phase_medians_without_warm_up():
     rates = runpy.run_path(str(BENCH / "world_model_speed.py"), run_name="bench")["phase_rates"]
     # ae: intervals of 10 steps in 1 s (warm-up, left out), 0.1 s, 0.2 s, 0.1 s; dyn: 1 s (left out), 0.5, 0.5

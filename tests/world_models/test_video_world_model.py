@@ -368,6 +368,12 @@ def test_missing_environment_state_names_the_feature_and_the_flag(tiny_data, tmp
     assert r["success_source"] == "frames"
 
 
+def test_an_unknown_compile_mode_is_refused_before_any_run_folder(tiny_data, tmp_path):
+    with pytest.raises(ValueError, match="--compile must be one of default, reduce-overhead, max-autotune, got 'fast'"):
+        train_world_model(_cfg(tiny_data, tmp_path / "r", compile="fast"), progress=False)
+    assert not (tmp_path / "r").exists()
+
+
 def test_nan_loss_stops_training_and_names_the_last_checkpoint(tiny_data, tmp_path, monkeypatch):
     monkeypatch.setattr(VideoWorldModel, "dynamics_loss", lambda self, *a, **k: torch.tensor(float("nan"), requires_grad=True))
     with pytest.raises(RuntimeError, match="loss became non-finite.*last good checkpoint is in .*checkpoints/last"):
