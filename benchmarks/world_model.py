@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from wmrl.benchutil import finish
+from wmrl.benchutil import device_name, finish
 
 WORK = Path(__file__).resolve().parent.parent / "runs" / "bench-world-model"
 ROOT = WORK.parent.parent
@@ -78,9 +78,7 @@ def main(quick: bool = False, size: str = "small", device: str = "cpu", steps_sc
     if not _trained(dcfg):
         train_world_model(dcfg, progress=not quick)
     if train_only:
-        import torch
-
-        where = torch.cuda.get_device_name() if "cuda" in device and torch.cuda.is_available() else device
+        where = device_name(device)
         (work / "trained_on.json").write_text(json.dumps({"train_device": where}) + "\n")
         return {"trained": str(work), "train_device": where}
     ts = json.loads((run / "checkpoints/last/train_state.json").read_text())

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from wmrl.benchutil import finish
+from wmrl.benchutil import device_name, finish
 
 WORK = Path(__file__).resolve().parent.parent / "runs" / "bench-world-model-speed"
 PHASES = ("ae_loss", "state_loss", "dyn_loss", "unroll_loss")  # the loss each phase logs
@@ -77,8 +77,8 @@ def main(quick: bool = False, device: str = "cpu", size: str = "base", batch_siz
             shutil.copy(out / "metrics.jsonl", log_dir / f"{name(mode, b)}.jsonl")
         import torch
 
-        where = torch.cuda.get_device_name() if "cuda" in device and torch.cuda.is_available() else device
-        (log_dir / "device.json").write_text(json.dumps({"train_device": where, "torch": torch.__version__}) + "\n")
+        (log_dir / "device.json").write_text(json.dumps({"train_device": device_name(device),
+                                                         "torch": torch.__version__}) + "\n")
     out: dict = {"device": device, "size": size, "batch_size": batch_size, "steps_per_phase": STEPS, "runs": {}}
     if (log_dir / "device.json").exists():  # where the logs were made (the summary may run elsewhere)
         out.update(json.loads((log_dir / "device.json").read_text()))

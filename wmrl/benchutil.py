@@ -29,6 +29,14 @@ def machine() -> dict:
             "platform": platform.platform()}
 
 
+def device_name(device: str) -> str:
+    """What `device` is, for a result that was trained on one machine and measured on another: the GPU's name for
+    a CUDA device, else the device string."""
+    import torch
+
+    return torch.cuda.get_device_name() if "cuda" in device and torch.cuda.is_available() else device
+
+
 def median_time(fn: Callable[[], object], repeats: int, warmup: int = 2) -> float:
     for _ in range(warmup):
         fn()
