@@ -8,6 +8,10 @@ Runs `wmrl demo` at its default size (work folder runs/bench-imagination/demo, r
   rate before and after the co-evolution round (from the demo);
 - Ctrl-World's fine-tuning on imagined successes, applied to the BC policy: its true-simulator success after;
 - the wall-clock time of every stage.
+
+`task`: another task for the same loop, e.g. `metaworld-push` (Meta-World's push, with the world model's state
+channel on its 39-entry state): work folder runs/bench-imagination/<task>, result `imagination-<task>.json`.
+`episodes`: true-simulator episodes per evaluation seed (3 seeds).
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ def _success(policy, task: str, episodes: int, seeds: list[int]) -> dict:
     return {"mean": n_succ / (episodes * len(seeds)), "ci95": [lo, hi], "per_seed": per_seed}
 
 
-def main(quick: bool = False, work: str = "") -> dict:
+def main(quick: bool = False, work: str = "", task: str = "push-red", episodes: int = 100) -> dict:
     """`work`: the folder holding (or to hold) the demo run `work/demo`; an existing one is resumed."""
     from policies.vla import VLAPolicy
     from wmrl.commands.demo import DemoConfig, run_demo
@@ -49,11 +53,11 @@ def main(quick: bool = False, work: str = "") -> dict:
     from world_models.video.model import VideoWorldModel
 
     work = Path(work) if work else Path(tempfile.mkdtemp(prefix="wmrl-bench-imag-")) if quick else WORK
-    run = work / "demo"
+    default = task == "push-red"
+    run = work / ("demo" if default else task)
     resume = (run / "config.yaml").exists()
-    s = run_demo(DemoConfig(out=run, quick=quick, resume=resume, overwrite=False), progress=not quick)
-    task = "push-red"
-    episodes = 4 if quick else 100
+    s = run_demo(DemoConfig(task=task, out=run, quick=quick, resume=resume, overwrite=False), progress=not quick)
+    episodes = 4 if quick else int(episodes)
     seeds = [500_000, 600_000, 700_000]
     bc = VLAPolicy.load(resolve_checkpoint(run / "policy_bc")).eval()
     rl = VLAPolicy.load(resolve_checkpoint(run / "policy_rl")).eval()
@@ -79,4 +83,11 @@ def main(quick: bool = False, work: str = "") -> dict:
     out["stage_minutes"] = s["stage_minutes"]
     out["population"] = json.loads((run / "ranking" / "ranking.json").read_text())["policies"]
     out["report"] = str((run / "report.html").relative_to(WORK.parent.parent)) if not quick else ""
-    return finish("imagination", out, quick)
+    out["dataset_frames"] = s["dataset_frames"]
+    for k in ("wm_motion_psnr_gain_h16", "wm_masked_psnr_gain_h16", "wm_success_auroc_matched_state",
+              "wm_success_auroc_matched_frames"):
+        out[k] = s.get(k)
+    if default:
+        return finish("imagination", out, quick)
+    return finish(f"imagination-{task}", out, quick,
+                  command=f"wmrl bench imagination --json --options task={task} episodes={episodes}")

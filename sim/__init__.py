@@ -61,6 +61,27 @@ def task_from_instruction(text: str) -> str:
     return tabletop_task_from_instruction(text)
 
 
+def success_and_reward(tasks, ee: np.ndarray, opening: np.ndarray, env_state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each task's own success and dense reward on observation-level state (B rows; `tasks`: one instruction or B),
+    whichever suite it belongs to: what imagination reads from a world model's predicted state
+    (`sim.tabletop.tasks` / `sim.metaworld.tasks`)."""
+    from sim.tabletop.tasks import success_and_reward as tabletop_rules
+
+    tasks = [tasks] * len(ee) if isinstance(tasks, str) else list(tasks)
+    suite = [task_from_instruction(t) for t in tasks]
+    mw = np.array([s.startswith("metaworld-") for s in suite], bool)
+    if not mw.any():
+        return tabletop_rules(tasks, ee, opening, env_state)
+    from sim.metaworld.tasks import success_and_reward as metaworld_rules
+
+    ok, rew = np.zeros(len(tasks), bool), np.zeros(len(tasks))
+    ee, opening, env_state = np.asarray(ee), np.asarray(opening), np.asarray(env_state)
+    ok[mw], rew[mw] = metaworld_rules([s.removeprefix("metaworld-") for s, m in zip(suite, mw) if m], ee[mw], opening[mw], env_state[mw])
+    if (~mw).any():
+        ok[~mw], rew[~mw] = tabletop_rules([t for t, m in zip(tasks, mw) if not m], ee[~mw], opening[~mw], env_state[~mw])
+    return ok, rew
+
+
 def make_env(task: str, **kwargs) -> gym.Env:
     return gym.make(resolve_task(task), disable_env_checker=True, **kwargs)
 
@@ -100,8 +121,12 @@ def replay_open_loop(task: str, actions: np.ndarray, seed: int = 0, start_qpos: 
 
     env = make_env(task, cameras=()).unwrapped  # state only: no rendering needed
     env.reset(seed=seed)
+    if not hasattr(env, "_cube_qpos") and (start_qpos is not None or cube_shift):
+        env.close()
+        raise ValueError(f"{task}: replay from a recorded qpos or with shifted cubes is the tabletop's; replay from a "
+                         "seed instead")
     rng = np.random.default_rng(shift_seed)
-    for c in CUBE_COLOURS:
+    for c in CUBE_COLOURS if hasattr(env, "_cube_qpos") else ():
         a = env._cube_qpos[c]
         if start_qpos is not None:
             env.data.qpos[a : a + 7] = np.asarray(start_qpos, np.float64)[a : a + 7]

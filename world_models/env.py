@@ -33,7 +33,7 @@ import torch
 from gymnasium import spaces
 from gymnasium.vector import AutoresetMode
 
-from sim.tabletop.tasks import success_and_reward
+from sim import success_and_reward
 from wmrl.core.features import OBS_ENV_STATE, OBS_STATE
 from world_models.video.model import VideoWorldModel, imagined_success
 from world_models.video.train import load_split

@@ -35,7 +35,8 @@ import mujoco
 import numpy as np
 from gymnasium import spaces
 
-from sim.tabletop.env import TEXT_CHARSET, validate_action
+from sim.metaworld import tasks as mw_tasks
+from sim.tabletop.env import TEXT_CHARSET, geom_masks, validate_action
 from wmrl.core.control import EEDeltaControl
 from wmrl.core.features import OBS_ENV_STATE, OBS_STATE, TASK, image_key
 
@@ -137,9 +138,13 @@ class MetaWorldEnv(gym.Env):
         self.task_text = instruction(task)
         control = EEDeltaControl(ee_index=(0, 1, 2), gripper_index=3, gripper_open=1.0, ee_step=self.sawyer.action_scale,
                                  workspace_low=tuple(float(v) for v in self.sawyer.mocap_low),
-                                 workspace_high=tuple(float(v) for v in self.sawyer.mocap_high), object_state=None)
+                                 workspace_high=tuple(float(v) for v in self.sawyer.mocap_high),
+                                 # a world model's state channel predicts the objects where the task has a state rule
+                                 object_state="metaworld" if mw_tasks.has_rule(task) else None,
+                                 object_xyz=mw_tasks.OBJECT_XYZ, env_arm=mw_tasks.ENV_ARM, env_previous=mw_tasks.ENV_PREVIOUS)
         self.metadata = {**type(self).metadata, "control": control.to_meta()}  # per task: workspaces differ
         self._renderers: dict[tuple[int, int], mujoco.Renderer] = {}
+        self._seg_renderer: mujoco.Renderer | None = None
 
         obs = {image_key(c): spaces.Box(0, 255, (self.height, self.width, 3), np.uint8) for c in self.cameras}
         obs[OBS_STATE] = spaces.Box(-np.inf, np.inf, (len(STATE_NAMES),), np.float32)
@@ -198,6 +203,21 @@ class MetaWorldEnv(gym.Env):
         """This episode's object and goal positions (`options={"rand_vec": ...}` restores them)."""
         return np.array(self.sawyer._last_rand_vec)
 
+    def moving_mask_at(self, qpos: np.ndarray) -> dict[str, np.ndarray]:
+        """Per camera, a bool (H, W) mask of the pixels showing the arm or an object (geoms on bodies that can move:
+        the table, walls and the arm's fixed base are excluded), from a MuJoCo segmentation render at `qpos`;
+        world-model evaluation scores fidelity on these pixels. Leaves the simulator at `qpos`."""
+        qpos = np.asarray(qpos, np.float64)
+        if qpos.shape != (self.model.nq,) or not np.isfinite(qpos).all():
+            raise ValueError(f"qpos: expected {self.model.nq} finite values, got shape {qpos.shape}")
+        self.data.qpos[:] = qpos
+        mujoco.mj_forward(self.model, self.data)
+        if self._seg_renderer is None:
+            self._seg_renderer = mujoco.Renderer(self.model, self.height, self.width)
+            self._seg_renderer.enable_segmentation_rendering()
+        moving = np.flatnonzero(self.model.body_weldid[self.model.geom_bodyid] != 0)
+        return geom_masks(self._seg_renderer, self.data, {c: CAMERAS[c] for c in self.cameras}, moving)
+
     def _info(self, ok: bool = False) -> dict:
         return {"success": ok, "is_success": ok, "task": self.task_text, "step": self._t,
                 "qpos": self.data.qpos.astype(np.float32), "qvel": self.data.qvel.astype(np.float32)}
@@ -224,7 +244,7 @@ class MetaWorldEnv(gym.Env):
         return self._render("front", tuple(self.render_size))
 
     def close(self):
-        for r in self._renderers.values():
+        for r in [*self._renderers.values(), *([self._seg_renderer] if self._seg_renderer is not None else [])]:
             r.close()
-        self._renderers = {}
+        self._renderers, self._seg_renderer = {}, None
         self.sawyer.close()

@@ -39,6 +39,17 @@ def validate_action(action, shape: tuple[int, ...], field: str = "action") -> np
     return a
 
 
+def geom_masks(renderer: mujoco.Renderer, data, cameras: dict[str, str], geoms: np.ndarray) -> dict[str, np.ndarray]:
+    """Per camera (ours -> MuJoCo's name), a bool (H, W) mask of the pixels showing one of `geoms`, from a renderer
+    with segmentation rendering enabled."""
+    out = {}
+    for ours, cam in cameras.items():
+        renderer.update_scene(data, camera=cam)
+        seg = renderer.render()
+        out[image_key(ours)] = (seg[..., 1] == mujoco.mjtObj.mjOBJ_GEOM) & np.isin(seg[..., 0], geoms)
+    return out
+
+
 class TabletopEnv(gym.Env):
     metadata = {"render_modes": ["rgb_array"], "render_fps": 10, "robot_type": "wmrl_tabletop", "control": TABLETOP.to_meta()}
     steps_taken = 0  # true-simulator steps in this process, all instances (RL in imagination reports it stays 0)
@@ -256,13 +267,7 @@ class TabletopEnv(gym.Env):
         if self._seg_renderer is None:
             self._seg_renderer = mujoco.Renderer(self.model, self.height, self.width)
             self._seg_renderer.enable_segmentation_rendering()
-        moving = np.flatnonzero(self.model.geom_bodyid != 0)
-        out = {}
-        for cam in self.cameras:
-            self._seg_renderer.update_scene(self.data, camera=cam)
-            seg = self._seg_renderer.render()
-            out[image_key(cam)] = (seg[..., 1] == mujoco.mjtObj.mjOBJ_GEOM) & np.isin(seg[..., 0], moving)
-        return out
+        return geom_masks(self._seg_renderer, self.data, {c: c for c in self.cameras}, np.flatnonzero(self.model.geom_bodyid != 0))
 
     def _obs(self) -> dict:
         obs = self._render_cameras()

@@ -43,7 +43,10 @@ def test_check_env_and_observations(task):
     assert np.linalg.norm(obs[ENV_STATE][-3:]) > 0.1  # the goal is observed, not Meta-World's hidden zeros
     assert sim.task_from_instruction(obs["task"]) == f"metaworld-{task}"
     control = env.metadata["control"]
-    assert control["ee_index"] == (0, 1, 2) and control["ee_step"] == 0.01 and control["object_state"] is None
+    assert control["ee_index"] == (0, 1, 2) and control["ee_step"] == 0.01
+    # tasks with a state rule let a world model's state channel predict their objects; box-close has none
+    assert control["object_state"] == (None if task == "box-close" else "metaworld")
+    assert control["object_xyz"] == (4, 11) and control["env_previous"] == (18, 18)
     env.close()
 
 
@@ -91,6 +94,31 @@ def test_failure_mode_is_a_near_success(task):
     for seed in range(4):
         ok, dist = _expert_episode(task, seed, failure_prob=1.0)
         assert not ok and 0.05 < dist < 0.12, (seed, ok, dist)  # outside the 5 cm radius, yet close
+
+
+@pytest.mark.parametrize("task", ["reach", "push", "pick-place", "drawer-open", "button-press-topdown", "door-open"])
+def test_state_rules_equal_the_suites_success_on_real_states(task):
+    """What imagination reads (`sim.metaworld.tasks`, on observation-level state) is Meta-World's own success flag,
+    on recorded states of successful and near-success episodes (the flag of step t is the state after action t)."""
+    from sim.experts import ScriptedExpert
+    from sim.metaworld.tasks import success_and_reward
+    from wmrl.eval import evaluate
+
+    env = _make(task, cameras=())
+    fails = (0.0, 1.0) if task in ("reach", "push", "pick-place") else (0.0,)
+    agree = total = successes = 0
+    for seed in range(2):
+        for f in fails:
+            ep = evaluate(ScriptedExpert(seed=seed, failure_prob=f), env, 1, seed=seed, record=True, progress=False).episodes[0]
+            ok, rew = success_and_reward(task, ep["observation.state"][1:, :3], ep["observation.state"][1:, 3], ep[ENV_STATE][1:])
+            truth = np.asarray(ep["next.success"][:-1], bool)
+            agree, total, successes = agree + int((ok == truth).sum()), total + len(ok), successes + int(truth.any())
+            assert np.all(rew[ok] == 1.0) and np.all(rew[~ok] < 0.9)
+    env.close()
+    assert successes >= 2
+    # reach measures the fingertips, 4.5 cm below the observed hand (a constant offset, sub-mm spread): a state on
+    # the 5 cm boundary may fall either side
+    assert agree >= (total - len(fails) * 2 if task == "reach" else total), (agree, total)
 
 
 def test_failure_mode_is_refused_where_the_policy_ignores_the_goal():
@@ -146,6 +174,44 @@ def test_collect_writes_the_suites_rate_and_control_and_labels_with_its_expert(t
     clean = np.clip(expert_action(ep["task"][i], ep["observation.state"][i], ep[ENV_STATE][i], False), -1, 1)
     assert np.allclose(labelled["action"][i], clean, atol=1e-6)
     assert not np.allclose(labelled["action"], ep["action"])  # the recorded actions carry the noise
+    # push has a state rule, so a world model may learn its objects; a layout without one is refused, naming the flag
+    assert control["object_state"] == "metaworld"
+    meta = json.loads((out / "meta" / "wmrl.json").read_text())
+    meta["control"]["object_state"] = None
+    (out / "meta" / "wmrl.json").write_text(json.dumps(meta))
     with pytest.raises(ValueError, match="--no-state-channel"):
         train_world_model(TrainWMConfig(data=out, out=tmp_path / "wm", size="tiny", holdout=0.0), progress=False)
+
+
+def test_a_world_models_state_channel_predicts_metaworlds_objects_in_its_layout(tmp_path):
+    """Meta-World's 39-entry state in imagination: the state channel's objects and arm written where Meta-World keeps
+    them, the previous frame's entries shifted in, the goal carried; success from the suite's rule on that state."""
+    import torch
+
+    from sim import success_and_reward
+    from wmrl.commands.collect import CollectConfig, collect
+    from world_models.env import WorldModelEnv
+    from world_models.video.model import VideoWorldModel
+    from world_models.video.train import TrainWMConfig, load_split, train_world_model
+
+    data = tmp_path / "data"
+    collect(CollectConfig(task="metaworld-push", episodes=3, out=data, num_envs=1), progress=False)
+    run = tmp_path / "wm"
+    train_world_model(TrainWMConfig(data=data, out=run, size="tiny", ae_steps=2, state_steps=30, dyn_steps=2,
+                                    unroll_steps=0, batch_size=4, holdout=0.0, videos=0), progress=False)
+    model = VideoWorldModel.load(run / "checkpoints/last")
+    assert model.success_source == "state" and model.cfg.object_xyz == (4, 11) and model.cfg.n_objects == 2
+    _, train, _ = load_split(data, 0.0)
+    venv = WorldModelEnv(model, train, num_envs=2, max_episode_steps=8, rules=success_and_reward, decode_images=False)
+    obs, _ = venv.reset(seed=0)
+    e0 = obs[ENV_STATE].copy()
+    x = venv._state["x"]
+    x[:, 0, 4:7] = torch.as_tensor(e0[0, 36:39])  # env 0: every member puts the puck on the goal
+    obs, _, term, _, info = venv.step(np.zeros((2, 4), np.float32))
+    e1 = obs[ENV_STATE]
+    assert info["success"].tolist() == [True, False] and term.tolist() == [True, False]
+    assert np.allclose(e1[:, 36:39], e0[:, 36:39])  # the goal is carried
+    assert np.allclose(e1[:, 18:36], e0[:, 0:18])  # the previous frame's hand and objects
+    assert np.allclose(e1[0, 4:7], e0[0, 36:39], atol=1e-5)  # the predicted puck, where Meta-World keeps it
+    assert np.allclose(e1[:, :3], obs["observation.state"][:, :3], atol=1e-6)  # the predicted hand, repeated
 

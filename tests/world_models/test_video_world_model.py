@@ -318,9 +318,9 @@ def test_imagined_success_comes_from_the_tasks_rules_on_predicted_state(trained,
     venv = WorldModelEnv(model, held, num_envs=2, max_episode_steps=8, rules=success_and_reward, decode_images=False)
     obs, _ = venv.reset(seed=0)
     # put the red cube in the yellow zone in every member's state: the next step must report success by the rules
-    env = venv._state["static"]
+    zones = venv._state["env"][:, 9:]
     x = venv._state["x"]
-    x[:, :, 4:6] = env[None, :, 0:2]
+    x[:, :, 4:6] = zones[None, :, 0:2]
     venv._state["task"] = [TASK, TASK]
     _, _, term, _, info = venv.step(np.zeros((2, 4), np.float32))
     assert info["success"].all() and term.all()
@@ -337,7 +337,7 @@ def test_the_hallucination_flag_truncates_an_episode_and_its_success_does_not_co
                              decode_images=False, stop_cm=stop)
         venv.reset(seed=0)
         x = venv._state["x"]
-        x[:, :, 4:6] = venv._state["static"][None, :, 0:2]  # both envs: the red cube in the yellow zone (a success)
+        x[:, :, 4:6] = venv._state["env"][None, :, 9:11]  # both envs: the red cube in the yellow zone (a success)
         x[0, 0, 10] += 0.2  # env 0: one member puts the blue cube 20 cm away (spread 8 cm)
         venv._state["task"] = [TASK, TASK]
         _, r, term, trunc, info = venv.step(np.zeros((2, 4), np.float32))

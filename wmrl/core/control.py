@@ -26,8 +26,15 @@ class EEDeltaControl:
     workspace_low: tuple[float, float, float] = tuple(float(v) for v in WORKSPACE_LOW)
     workspace_high: tuple[float, float, float] = tuple(float(v) for v in WORKSPACE_HIGH)
     object_state: str | None = "tabletop"
-    """The layout of observation.environment_state that the world model's state channel and task rules read
-    ("tabletop": cube xyz then zone xy); None: a suite whose state the channel does not model."""
+    """Whose task rules read observation.environment_state ("tabletop": cube xyz then zone xy; "metaworld":
+    Meta-World's 39-entry observation); None: a suite whose state the world model's state channel does not model."""
+    object_xyz: tuple[int, ...] = (0, 3, 6)
+    """Where each object's centre (x, y, z) starts inside observation.environment_state: what the state channel
+    predicts. Entries it does not predict or derive are carried unchanged from the start (zones, goals)."""
+    env_arm: int = -1
+    """Where [end-effector xyz, gripper opening] repeat inside observation.environment_state (-1: they do not)."""
+    env_previous: tuple[int, int] = (0, 0)
+    """(start, n): entries holding the previous frame's first n entries (Meta-World's frame stacking; n = 0: none)."""
 
     def to_meta(self) -> dict:
         return asdict(self)

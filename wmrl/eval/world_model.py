@@ -21,9 +21,8 @@ import torch
 
 import sim
 from policies.random_policy import RandomPolicy
-from sim import replay_in_true_sim, replay_open_loop
+from sim import replay_in_true_sim, replay_open_loop, success_and_reward
 from sim.experts import ScriptedExpert
-from sim.tabletop.tasks import success_and_reward
 from sim.tabletop.twin import CUBE_COLOURS
 from wmrl.core.features import ACTION, OBS_ENV_STATE, OBS_STATE, TASK, image_key
 from wmrl.eval.loop import evaluate
@@ -96,7 +95,7 @@ def window_fidelity(model, held, task: str, n_windows: int = 240, horizon: int =
     out["delta_t_psnr_h8_motion"] = _mean(pt - ps)
     out["delta_t_psnr_h8_motion_ci"] = bootstrap_ci(pt - ps)
     if "ee" in r:
-        err = np.linalg.norm(r["ee"] - r["real_state"][..., 5:8], axis=-1) * 100
+        err = np.linalg.norm(r["ee"] - r["real_state"][..., list(model.cfg.ee_index)], axis=-1) * 100
         out["ee_error_cm_h4"], out[f"ee_error_cm_h{h}"] = float(np.median(err[:, 3])), float(np.median(err[:, h - 1]))
     out["per_window"] = {"gain": gain, "masked_gain": mgain, "motion": motion}
     return out
@@ -203,7 +202,8 @@ def pair_auroc(model, pairs: list[dict], seed: int = 0) -> dict:
         out["success_auroc_matched_state"] = auroc(scores["state: task rules on predicted state"], truth)
         out["success_auroc_80step"] = auroc(matched_max(im["state_reward"], lens), truth)
         out["imagined_success_accuracy_matched"] = float(np.mean(matched_max(im["state_success"], matched).astype(bool) == truth))
-    real_rew = [success_and_reward(ep[TASK][0], ep[OBS_STATE][1:, 5:8], ep[OBS_STATE][1:, 4], ep[OBS_ENV_STATE][1:])[1]
+    ee, g = list(model.cfg.ee_index), model.cfg.gripper_index
+    real_rew = [success_and_reward(ep[TASK][0], ep[OBS_STATE][1:, ee], ep[OBS_STATE][1:, g], ep[OBS_ENV_STATE][1:])[1]
                 for ep in pairs]
     out["success_auroc_real_ceiling"] = auroc(matched_max(real_rew, matched), truth)
     cams = [image_key(c) for c in model.cfg.cameras]

@@ -19,7 +19,7 @@ import torch
 import sim
 from policies.vla.bc import bc_train
 from sim import replay_in_true_sim  # noqa: F401  (re-exported: co-evolution replays imagined successes)
-from sim.tabletop.tasks import success_and_reward
+from sim import success_and_reward
 from wmrl.core.episode import build_episode
 from wmrl.core.features import ACTION, IS_LAST, OBS_ENV_STATE, OBS_STATE, TASK, image_key
 from wmrl.eval.record import CollectConfig, collect

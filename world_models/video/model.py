@@ -74,7 +74,12 @@ class WorldModelConfig:
     workspace_low: tuple[float, float, float] = (0.2, -0.28, 0.015)
     workspace_high: tuple[float, float, float] = (0.62, 0.28, 0.3)
     state_members: int = 5  # ensemble members of the state channel (used when env_state_dim > 0)
-    n_objects: int = 3  # objects (cubes) in the environment state, 3 coordinates each, before the static zones
+    n_objects: int = 3  # objects the state channel predicts (len(object_xyz))
+    # the layout of observation.environment_state (the dataset's `EEDeltaControl`): where each object's centre starts,
+    # where [ee, opening] repeat (-1: nowhere), (start, n) of the previous frame's first n entries; the rest is static
+    object_xyz: tuple[int, ...] = (0, 3, 6)
+    env_arm: int = -1
+    env_previous: tuple[int, int] = (0, 0)
 
     @property
     def latent_size(self) -> int:
@@ -111,6 +116,8 @@ class VideoWorldModel(nn.Module):
             raise ValueError(f"size: expected one of {sorted(SIZES)}, got {cfg.size!r}")
         if not cfg.task_vocab:
             raise ValueError("task_vocab is empty: build the config from a dataset (its task strings)")
+        if cfg.env_state_dim and len(cfg.object_xyz) != cfg.n_objects:
+            raise ValueError(f"n_objects ({cfg.n_objects}) must equal len(object_xyz) ({len(cfg.object_xyz)})")
         self.cfg = cfg
         C, K, H, P = cfg.frame_channels, cfg.context, cfg.chunk, POSE_DIM
         self.ae = FrameAutoencoder(cfg.latent_channels, cfg.ae_width)
@@ -195,6 +202,25 @@ class VideoWorldModel(nn.Module):
         if last_action is not None:
             g = last_action[:, 3:4]
         return torch.cat([ee, g.clamp(-1, 1)], -1)
+
+    # ------------------------------------------------------------------ environment state <-> state channel
+    def objects_of(self, env: torch.Tensor) -> torch.Tensor:
+        """(..., E) environment state -> (..., 3 n_objects) the object centres the state channel predicts."""
+        return env[..., [o + k for o in self.cfg.object_xyz for k in range(3)]]
+
+    def env_frame(self, prev: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """The environment state (B, E) of a predicted frame from the previous frame's (B, E) and the state channel's
+        x (B, 4 + 3 n) = [ee, opening, object centres]: objects (and the arm, where the layout repeats it) written
+        in, the previous-frame entries taken from `prev`, everything else (zones, goals, orientations) carried."""
+        c = self.cfg
+        e = prev.clone()
+        start, n = c.env_previous
+        if n:
+            e[:, start : start + n] = prev[:, :n]
+        e[:, [o + k for o in c.object_xyz for k in range(3)]] = x[:, 4:]
+        if c.env_arm >= 0:
+            e[:, c.env_arm : c.env_arm + 4] = x[:, :4]
+        return e
 
     def _norm_pose(self, p: torch.Tensor) -> torch.Tensor:
         return (p - self.pose_mid) / self.pose_half
@@ -317,11 +343,10 @@ class VideoWorldModel(nn.Module):
             if key not in obs:
                 raise ValueError(f"this world model has a state channel and needs {key!r} in the start observation")
             env = torch.as_tensor(np.asarray(obs[key]), dtype=torch.float32, device=self.device)
-            n = 3 * self.cfg.n_objects
             x = torch.cat([proprio[:, list(self.cfg.ee_index)], proprio[:, self.cfg.gripper_index : self.cfg.gripper_index + 1],
-                           env[:, :n]], -1)
+                           self.objects_of(env)], -1)
             state["x"] = x[None].repeat(self.cfg.state_members, 1, 1)
-            state["static"] = env[:, n:]  # zones: static
+            state["env"] = env  # the last frame's whole environment state (what the channel does not predict is kept)
         return state
 
     @torch.no_grad()
@@ -354,9 +379,12 @@ class VideoWorldModel(nn.Module):
             poses = torch.stack(poses, 1)
             summ = [StateChannel.summary(x_) for x_ in xs[:h]]
             mean = torch.stack([m for m, _ in summ], 1)  # (B, h, D)
-            n = 3 * self.cfg.n_objects
             preds["ee"], preds["gripper_opening"] = mean[..., :3], mean[..., 3]
-            preds[OBS_ENV_STATE] = torch.cat([mean[..., 4 : 4 + n], state["static"][:, None].expand(-1, h, -1)], -1)
+            envs, e = [], state["env"]
+            for j in range(h):
+                e = self.env_frame(e, mean[:, j])
+                envs.append(e)
+            preds[OBS_ENV_STATE], new["env"] = torch.stack(envs, 1), e
             preds["disagreement"] = torch.stack([d for _, d in summ], 1)
         else:
             poses = integrate_poses(state["pose"][:, :3], a, self.cfg)

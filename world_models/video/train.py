@@ -111,6 +111,8 @@ def model_config(cfg: TrainWMConfig, ds) -> WorldModelConfig:
     c = EEDeltaControl.of_dataset(ds.root)  # the suite's action geometry, recorded with the data
     return WorldModelConfig(ee_index=c.ee_index, gripper_index=c.gripper_index, gripper_open=c.gripper_open,
                             ee_step=c.ee_step, workspace_low=c.workspace_low, workspace_high=c.workspace_high,
+                            n_objects=len(c.object_xyz), object_xyz=c.object_xyz, env_arm=c.env_arm,
+                            env_previous=c.env_previous,
                             context=cfg.context, chunk=cfg.chunk, size=cfg.size, sampling_steps=cfg.sampling_steps,
                             deterministic=cfg.deterministic, task_vocab=vocab, latent_channels=cfg.latent_channels,
                             ae_width=cfg.ae_width, state_members=cfg.state_members if cfg.state_channel else 0,
@@ -221,7 +223,8 @@ class WindowSampler:
         idx = torch.minimum(idx, self.last[i][:, None])
         c = self.mcfg
         s = self.state[idx]
-        x = torch.cat([s[..., list(c.ee_index)], s[..., c.gripper_index : c.gripper_index + 1], self.env[idx][..., : 3 * c.n_objects]], -1)
+        objects = self.env[idx][..., [o + k for o in c.object_xyz for k in range(3)]]
+        x = torch.cat([s[..., list(c.ee_index)], s[..., c.gripper_index : c.gripper_index + 1], objects], -1)
         return x.reshape(M, B, L + 1, -1), self.action[idx[:, :-1]].reshape(M, B, L, -1), mask.reshape(M, B, L)
 
 
@@ -260,10 +263,10 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
     if cfg.state_channel and cfg.state_steps and not mcfg.env_state_dim:
         raise ValueError(f"{cfg.data}: the state channel needs {ENV_STATE!r}, which the dataset lacks; pass "
                          "--no-state-channel to read success from generated frames only")
-    if cfg.state_channel and cfg.state_steps and EEDeltaControl.of_dataset(ds.root).object_state != "tabletop":
-        raise ValueError(f"{cfg.data}: the state channel models the tabletop's cubes; this dataset's "
-                         f"{ENV_STATE!r} has another layout (its meta/wmrl.json 'control'); pass --no-state-channel "
-                         "to read success from generated frames only")
+    if cfg.state_channel and cfg.state_steps and EEDeltaControl.of_dataset(ds.root).object_state is None:
+        raise ValueError(f"{cfg.data}: its task has no success rule on {ENV_STATE!r} for the state channel (its "
+                         "meta/wmrl.json 'control' names no object_state); pass --no-state-channel to read success "
+                         "from generated frames only")
     ck, _ = resume_checkpoint(run / "checkpoints") if cfg.resume else (None, 0)
     resuming = ck is not None
     model = VideoWorldModel.load(ck, expect=mcfg, device=cfg.device) if resuming else VideoWorldModel(mcfg).to(cfg.device)
