@@ -86,6 +86,25 @@ def make_env(task: str, **kwargs) -> gym.Env:
     return gym.make(resolve_task(task), disable_env_checker=True, **kwargs)
 
 
+def episode_horizon(task: str) -> int:
+    """The task's own episode length in control steps (its `max_episode_steps`): what imagined episodes of it last."""
+    env = make_env(task, cameras=()).unwrapped
+    try:
+        return int(env.max_episode_steps)
+    finally:
+        env.close()
+
+
+def true_steps_taken() -> int:
+    """True-simulator steps taken in this process, every suite (RL in imagination reports that it stays 0)."""
+    import sys
+
+    from sim.tabletop.env import TabletopEnv
+
+    mw = sys.modules.get("sim.metaworld.env")  # not imported: no Meta-World step can have been taken
+    return TabletopEnv.steps_taken + (mw.MetaWorldEnv.steps_taken if mw is not None else 0)
+
+
 def _make_registered(env_id: str, kwargs: dict) -> gym.Env:
     # Module-level (pickled by reference), so a spawned worker imports `sim` and with it the registrations.
     return gym.make(env_id, disable_env_checker=True, **kwargs)

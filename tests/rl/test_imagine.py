@@ -154,6 +154,19 @@ def test_imagine_runs_with_zero_true_environment_steps_and_resumes(trained, tiny
     assert [x["iteration"] for x in recs if "iteration" in x] == [1, 2, 3] and r2["true_env_steps_during_rl"] == 0
 
 
+def test_imagined_episodes_last_the_tasks_own_horizon_unless_told(tiny_data, tmp_path):
+    """RL in imagination rewards success within the horizon the policy is evaluated on (push: 80 steps), not a
+    fixed 40 that Meta-World's 50-75-step pushes would never fit in."""
+    from wmrl.rl.imagine import imagined_horizon
+
+    assert imagined_horizon(tiny_data) == 80
+    assert imagined_horizon(tiny_data, 12) == 12
+    with pytest.raises(ValueError, match="max_steps must be positive"):
+        imagine(ImagineConfig(policy=tmp_path / "p", world_model=tmp_path / "wm", out=tmp_path / "x", max_steps=0),
+                progress=False)
+    assert not (tmp_path / "x").exists()
+
+
 def test_imagine_refuses_a_flow_policy(trained, tiny_data, tmp_path):
     from wmrl.commands.train_policy import TrainPolicyConfig, train_policy
 

@@ -121,6 +121,19 @@ def test_state_rules_equal_the_suites_success_on_real_states(task):
     assert agree >= (total - len(fails) * 2 if task == "reach" else total), (agree, total)
 
 
+def test_the_horizon_and_the_true_step_count_cover_meta_world():
+    """What RL in imagination reads: the task's own episode length, and a count of true-simulator steps that a
+    Meta-World step moves (the claim "0 true steps during RL" must hold for every suite, not only the tabletop)."""
+    assert sim.episode_horizon("metaworld-push") == 150 and sim.episode_horizon("push-red") == 80
+    env = _make("reach", cameras=())
+    env.reset(seed=0)
+    before = sim.true_steps_taken()
+    for _ in range(3):
+        env.step(np.zeros(4, np.float32))
+    env.close()
+    assert sim.true_steps_taken() - before == 3
+
+
 def test_failure_mode_is_refused_where_the_policy_ignores_the_goal():
     with pytest.raises(ValueError, match="no near-success failure mode"):
         _expert_episode("drawer-open", 0, failure_prob=1.0)

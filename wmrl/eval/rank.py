@@ -190,7 +190,7 @@ def score_policy(spec: str, world_model: str, data: str, task: str, episodes: in
         torch.set_num_threads(threads)
     pcfg = parse_policy_spec(spec)
     model = make_world_model("video", world_model)
-    max_steps = sim.make_env(task).unwrapped.max_episode_steps
+    max_steps = sim.episode_horizon(task)
     wm_env = make_imagination_env(model, Path(data), num_envs, max_steps, sampling_steps=1, stop_cm=stop_cm)
     true_env = sim.make_vector_env(task, num_envs, asynchronous=False)
     out = {"policy": spec}

@@ -85,7 +85,7 @@ def hallucination_rate(policy, model, task: str, n: int, seed: int = 30_000, suc
     when nothing succeeded in imagination: no success, nothing to call hallucinated; `n_imagined_success` says)."""
     seeds = [seed + i for i in range(n)]
     starts, _ = _true_starts(task, seeds)
-    max_steps = sim.make_env(task).unwrapped.max_episode_steps
+    max_steps = sim.episode_horizon(task)
     r = imagine_from(policy, model, starts, max_steps, success_threshold, seed=seed, rules=rules)
     true = np.array([replay_in_true_sim(task, s, a) for s, a in zip(seeds, r["actions"])])
     imagined = r["success"]
@@ -119,7 +119,7 @@ def imagined_success_sft(policy, model, task: str, n: int, steps: int, out: Path
     """Ctrl-World's recipe: keep the imagined trajectories the world model judges successful and behaviour-clone
     them (from true-simulator start frames, with the policy sampling so that trajectories differ)."""
     starts, _ = _true_starts(task, [seed + i for i in range(n)])
-    max_steps = sim.make_env(task).unwrapped.max_episode_steps
+    max_steps = sim.episode_horizon(task)
     stochastic, policy.stochastic = policy.stochastic, True
     r = imagine_from(policy, model, starts, max_steps, success_threshold, record=True, seed=seed, rules=rules)
     policy.stochastic = stochastic

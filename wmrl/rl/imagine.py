@@ -23,10 +23,11 @@ from tqdm.auto import tqdm
 
 from policies.lerobot.common import lerobot_policy_type
 from policies.vla import VLAPolicy
-from sim.tabletop.env import TabletopEnv
+import sim
 from wmrl.core.checkpoint import (commit_checkpoint, load_train_state, resolve_checkpoint, resume_checkpoint,
                                   save_train_state)
 from wmrl.core.features import TASK
+from wmrl.datasets import LeRobotV3Dataset
 from wmrl.core.report import plot_curves
 from wmrl.core.run import Tracker, start_run
 from wmrl.eval import evaluate_on_tasks
@@ -56,8 +57,10 @@ class ImagineConfig:
     groups: int = 4
     """Start states per iteration (GRPO); the batch is groups * group_size imagined rollouts."""
     group_size: int = 8
-    max_steps: int = 40
-    """Control steps per imagined episode."""
+    max_steps: Optional[int] = None
+    """Control steps per imagined episode; default: the task's own episode length (as evaluation and ranking use),
+    e.g. 80 for the tabletop's pushes, 150 for Meta-World. Shorter than the demonstrations, no rollout but a
+    keyframe-started one can succeed."""
     keyframe_prob: float = 0.3
     """Share of resets that start mid-episode from a real keyframe (KIR)."""
     reward: str = "success"
@@ -128,11 +131,19 @@ def update(policy, opt, ro: Rollouts, cfg: ImagineConfig, ref=None, seed: int | 
 
 
 # ---------------------------------------------------------------------------------------------- the command
+def imagined_horizon(data: Path, max_steps: int | None = None) -> int:
+    """Control steps per imagined episode: `max_steps`, else the longest own episode length of the dataset's tasks,
+    the horizon the policy is evaluated and ranked on (a shorter one leaves slower successes unrewarded)."""
+    return max_steps or max(sim.episode_horizon(sim.task_from_instruction(t)) for t in LeRobotV3Dataset(data).tasks)
+
+
 def imagine(cfg: ImagineConfig, progress: bool = True) -> dict:
     if cfg.algo not in ALGOS:
         raise ValueError(f"algo: expected one of {tuple(ALGOS)}, got {cfg.algo!r}")
     if cfg.reward not in grpo.REWARDS:
         raise ValueError(f"reward: expected one of {grpo.REWARDS}, got {cfg.reward!r}")
+    if cfg.max_steps is not None and cfg.max_steps <= 0:
+        raise ValueError(f"max_steps must be positive (or unset: the task's episode length), got {cfg.max_steps}")
     kind = lerobot_policy_type(cfg.policy)
     if kind is not None:
         raise ValueError(f"{cfg.policy} is a LeRobot {kind} checkpoint: {cfg.algo} needs an exact action "
@@ -147,11 +158,10 @@ def imagine(cfg: ImagineConfig, progress: bool = True) -> dict:
         raise ValueError(f"{cfg.algo} needs the gaussian head's exact log-probability; {cfg.policy} has the "
                          f"{policy.cfg.head} head")
     model = make_world_model("video", str(cfg.world_model), device=cfg.device)
-    check_world_model_task(cfg.world_model, cfg.data or world_model_data(cfg.world_model), policy.cfg.tasks,
-                           f"policy {cfg.policy}")
-    env = make_imagination_env(model, cfg.data or world_model_data(cfg.world_model), cfg.groups * cfg.group_size,
-                               cfg.max_steps, cfg.keyframe_prob, cfg.success_threshold, cfg.sampling_steps,
-                               stop_cm=cfg.stop_cm)
+    data = cfg.data or world_model_data(cfg.world_model)
+    check_world_model_task(cfg.world_model, data, policy.cfg.tasks, f"policy {cfg.policy}")
+    env = make_imagination_env(model, data, cfg.groups * cfg.group_size, imagined_horizon(data, cfg.max_steps), cfg.keyframe_prob,
+                               cfg.success_threshold, cfg.sampling_steps, stop_cm=cfg.stop_cm)
     policy.check_spaces(env.single_observation_space, env.single_action_space)
     if policy.cfg.chunk_size > model.cfg.chunk:
         raise ValueError(f"policy chunk {policy.cfg.chunk_size} exceeds the world model's chunk {model.cfg.chunk}")
@@ -166,7 +176,7 @@ def imagine(cfg: ImagineConfig, progress: bool = True) -> dict:
         result["eval_before"] = evaluate_on_tasks(policy, tasks, cfg.eval_episodes, run / "eval_before",
                                                   seed=20_000 + cfg.seed, progress=progress)
         tracker.log({"stage": "eval_before", **{f"{t}/{k}": v for t, m in result["eval_before"].items() for k, v in m.items()}})
-    true_steps0 = TabletopEnv.steps_taken
+    true_steps0 = sim.true_steps_taken()
     t0 = time.time()
     G = cfg.group_size if cfg.algo == "grpo" else 1
     for it in tqdm(range(start, cfg.iterations), initial=start, total=cfg.iterations, desc=f"imagine-{cfg.algo}",
@@ -179,14 +189,14 @@ def imagine(cfg: ImagineConfig, progress: bool = True) -> dict:
         rec = {"iteration": it + 1, "imagined_success": float(ro.success.float().mean()),
                "imagined_return": float(ro.returns.mean()), "episode_chunks": float(ro.valid.float().sum(0).mean()),
                "flagged_share": float(ro.flagged.float().mean()),
-               "log_std": float(policy.log_std.detach().mean()), "true_env_steps": TabletopEnv.steps_taken - true_steps0,
+               "log_std": float(policy.log_std.detach().mean()), "true_env_steps": sim.true_steps_taken() - true_steps0,
                "seconds": time.time() - t0, **info}
         tracker.log(rec, step=it + 1)
         if (it + 1) % cfg.ckpt_every == 0 or it + 1 == cfg.iterations:
             commit_checkpoint(run / "checkpoints", it + 1,
                               lambda d: (policy.save(d), save_train_state(d, it + 1, {"policy": opt})))
     result.update({"run_dir": str(run), "iterations": cfg.iterations, "rl_minutes": (time.time() - t0) / 60,
-                   "true_env_steps_during_rl": TabletopEnv.steps_taken - true_steps0})
+                   "true_env_steps_during_rl": sim.true_steps_taken() - true_steps0})
     plot_curves(run / "metrics.jsonl", run / "learning_curves.png", ["imagined_success", "imagined_return", "log_std", "approx_kl", "clip_frac"],
                 title=f"{cfg.algo} in imagination")
     if cfg.eval_episodes:
