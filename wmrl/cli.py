@@ -1,7 +1,7 @@
 """`wmrl`: one entry point. Each subcommand is a dataclass config parsed by tyro; `--config FILE.yaml` supplies
 defaults that flags then override.
 
-    wmrl demo | collect | eval | train-wm | train-policy | imagine | rank | datasets make | offline | finetune | pgd | deploy |
+    wmrl demo | collect | eval | train-wm | post-train-wm | train-policy | imagine | rank | datasets make | offline | finetune | pgd | deploy |
          serve-robot | robot-keys | sysid | calibrate-twin | tasks | bench NAME [--json]
 """
 
@@ -26,6 +26,8 @@ COMMANDS: dict[str, tuple[str, str, str, str]] = {
     "collect": ("collect", "CollectConfig", "collect", "record scripted-expert episodes into a LeRobot v3 dataset"),
     "eval": ("evaluate", "EvalConfig", "run_eval", "evaluate a policy on a task; metrics, videos, plots"),
     "train-wm": ("train_wm", "TrainWMConfig", "train_world_model", "train the video world model on a LeRobot v3 dataset"),
+    "post-train-wm": ("post_train_wm", "PostTrainWMConfig", "post_train_world_model",
+                      "post-train a video world model on its own long rollouts (PersistWorld, DiffusionNFT)"),
     "train-policy": ("train_policy", "TrainPolicyConfig", "train_policy", "behaviour-clone the VLA policy on LeRobot v3 datasets"),
     "imagine": ("imagine", "ImagineConfig", "imagine", "RL (GRPO or PPO) of a VLA policy inside a video world model"),
     "rank": ("rank", "RankConfig", "run_rank", "rank policies in the world model and in the true simulator; agreement"),

@@ -239,6 +239,14 @@ class VideoWorldModel(nn.Module):
     def _F(self, x_in, c_noise, ctx, ctx_sigma, anchor, pose0, poses):
         return self.unet(self._inputs(x_in, ctx, anchor, pose0, poses), self._condition(c_noise, ctx_sigma, pose0, poses))
 
+    def denoise(self, x: torch.Tensor, sigma: torch.Tensor, ctx: torch.Tensor, ctx_sigma: torch.Tensor, anchor: torch.Tensor,
+                pose0: torch.Tensor, poses: torch.Tensor) -> torch.Tensor:
+        """EDM's denoiser D(x; sigma) = c_skip x + c_out F(c_in x, c_noise) on the noisy change x (B, H*C, S, S) at
+        noise levels sigma (B,), given the (noised, at ctx_sigma) context: the model's estimate of the clean change."""
+        B = x.shape[0]
+        c_skip, c_out, c_in, c_noise = (c.reshape(B, 1, 1, 1) for c in edm_coefficients(sigma, self.cfg.sigma_data))
+        return c_skip * x + c_out * self._F(c_in * x, c_noise.reshape(B), ctx, ctx_sigma, anchor, pose0, poses)
+
     def to_residual(self, future: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
         """(B, H, C, S, S) future latents -> standardised changes over the last context latent, (B, H*C, S, S)."""
         return ((future - last[:, None]) / self.res_std).flatten(1, 2)

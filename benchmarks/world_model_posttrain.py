@@ -1,0 +1,122 @@
+"""Long-horizon post-training of the video world model (PersistWorld with DiffusionNFT, `wmrl post-train-wm`),
+measured against its base on the same fixed held-out windows.
+
+- Base: a world-model benchmark run (`runs/bench-world-model/<base>/model` and its dataset `.../data`; `base=full`
+  is the committed CPU run of `wmrl bench world-model`, `base=base-cuda-x2` the lent-GPU one). Post-training works
+  in `runs/bench-world-model-posttrain/<base>/` (resumed when there).
+- Both models roll out from the same held-out windows (`fixed_windows`, seed 0) for 32 control steps under the
+  recorded actions, sampled as imagination samples (`steps` Euler steps), `seeds` sampling seeds per model averaged
+  per window. Per window: PSNR (mean over cameras) at h4 (the first chunk), h16 and h32, SSIM at h32, copy-last's
+  PSNR at the same frames.
+- Keys: `paired_wins_h32` (share of windows where the post-trained model's h32 PSNR beats the base's; motion
+  windows: `paired_wins_h32_motion`), `psnr_gain_h32_motion` (post minus base, dB, bootstrap CI), the same at h16,
+  `one_chunk_psnr_change` (h4, all windows), both models' gains over copy-last, per-seed gains, and the check of
+  the metric: the base against itself with other sampling seeds (its paired wins must sit near 0.5, its gain near 0).
+The downstream keys (ranking, hallucinated success) are not measured by this script yet.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from wmrl.benchutil import finish
+
+ROOT = Path(__file__).resolve().parent.parent
+def _per_window(model, held, starts, steps: int, seeds: list[int], H: int) -> dict[str, np.ndarray]:
+    """Per sampling seed and window (seeds, N): PSNR at the first chunk ("first"), H/2 ("mid") and H ("end") and
+    SSIM at H, each the mean over cameras."""
+    from world_models.video.evaluate import psnr, rollout, ssim
+
+    at = {"first": model.cfg.chunk, "mid": H // 2, "end": H}
+    acc: dict[str, list] = {k: [] for k in (*at, "ssim_end")}
+    for s in seeds:
+        r = rollout(model, held, starts, H, steps=steps, seed=s)
+        cams = list(r["real"])
+        for k, h in at.items():
+            acc[k].append(np.mean([psnr(r["pred"][c][:, h - 1], r["real"][c][:, h - 1]) for c in cams], 0))
+        acc["ssim_end"].append(np.mean([ssim(r["pred"][c][:, H - 1], r["real"][c][:, H - 1]) for c in cams], 0))
+    return {k: np.stack(v) for k, v in acc.items()}
+
+
+def _tiny_base(work: Path) -> Path:
+    """Quick mode: a tiny dataset and world model in `work` (a smoke test of the pipeline, not a result)."""
+    from wmrl.commands.collect import CollectConfig, collect
+    from world_models.video.train import TrainWMConfig, train_world_model
+
+    collect(CollectConfig(task="push-red", episodes=8, out=work / "data", failures=0.5, num_envs=1), progress=False)
+    train_world_model(TrainWMConfig(data=work / "data", out=work / "model", size="tiny", ae_steps=20, state_steps=20,
+                                    dyn_steps=20, unroll_steps=0, batch_size=8, videos=0), progress=False)
+    return work
+
+
+def main(quick: bool = False, base: str = "full", iterations: int = 40, windows: int = 120, seeds: int = 2,
+         steps: int = 1, lr: float = 3e-5) -> dict:
+    from world_models.video.evaluate import bootstrap_ci, fixed_windows, psnr
+    from world_models.video.model import VideoWorldModel
+    from world_models.video.post_train import PostTrainWMConfig, post_train_world_model
+    from world_models.video.train import load_split
+
+    if quick:
+        tmp = Path(tempfile.mkdtemp(prefix="wmrl-bench-post-"))
+        src, work, iterations, windows, seeds = _tiny_base(tmp), tmp, 2, 4, 1
+    else:
+        src, work = ROOT / "runs" / "bench-world-model" / base, ROOT / "runs" / "bench-world-model-posttrain" / base
+        if not (src / "model" / "checkpoints" / "last").exists():
+            raise ValueError(f"no world-model benchmark run at {src}: run `wmrl bench world-model --json` first (it "
+                             "trains runs/bench-world-model/full), or pass base=<a folder there>")
+    post = work / "post"
+    resume = (post / "checkpoints" / "last").exists()
+    t0 = time.time()
+    pcfg = PostTrainWMConfig(world_model=src / "model", data=src / "data", out=post, iterations=iterations,
+                             sampling_steps=steps, horizon=8 if quick else H_MAX, min_horizon=4 if quick else 8,
+                             windows=2 if quick else 8, lr=lr, resume=resume, overwrite=not resume)
+    done = resume and json.loads((post / "checkpoints/last/train_state.json").read_text())["step"] >= iterations
+    res = {} if done else post_train_world_model(pcfg, progress=not quick)
+    minutes = (time.time() - t0) / 60
+
+    base_m = VideoWorldModel.load(src / "model" / "checkpoints" / "last").eval()
+    post_m = VideoWorldModel.load(post / "checkpoints" / "last").eval()
+    _, _, held = load_split(src / "data", 0.1)
+    H = 8 if quick else H_MAX
+    wins = fixed_windows(held, windows, H, base_m.cfg.context, seed=0)
+    starts = [(w["episode"], w["start"]) for w in wins]
+    motion = np.array([w["motion"] for w in wins])
+    ss = list(range(seeds))
+    bs, ps = _per_window(base_m, held, starts, steps, ss, H), _per_window(post_m, held, starts, steps, ss, H)
+    b, p = ({k: v.mean(0) for k, v in x.items()} for x in (bs, ps))
+    b2 = {k: v.mean(0) for k, v in _per_window(base_m, held, starts, steps, [100 + s for s in ss], H).items()}
+    d, cams = held.data, [f"observation.images.{c}" for c in base_m.cfg.cameras]
+    copy = {h: np.mean([psnr(np.stack([d[c][held.episodes[e][0] + t] for e, t in starts]),
+                             np.stack([d[c][held.episodes[e][0] + t + h] for e, t in starts])) for c in cams], 0)
+            for h in (H // 2, H)}
+    m = lambda x: float(np.mean(x[motion]))
+    hm, he = f"h{H // 2}", f"h{H}"
+    out = {"base": str((src / "model").relative_to(ROOT)) if not quick else "tiny", "post_iterations": iterations, "lr": lr,
+           "sampling_steps": steps, "sampling_seeds": seeds, "horizon": H, "n_windows": len(wins),
+           "n_motion_windows": int(motion.sum()),
+           f"paired_wins_{he}": float(np.mean(p["end"] > b["end"])),
+           f"paired_wins_{he}_motion": float(np.mean(p["end"][motion] > b["end"][motion])),
+           f"psnr_gain_{he}_motion": m(p["end"] - b["end"]),
+           f"psnr_gain_{he}_motion_ci": bootstrap_ci((p["end"] - b["end"])[motion]),
+           f"psnr_gain_{he}_motion_per_seed": [m(ps["end"][i] - bs["end"][i]) for i in range(seeds)],
+           f"psnr_gain_{hm}_motion": m(p["mid"] - b["mid"]),
+           f"psnr_gain_{hm}_motion_ci": bootstrap_ci((p["mid"] - b["mid"])[motion]),
+           f"psnr_gain_{he}_all": float(np.mean(p["end"] - b["end"])),
+           f"ssim_change_{he}": float(np.mean(p["ssim_end"] - b["ssim_end"])),
+           "one_chunk_psnr_change": float(np.mean(p["first"] - b["first"])),
+           f"base_over_copy_{he}_motion": m(b["end"] - copy[H]), f"post_over_copy_{he}_motion": m(p["end"] - copy[H]),
+           f"base_over_copy_{hm}_motion": m(b["mid"] - copy[H // 2]), f"post_over_copy_{hm}_motion": m(p["mid"] - copy[H // 2]),
+           f"psnr_{he}_base": float(np.mean(b["end"])), f"psnr_{he}_post": float(np.mean(p["end"])),
+           # the metric's check: the base against itself on other sampling seeds (wins near 0.5, gain near 0)
+           f"check_base_vs_itself_wins_{he}": float(np.mean(b2["end"] > b["end"])),
+           f"check_base_vs_itself_gain_{he}_motion": m(b2["end"] - b["end"]),
+           "rank_spearman_base": None, "rank_spearman_post": None, "hallucinated_base": None, "hallucinated_post": None,
+           "post_train_minutes": res["post_train_minutes"] if res else None}
+    name = "world-model-posttrain" + ("" if base == "full" else f"-{base}")
+    return finish(name, out, quick, command=f"wmrl bench world-model-posttrain --json --options base={base} "
+                                           f"iterations={iterations} lr={lr:g}" if not quick else None)

@@ -1,0 +1,107 @@
+"""World-model post-training on its own rollouts (PersistWorld + DiffusionNFT, `world_models/video/post_train.py`)."""
+
+import hashlib
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from world_models.video import post_train as pt
+from world_models.video.post_train import PostTrainWMConfig, nft_loss, nft_targets, optimality, post_train_world_model
+
+
+def test_nft_targets_and_the_reward_weighted_loss_on_a_hand_example():
+    d, d_old, x0 = torch.tensor([[2.0]]), torch.tensor([[1.0]]), torch.tensor([[0.0]])
+    pos, neg = nft_targets(d, d_old, 0.5)  # v+ = v_old + b (v - v_old), v- = v_old - b (v - v_old)
+    assert pos.item() == pytest.approx(1.5) and neg.item() == pytest.approx(0.5)
+    w = torch.tensor([2.0])
+    # r = 1: only the positive model is pulled toward the sample; r = 0: only the negative one; in between: the mix
+    assert nft_loss(d, d_old, x0, torch.tensor([1.0]), w, 0.5).item() == pytest.approx(2 * 1.5**2)
+    assert nft_loss(d, d_old, x0, torch.tensor([0.0]), w, 0.5).item() == pytest.approx(2 * 0.5**2)
+    assert nft_loss(d, d_old, x0, torch.tensor([0.25]), w, 0.5).item() == pytest.approx(2 * (0.25 * 2.25 + 0.75 * 0.25))
+    # the gradient: a good sample (r = 1) moves D toward x0, a bad one (r = 0) away from it
+    for r, sign in ((1.0, -1), (0.0, 1)):
+        dd = d.clone().requires_grad_(True)
+        nft_loss(dd, d_old, x0, torch.tensor([r]), w, 0.5).sum().backward()
+        assert np.sign(-dd.grad.item()) == sign  # the descent direction
+
+
+def test_optimality_is_relative_within_each_group():
+    r = optimality(np.array([1.0, 2.0, 3.0, 4.0, 5.0, 5.0, 5.0, 5.0]), group=4)
+    assert np.all(np.diff(r[:4]) > 0) and r[:4].min() >= 0 and r[:4].max() <= 1
+    assert np.allclose(r[:4] + r[3::-1], 1.0)  # symmetric around the group mean
+    assert np.allclose(r[4:], 0.5)  # a group without differences gives no direction
+    assert np.allclose(optimality(np.array([0.0, 1.0]) + 100, 2), optimality(np.array([0.0, 1.0]), 2))  # shift-free
+    with pytest.raises(ValueError, match="multiple of 4"):
+        optimality(np.zeros(6), 4)
+
+
+def _cfg(trained, tiny_data, out, **kw):
+    base = dict(world_model=trained, data=tiny_data, out=out, iterations=2, windows=2, candidates=2, horizon=8,
+                min_horizon=4, minibatch=4, lr=1e-3, ckpt_every=1, overwrite=True)
+    return PostTrainWMConfig(**{**base, **kw})
+
+
+def test_rewards_score_each_rollout_against_the_real_future_of_its_own_window(trained, tiny_data, monkeypatch, tmp_path):
+    seen = {}
+    real_sample, real_fidelity = pt.WindowSampler.sample, pt.fidelity
+
+    def sample(self, *a, **kw):
+        seen["d"], seen["images"] = (d := real_sample(self, *a, **kw)), self.images
+        return d
+
+    def fidelity(pred, real):
+        seen.setdefault("calls", []).append((pred, real, seen["d"]))
+        return real_fidelity(pred, real)
+
+    monkeypatch.setattr(pt.WindowSampler, "sample", sample)
+    monkeypatch.setattr(pt, "fidelity", fidelity)
+    post_train_world_model(_cfg(trained, tiny_data, tmp_path / "p", iterations=1), progress=False)
+    (pred, real, d), = seen["calls"]
+    fut = d["fut_idx"].numpy()
+    for k, frames in real.items():
+        cam = k.removeprefix("observation.images.")
+        want = seen["images"][cam].numpy()[fut]  # (W, L, H, W, 3): the recorded frames after each window's start
+        assert np.array_equal(frames, np.repeat(want, 2, 0))  # each of the G=2 candidates against its own window
+        assert pred[k].shape == frames.shape
+
+
+def _digest(path):
+    return hashlib.sha256((path / "model.safetensors").read_bytes()).hexdigest()
+
+
+def test_only_the_denoiser_moves_and_the_base_stays_as_it_was(trained, tiny_data, tmp_path):
+    from wmrl.core.checkpoint import resolve_checkpoint
+    from world_models.video.model import VideoWorldModel
+
+    base_ck = resolve_checkpoint(trained)
+    before = _digest(base_ck)
+    r = post_train_world_model(_cfg(trained, tiny_data, tmp_path / "p"), progress=False)
+    assert _digest(base_ck) == before  # the frozen reference is the base on disk, untouched
+    base, post = VideoWorldModel.load(base_ck), VideoWorldModel.load(tmp_path / "p" / "checkpoints" / "last")
+    sb, sp = base.state_dict(), post.state_dict()
+    den = {id(p) for p in pt.denoiser_parameters(post)}
+    names = {n for n, p in post.named_parameters() if id(p) in den}
+    assert any(not torch.equal(sb[n], sp[n]) for n in names)  # the denoiser was trained
+    assert all(torch.equal(sb[n], sp[n]) for n in sp if n not in names)  # autoencoder, heads, state channel, stats
+    assert r["iterations"] == 2 and np.isfinite(r["loss"])
+
+
+def test_resume_reproduces_the_next_iteration(trained, tiny_data, tmp_path):
+    post_train_world_model(_cfg(trained, tiny_data, tmp_path / "a", iterations=3), progress=False)
+    post_train_world_model(_cfg(trained, tiny_data, tmp_path / "b", iterations=2), progress=False)
+    post_train_world_model(_cfg(trained, tiny_data, tmp_path / "b", iterations=3, resume=True, overwrite=False),
+                           progress=False)
+    rec = lambda run: [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines() if '"iteration"' in l]
+    a, b = rec(tmp_path / "a"), rec(tmp_path / "b")
+    assert [x["iteration"] for x in b] == [1, 2, 3]
+    assert b[2]["loss"] == pytest.approx(a[2]["loss"], rel=1e-5) and b[2]["horizon"] == a[2]["horizon"]
+
+
+def test_bad_configurations_are_refused_before_a_run_folder_exists(trained, tiny_data, tmp_path):
+    for kw, msg in (({"candidates": 1}, "candidates must be >= 2"), ({"horizon": 6}, "multiples of the model's chunk"),
+                    ({"min_horizon": 12}, "min-horizon <= --horizon"), ({"beta": 0.0}, "beta > 0")):
+        with pytest.raises(ValueError, match=msg):
+            post_train_world_model(_cfg(trained, tiny_data, tmp_path / "x", **kw), progress=False)
+        assert not (tmp_path / "x").exists()
