@@ -27,6 +27,7 @@ import numpy as np
 from wmrl.benchutil import finish
 
 ROOT = Path(__file__).resolve().parent.parent
+H_MAX = 32  # the long horizon the keys name (h32)
 def _per_window(model, held, starts, steps: int, seeds: list[int], H: int) -> dict[str, np.ndarray]:
     """Per sampling seed and window (seeds, N): PSNR at the first chunk ("first"), H/2 ("mid") and H ("end") and
     SSIM at H, each the mean over cameras."""

@@ -66,6 +66,18 @@ def test_world_model_benchmark_leaves_a_finished_training_alone(tmp_path):
     assert trained(cfg)
 
 
+def test_world_model_posttrain_benchmark_compares_base_and_post_on_the_same_windows():
+    r = _run("world_model_posttrain")
+    he = f"h{r['horizon']}"
+    for k in (f"paired_wins_{he}", f"paired_wins_{he}_motion", f"psnr_gain_{he}_motion", "one_chunk_psnr_change",
+              f"ssim_change_{he}", f"check_base_vs_itself_wins_{he}", f"base_over_copy_{he}_motion", "post_train_minutes"):
+        assert k in r and r[k] == r[k], k
+    lo, hi = r[f"psnr_gain_{he}_motion_ci"]
+    assert lo <= r[f"psnr_gain_{he}_motion"] <= hi
+    assert r[f"psnr_gain_{he}_all"] == pytest.approx(r[f"psnr_{he}_post"] - r[f"psnr_{he}_base"])  # paired, same windows
+    assert len(r[f"psnr_gain_{he}_motion_per_seed"]) == r["sampling_seeds"]
+
+
 def test_world_model_speed_rates_are_per_phase_medians_without_warm_up():
     rates = runpy.run_path(str(BENCH / "world_model_speed.py"), run_name="bench")["phase_rates"]
     # ae: intervals of 10 steps in 1 s (warm-up, left out), 0.1 s, 0.2 s, 0.1 s; dyn: 1 s (left out), 0.5, 0.5
