@@ -62,11 +62,13 @@ def main(quick: bool = False, base: str = "full", iterations: int = 40, windows:
     from world_models.video.post_train import PostTrainWMConfig, post_train_world_model
     from world_models.video.train import load_split
 
+    iterations, windows, seeds, steps, lr = int(iterations), int(windows), int(seeds), int(steps), float(lr)  # --options: strings
     if quick:
         tmp = Path(tempfile.mkdtemp(prefix="wmrl-bench-post-"))
         src, work, iterations, windows, seeds = _tiny_base(tmp), tmp, 2, 4, 1
     else:
-        src, work = ROOT / "runs" / "bench-world-model" / base, ROOT / "runs" / "bench-world-model-posttrain" / base
+        tag = base + ("" if (iterations, lr) == (40, 3e-5) else f"-it{iterations}-lr{lr:g}")  # one folder per setting
+        src, work = ROOT / "runs" / "bench-world-model" / base, ROOT / "runs" / "bench-world-model-posttrain" / tag
         if not (src / "model" / "checkpoints" / "last").exists():
             raise ValueError(f"no world-model benchmark run at {src}: run `wmrl bench world-model --json` first (it "
                              "trains runs/bench-world-model/full), or pass base=<a folder there>")
@@ -118,6 +120,6 @@ def main(quick: bool = False, base: str = "full", iterations: int = 40, windows:
            f"check_base_vs_itself_gain_{he}_motion": m(b2["end"] - b["end"]),
            "rank_spearman_base": None, "rank_spearman_post": None, "hallucinated_base": None, "hallucinated_post": None,
            "post_train_minutes": res["post_train_minutes"] if res else None}
-    name = "world-model-posttrain" + ("" if base == "full" else f"-{base}")
+    name = "world-model-posttrain" + ("" if quick or tag == "full" else f"-{tag}")
     return finish(name, out, quick, command=f"wmrl bench world-model-posttrain --json --options base={base} "
                                            f"iterations={iterations} lr={lr:g}" if not quick else None)
