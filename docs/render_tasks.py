@@ -1,5 +1,6 @@
 """Renders docs/tasks.png: the front and wrist cameras (64x64, as policies see them) of every task family, at the
-start and at the end of a scripted-expert episode.  Run: python docs/render_tasks.py"""
+start and at the end of a scripted-expert episode.  Run: python docs/render_tasks.py
+`python docs/render_tasks.py metaworld` renders docs/metaworld_tasks.png the same way for six Meta-World tasks."""
 
 from __future__ import annotations
 
@@ -14,20 +15,30 @@ from sim.tabletop.tasks import FAMILIES
 from wmrl.eval import evaluate
 
 
-def main() -> None:
+METAWORLD = ("reach", "push", "pick-place", "drawer-open", "button-press-topdown", "door-open")
+
+
+def main(suite: str = "tabletop") -> None:
+    import sim
+
+    names = ([f"{f}-{['red', 'green', 'blue', 'red'][i]}" for i, f in enumerate(FAMILIES)] if suite == "tabletop"
+             else [f"metaworld-{t}" for t in METAWORLD])
     rows = []
-    for i, family in enumerate(FAMILIES):
-        env = TabletopEnv(f"{family}-{['red', 'green', 'blue', 'red'][i]}")
+    for i, name in enumerate(names):
+        env = TabletopEnv(name) if suite == "tabletop" else sim.make_env(name).unwrapped
         ep = evaluate(ScriptedExpert(), env, 1, seed=3 + i, record=True, progress=False).episodes[0]
+        env.close()
         tiles = [ep[k][t] for t in (0, -1) for k in ("observation.images.front", "observation.images.wrist")]
         row = np.concatenate([np.pad(t, ((2, 2), (2, 2), (0, 0)), constant_values=255) for t in tiles], axis=1)
         rows.append(row)
-        print(f"{family}: {ep['task'][0]!r}")
+        print(f"{name}: {ep['task'][0]!r}, success {bool(np.any(ep['next.success']))}")
     img = np.concatenate(rows, axis=0).repeat(3, 0).repeat(3, 1)
-    out = Path(__file__).resolve().parent / "tasks.png"
+    out = Path(__file__).resolve().parent / ("tasks.png" if suite == "tabletop" else f"{suite}_tasks.png")
     iio.imwrite(out, img)
     print(out)
 
 
 if __name__ == "__main__":
-    main()
+    import sys
+
+    main(*sys.argv[1:2])
