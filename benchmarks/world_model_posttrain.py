@@ -12,7 +12,9 @@ measured against its base on the same fixed held-out windows.
   windows: `paired_wins_h32_motion`), `psnr_gain_h32_motion` (post minus base, dB, bootstrap CI), the same at h16,
   `one_chunk_psnr_change` (h4, all windows), both models' gains over copy-last, per-seed gains, and the check of
   the metric: the base against itself with other sampling seeds (its paired wins must sit near 0.5, its gain near 0).
-The downstream keys (ranking, hallucinated success) are not measured by this script yet.
+Options: `iterations`, `lr`, `histories` (real histories per iteration), `candidates` (rollouts per history); a
+non-default setting gets its own work folder and result file. The downstream keys (ranking, hallucinated success)
+are not measured by this script yet.
 """
 
 from __future__ import annotations
@@ -56,18 +58,20 @@ def _tiny_base(work: Path) -> Path:
 
 
 def main(quick: bool = False, base: str = "full", iterations: int = 40, windows: int = 120, seeds: int = 2,
-         steps: int = 1, lr: float = 3e-5) -> dict:
+         steps: int = 1, lr: float = 3e-5, histories: int = 8, candidates: int = 4) -> dict:
     from world_models.video.evaluate import bootstrap_ci, fixed_windows, psnr
     from world_models.video.model import VideoWorldModel
     from world_models.video.post_train import PostTrainWMConfig, post_train_world_model
     from world_models.video.train import load_split
 
     iterations, windows, seeds, steps, lr = int(iterations), int(windows), int(seeds), int(steps), float(lr)  # --options: strings
+    histories, candidates = int(histories), int(candidates)
     if quick:
         tmp = Path(tempfile.mkdtemp(prefix="wmrl-bench-post-"))
         src, work, iterations, windows, seeds = _tiny_base(tmp), tmp, 2, 4, 1
     else:
         tag = base + ("" if (iterations, lr) == (40, 3e-5) else f"-it{iterations}-lr{lr:g}")  # one folder per setting
+        tag += "" if (histories, candidates) == (8, 4) else f"-w{histories}g{candidates}"
         src, work = ROOT / "runs" / "bench-world-model" / base, ROOT / "runs" / "bench-world-model-posttrain" / tag
         if not (src / "model" / "checkpoints" / "last").exists():
             raise ValueError(f"no world-model benchmark run at {src}: run `wmrl bench world-model --json` first (it "
@@ -77,7 +81,8 @@ def main(quick: bool = False, base: str = "full", iterations: int = 40, windows:
     t0 = time.time()
     pcfg = PostTrainWMConfig(world_model=src / "model", data=src / "data", out=post, iterations=iterations,
                              sampling_steps=steps, horizon=8 if quick else H_MAX, min_horizon=4 if quick else 8,
-                             windows=2 if quick else 8, lr=lr, resume=resume, overwrite=not resume)
+                             windows=2 if quick else histories, candidates=2 if quick else candidates, lr=lr,
+                             resume=resume, overwrite=not resume)
     done = resume and json.loads((post / "checkpoints/last/train_state.json").read_text())["step"] >= iterations
     res = {} if done else post_train_world_model(pcfg, progress=not quick)
     minutes = (time.time() - t0) / 60
@@ -99,7 +104,8 @@ def main(quick: bool = False, base: str = "full", iterations: int = 40, windows:
             for h in (H // 2, H)}
     m = lambda x: float(np.mean(x[motion]))
     hm, he = f"h{H // 2}", f"h{H}"
-    out = {"base": str((src / "model").relative_to(ROOT)) if not quick else "tiny", "post_iterations": iterations, "lr": lr,
+    out = {"base": str((src / "model").relative_to(ROOT)) if not quick else "tiny", "post_iterations": iterations,
+           "lr": lr, "histories": histories, "candidates": candidates,
            "sampling_steps": steps, "sampling_seeds": seeds, "horizon": H, "n_windows": len(wins),
            "n_motion_windows": int(motion.sum()),
            f"paired_wins_{he}": float(np.mean(p["end"] > b["end"])),
@@ -122,4 +128,4 @@ def main(quick: bool = False, base: str = "full", iterations: int = 40, windows:
            "post_train_minutes": res["post_train_minutes"] if res else None}
     name = "world-model-posttrain" + ("" if quick or tag == "full" else f"-{tag}")
     return finish(name, out, quick, command=f"wmrl bench world-model-posttrain --json --options base={base} "
-                                           f"iterations={iterations} lr={lr:g}" if not quick else None)
+                                           f"iterations={iterations} lr={lr:g} histories={histories} candidates={candidates}" if not quick else None)
