@@ -120,7 +120,7 @@ def denoiser_parameters(model: VideoWorldModel) -> list[torch.nn.Parameter]:
 
 
 @torch.no_grad()
-def rollouts(model: VideoWorldModel, sampler: WindowSampler, images: dict, W: int, G: int, L: int, steps: int,
+def rollouts(model: VideoWorldModel, sampler: WindowSampler, W: int, G: int, L: int, steps: int,
              gen: torch.Generator) -> tuple[list[dict], np.ndarray]:
     """G autoregressive rollouts of L control steps from each of W real histories under the recorded actions.
     Returns the generated chunks (inputs and sample, per chunk, rollouts along the batch) and the rewards (W*G,)."""
@@ -137,13 +137,13 @@ def rollouts(model: VideoWorldModel, sampler: WindowSampler, images: dict, W: in
         lats.append(fut)
         ctx, pose0 = torch.cat([ctx, fut], 1)[:, -K:], p[:, -1]
     lat = torch.cat(lats, 1)  # (N, L, C, S, S)
-    i, fut_idx = d["i"].cpu().numpy(), d["fut_idx"].cpu().numpy()
-    keys = [f"observation.images.{c}" for c in model.cfg.cameras]
-    frames0 = {k: np.repeat(images[k][i], G, 0) for k in keys}
+    i, fut = d["i"], d["fut_idx"]
+    images = {f"observation.images.{c}": sampler.images[c] for c in model.cfg.cameras}  # uint8, on the device
+    frames0 = {k: v[i].repeat_interleave(G, 0).cpu().numpy() for k, v in images.items()}
     pred = model.decode_frames(lat.flatten(0, 1), (z0, frames0))
     N = W * G
     pred = {k: v.reshape(N, L, *v.shape[1:]).cpu().numpy() for k, v in pred.items()}
-    real = {k: np.repeat(images[k][fut_idx], G, 0) for k in keys}
+    real = {k: v[fut].repeat_interleave(G, 0).cpu().numpy() for k, v in images.items()}
     return chunks, fidelity(pred, real)
 
 
@@ -196,7 +196,6 @@ def post_train_world_model(cfg: PostTrainWMConfig, progress: bool = True) -> dic
     opt = torch.optim.AdamW(denoiser_parameters(model), cfg.lr, weight_decay=0.0)
     start = load_train_state(ck, {"denoiser": opt}, cfg.device)["step"] if ck is not None else 0
     sampler = WindowSampler(train, cfg.device, model.cfg, lat=encode_all(model, train))
-    images = {f"observation.images.{c}": train.data[f"observation.images.{c}"] for c in model.cfg.cameras}
     lengths = np.arange(cfg.min_horizon, cfg.horizon + 1, H)
     tracker = Tracker(run)
     t0 = time.time()
@@ -206,7 +205,7 @@ def post_train_world_model(cfg: PostTrainWMConfig, progress: bool = True) -> dic
         gen = torch.Generator(device=cfg.device).manual_seed(cfg.seed * 1_000_003 + it)  # resumes exactly
         L = int(lengths[torch.randint(len(lengths), (1,), generator=gen, device=cfg.device).item()])
         model.eval()
-        chunks, reward = rollouts(model, sampler, images, cfg.windows, cfg.candidates, L, cfg.sampling_steps, gen)
+        chunks, reward = rollouts(model, sampler, cfg.windows, cfg.candidates, L, cfg.sampling_steps, gen)
         r = torch.as_tensor(optimality(reward, cfg.candidates), dtype=torch.float32, device=cfg.device)
         old = copy.deepcopy(model).eval()  # the model that generated these samples
         batch = {k: torch.cat([c[k] for c in chunks]) for k in chunks[0]}
