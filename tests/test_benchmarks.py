@@ -213,3 +213,19 @@ def test_offline_speed_counts_the_work_of_each_update():
     assert all(0 < x["share_of_peak"] < 1 for x in a.values())  # nothing runs above the machine's product rate
     for name in ("iql", "td3bc"):  # the peer ran on the same batch (asserted inside) and the ratio is ours / theirs
         assert r[f"speedup_vs_torchrl_{name}"] == pytest.approx(r[f"{name}_updates_per_s"] / r[f"torchrl_{name}_updates_per_s"])
+
+
+def test_published_results_name_no_machine_paths_and_are_strict_json(tmp_path):
+    import json
+
+    from wmrl.benchutil import RESULTS, portable
+
+    root = str(RESULTS.parent.parent)
+    out = portable({"policy": f"{root}/runs/demo/policy_bc/checkpoints/last:stochastic", "other": "/elsewhere/x",
+                    "rate": float("nan"), "curve": [1.0, float("inf")], "n": 3}, roots=(root + "/",))
+    assert out == {"policy": "runs/demo/policy_bc/checkpoints/last:stochastic", "other": "/elsewhere/x", "rate": None,
+                   "curve": [1.0, None], "n": 3}
+    for f in RESULTS.glob("*.json"):  # what is committed obeys the same rule
+        text = f.read_text()
+        json.loads(text, parse_constant=lambda c: pytest.fail(f"{f.name}: {c} is not strict JSON"))
+        assert root not in text, f.name

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import os
 import platform
 import statistics
@@ -48,7 +49,25 @@ def median_time(fn: Callable[[], object], repeats: int, warmup: int = 2) -> floa
     return statistics.median(times)
 
 
+def portable(obj, roots: tuple[str, ...] | None = None):
+    """A result as it can be published: paths inside the repository or the working directory made relative (a
+    result never names the machine it ran on) and non-finite numbers as null (strict JSON)."""
+    if roots is None:
+        roots = tuple(dict.fromkeys(str(p) + os.sep for p in (RESULTS.parent.parent, Path.cwd().resolve())))
+    if isinstance(obj, dict):
+        return {k: portable(v, roots) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [portable(v, roots) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, str):
+        for r in roots:
+            obj = obj.replace(r, "")
+    return obj
+
+
 def finish(name: str, result: dict, quick: bool, command: str | None = None) -> dict:
+    result = portable(result)
     result = {"benchmark": name, **result, "machine": machine(),
               "command": command or f"wmrl bench {name} --json" + (" --quick" if quick else ""),
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
