@@ -3,7 +3,9 @@
 - Fidelity on a fixed, stored set of held-out windows (>= 200, chosen by seed), split into motion and static:
   per-window PSNR gain over copy-last-frame at h16 (paired, bootstrap 95% CI), the same on pixels of the arm and
   cubes only (MuJoCo segmentation renders of the real frames), the gap to the autoencoder's ceiling on static
-  windows, and Genie's Delta-t PSNR (true vs shuffled actions) at h8 on motion windows.
+  windows, and Genie's Delta-t PSNR (true vs shuffled actions) at h8 on motion windows. Per camera too (the wrist
+  view moves with the hand). Measured at the model's `sampling_steps` (3), again as imagination samples
+  (`imagination_*`: 1 step, the conditional-mean path), and for a deterministic baseline (`deterministic_*`).
 - State: end-effector error at h4/h16 and target-cube error at the end of whole held-out episodes, in cm.
 - Success: AUROC over success / near-success pairs that share a start (same seed), each scored on the *same*
   number of steps (a random scorer gives 0.5 there, checked in the same run); the 80-step AUROC as RL sees it
@@ -28,6 +30,11 @@ from wmrl.benchutil import device_name, finish
 WORK = Path(__file__).resolve().parent.parent / "runs" / "bench-world-model"
 ROOT = WORK.parent.parent
 H16 = 16
+# fidelity keys repeated for the other sampling settings and the deterministic baseline
+IMAGINATION_KEYS = ("motion_psnr_gain_h16", "motion_psnr_gain_h16_ci", "static_psnr_gain_h16", "masked_psnr_gain_h16",
+                    "static_psnr_gap_to_ceiling", "delta_t_psnr_h8_motion", "motion_psnr_gain_h1", "motion_psnr_gain_h4",
+                    "psnr_h16_model_motion_wrist", "psnr_h16_model_static_wrist", "psnr_h16_model_motion_front",
+                    "psnr_h16_model_static_front")
 
 
 def _trained(cfg) -> bool:
@@ -91,10 +98,13 @@ def main(quick: bool = False, size: str = "small", device: str = "cpu", steps_sc
     fid = window_fidelity(model, held, "push-red", 12 if quick else 240, H16, seed=0)
     pw = fid.pop("per_window")
     out.update(fid)
+    # the same windows sampled as imagination, ranking and GRPO sample (1 Euler step: the conditional-mean path)
+    ifid = window_fidelity(model, held, "push-red", 12 if quick else 240, H16, seed=0, steps=1)
+    for k in IMAGINATION_KEYS:
+        out[f"imagination_{k}"] = ifid[k]
     det = VideoWorldModel.load(det_run / "checkpoints/last", device="cpu").eval()
     dfid = window_fidelity(det, held, "push-red", 12 if quick else 240, H16, seed=0)
-    for k in ("motion_psnr_gain_h16", "motion_psnr_gain_h16_ci", "static_psnr_gain_h16", "masked_psnr_gain_h16",
-              "static_psnr_gap_to_ceiling", "delta_t_psnr_h8_motion", "motion_psnr_gain_h1", "motion_psnr_gain_h4"):
+    for k in IMAGINATION_KEYS:
         out[f"deterministic_{k}"] = dfid[k]
     if model.state_channel is not None:
         cube = cube_error_at_episode_end(model, held)

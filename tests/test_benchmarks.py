@@ -48,6 +48,13 @@ def test_world_model_benchmark_reports_every_result_key():
     # the cube-error measurement checked on the true simulator: the recorded start reproduces the data exactly
     assert r["cube_error_cm_end_sim_exact"] < 1e-3 and r["cube_error_cm_end_sim_exact_p90"] < 1e-3
     assert r["expert_true_success"] >= 0.5  # the noisy expert succeeds in the true simulator from these starts
+    # per camera, the same windows: the cameras' mean is the headline number
+    for split in ("motion", "static"):
+        cams = [r[f"psnr_h16_model_{split}_{c}"] for c in ("front", "wrist")]
+        assert np.mean(cams) == pytest.approx(r[f"psnr_h16_model_{split}"], abs=1e-6)
+    # the setting imagination samples with is measured beside the model's default and the deterministic baseline
+    for k in ("motion_psnr_gain_h16", "static_psnr_gap_to_ceiling", "psnr_h16_model_static_wrist"):
+        assert r[f"imagination_{k}"] == r[f"imagination_{k}"] and r[f"deterministic_{k}"] == r[f"deterministic_{k}"]
 
 
 def test_world_model_benchmark_leaves_a_finished_training_alone(tmp_path):

@@ -108,6 +108,30 @@ def test_residual_path_reproduces_the_last_frame_exactly_at_zero_update():
     assert not np.array_equal(model.decode(fut)["observation.images.front"][:, 0], frames0["observation.images.front"])
 
 
+def test_one_step_sampling_takes_the_trained_conditional_mean_path(monkeypatch):
+    torch.manual_seed(0)
+    model = VideoWorldModel(WorldModelConfig(size="tiny", task_vocab=VOCAB, context_noise_sample=0.0, mean_share=0.5))
+    torch.nn.init.normal_(model.unet.out.weight)
+    st = _state(model)
+    poses = torch.zeros(2, 4, 4)
+    draw = lambda seed, **k: model.sample_future(st["ctx"], st["anchor"], st["pose"], poses, steps=1,
+                                                 generator=torch.Generator().manual_seed(seed), **k)
+    # one step: D(0; sigma_max), the same for every noise seed; asked for a sample, it depends on the seed
+    assert torch.equal(draw(0), draw(1))
+    assert not torch.allclose(draw(0, mean=False), draw(1, mean=False))
+    # training: the mean share sees exactly that input (zero at sigma_max), the rest noisy targets at other levels
+    seen = []
+    orig = VideoWorldModel._F
+    monkeypatch.setattr(VideoWorldModel, "_F", lambda self, x, c_noise, *a: seen.append((x.clone(), c_noise.clone())) or orig(self, x, c_noise, *a))
+    B, C, S = 256, model.cfg.frame_channels, model.cfg.latent_size
+    ctx, fut = torch.randn(B, 2, C, S, S), torch.randn(B, 4, C, S, S)
+    model.dynamics_loss(ctx, ctx[:, 0], fut, torch.zeros(B, 4), torch.zeros(B, 4, 4), torch.ones(B, 4))
+    x, c_noise = seen[0]
+    at_max = torch.isclose(c_noise, edm_coefficients(torch.tensor(model.cfg.sigma_max), 1.0)[3])
+    zero = x.flatten(1).abs().amax(1) == 0
+    assert torch.equal(at_max, zero) and 0.4 < zero.float().mean() < 0.6
+
+
 def test_pose_conditioning_uses_the_simulators_action_space():
     import sim.tabletop.env as E
     import sim.tabletop.model as M

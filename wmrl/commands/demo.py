@@ -202,7 +202,8 @@ def evaluate_world_model(run: Path, cfg: DemoConfig) -> dict:
     horizon = 16 if min(T for _, T in held.episodes.values()) > 16 or not cfg.quick else 4
     out_dir = run / "world_model_eval"
     out_dir.mkdir(exist_ok=True)
-    fid = window_fidelity(model, held, cfg.task, cfg.wm_eval_windows, horizon)
+    # sampled as the demo's RL and ranking sample (1 Euler step, ImagineConfig.sampling_steps)
+    fid = window_fidelity(model, held, cfg.task, cfg.wm_eval_windows, horizon, steps=1)
     pw = fid.pop("per_window")
     gain_plot(out_dir / "psnr_gain.png", pw["gain"], pw["motion"], pw["masked_gain"], horizon)
     pa = pair_auroc(model, success_pairs(cfg.task, cfg.wm_eval_pairs, seed0=60_000 + cfg.seed))

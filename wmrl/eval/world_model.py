@@ -40,15 +40,17 @@ def _mean(x: np.ndarray) -> float:
     return float(x.mean()) if len(x) else float("nan")
 
 
-def window_fidelity(model, held, task: str, n_windows: int = 240, horizon: int = H16, seed: int = 0) -> dict:
+def window_fidelity(model, held, task: str, n_windows: int = 240, horizon: int = H16, seed: int = 0,
+                    steps: int | None = None) -> dict:
     """Fidelity on `fixed_windows(held, n_windows, horizon, seed=seed)`; `held` must keep `qpos` (for the masks).
-    Returns summary numbers and, under `per_window`, the arrays the plots use."""
+    `steps`: Euler steps per chunk (None: the model's `sampling_steps`; imagination samples with 1). Returns summary
+    numbers, the model's and copy-last's PSNR per camera, and under `per_window` the arrays the plots use."""
     wins = fixed_windows(held, n_windows, horizon, model.cfg.context, seed=seed)
     starts = [(w["episode"], w["start"]) for w in wins]
     motion = np.array([w["motion"] for w in wins])
     out: dict = {"n_windows": len(wins), "n_motion_windows": int(motion.sum()),
                  "windows": [[w["episode"], w["start"], int(w["motion"])] for w in wins]}
-    r = rollout(model, held, starts, horizon, seed=seed)
+    r = rollout(model, held, starts, horizon, steps=steps, seed=seed)
     cams = [image_key(c) for c in model.cfg.cameras]
     _, _, real = window_inputs(model, held, starts, horizon)
     last = {c: np.stack([held.data[c][held.episodes[e][0] + t0] for e, t0 in starts]) for c in cams}
@@ -82,14 +84,18 @@ def window_fidelity(model, held, task: str, n_windows: int = 240, horizon: int =
         out[f"psnr_h{h}_{k}_motion"] = _mean(per[k][motion])
         out[f"psnr_h{h}_{k}_static"] = _mean(per[k][~motion])
         out[f"masked_psnr_h{h}_{k}_motion"] = _mean(per[k + "_masked"][motion])
+    for c, cam in zip(cams, model.cfg.cameras):  # per camera: a moving (wrist) view fails differently from a fixed one
+        for name, pred in (("model", r["pred"][c][:, h - 1]), ("copy", last[c])):
+            p = psnr(pred, real[c][:, h - 1])
+            out[f"psnr_h{h}_{name}_motion_{cam}"], out[f"psnr_h{h}_{name}_static_{cam}"] = _mean(p[motion]), _mean(p[~motion])
     for hh in sorted({1, 4, 8, h}):
         pm = np.mean([psnr(r["pred"][c][:, hh - 1], real[c][:, hh - 1]) for c in cams], 0)
         pc = np.mean([psnr(last[c], real[c][:, hh - 1]) for c in cams], 0)
         out[f"motion_psnr_gain_h{hh}"] = _mean((pm - pc)[motion])
     # controllability (Genie's Delta-t PSNR): true vs shuffled actions, motion windows, horizon 8
     mstarts = [s for s, m in zip(starts, motion) if m]
-    rt = rollout(model, held, mstarts, 8, seed=seed + 1)
-    rs = rollout(model, held, mstarts, 8, shuffle_actions=True, seed=seed + 1)
+    rt = rollout(model, held, mstarts, 8, steps=steps, seed=seed + 1)
+    rs = rollout(model, held, mstarts, 8, steps=steps, shuffle_actions=True, seed=seed + 1)
     pt = np.mean([psnr(rt["pred"][c][:, 7], rt["real"][c][:, 7]) for c in cams], 0)
     ps = np.mean([psnr(rs["pred"][c][:, 7], rs["real"][c][:, 7]) for c in cams], 0)
     out["delta_t_psnr_h8_motion"] = _mean(pt - ps)

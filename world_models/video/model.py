@@ -64,6 +64,9 @@ class WorldModelConfig:
     context_noise_sample: float = 0.1  # the small level generated context is noised to, and told, at sampling
     motion_weight: float = 3.0  # extra dynamics-loss weight where the future differs from the last context frame
     sampling_steps: int = 3
+    # share of training samples that regress the conditional mean: sigma_max with a zero input, the point one-step
+    # sampling starts from (imagination samples with 1 step); the other samples train the diffusion path
+    mean_share: float = 0.25
     deterministic: bool = False  # baseline: same backbone regressing the change directly, no diffusion
     task_vocab: list[str] = field(default_factory=list)
     # the action space: end-effector delta (scaled by ee_step, clipped to the workspace) and a gripper command
@@ -275,6 +278,10 @@ class VideoWorldModel(nn.Module):
         else:
             sigma = torch.exp(self.cfg.p_mean + self.cfg.p_std * torch.randn(B, device=r0.device))
             x = r0 + sigma.reshape(B, 1, 1, 1) * torch.randn_like(r0)
+            if self.cfg.mean_share > 0:  # the one-step path: D(0; sigma_max) learns E[r | conditioning]
+                mean = torch.rand(B, device=r0.device) < self.cfg.mean_share
+                sigma = torch.where(mean, torch.full_like(sigma, self.cfg.sigma_max), sigma)
+                x = torch.where(mean.reshape(B, 1, 1, 1), torch.zeros_like(x), x)
             c_skip, c_out, c_in, c_noise = (c.reshape(B, 1, 1, 1) for c in edm_coefficients(sigma, self.cfg.sigma_data))
             F_ = self._F(c_in * x, c_noise.reshape(B), ctx_n, ctx_sigma, anchor, pose0, poses)
             err = (F_ - (r0 - c_skip * x) / c_out) ** 2  # EDM loss: lambda(sigma) ||D(x) - r0||^2
@@ -304,9 +311,12 @@ class VideoWorldModel(nn.Module):
     # ------------------------------------------------------------------ imagination
     @torch.no_grad()
     def sample_future(self, ctx: torch.Tensor, anchor: torch.Tensor, pose0: torch.Tensor, poses: torch.Tensor,
-                      steps: int | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
+                      steps: int | None = None, generator: torch.Generator | None = None,
+                      mean: bool | None = None) -> torch.Tensor:
         """Latents of the next H frames (B, H, C, S, S) by Euler sampling of the change through diffusers' EDM
-        scheduler. The context is noised to `context_noise_sample`, the level the model is told."""
+        scheduler. The context is noised to `context_noise_sample`, the level the model is told. `mean`: one step
+        from a zero input, the conditional mean the model learns on `mean_share` of its samples (default: when
+        sampling with 1 step and the model learned it); False draws a sample."""
         B = ctx.shape[0]
         H, C, S = self.cfg.chunk, self.cfg.frame_channels, self.cfg.latent_size
         dev = ctx.device
@@ -319,8 +329,11 @@ class VideoWorldModel(nn.Module):
             r = self._F(torch.zeros(B, H * C, S, S, device=dev), c_noise, ctx_n, ctx_sigma, anchor, pose0, poses)
             return self.from_residual(r, last)
         sched = EDMEulerScheduler.from_config(self.scheduler.config)
-        sched.set_timesteps(steps or self.cfg.sampling_steps, device=dev)
+        n = steps or self.cfg.sampling_steps
+        sched.set_timesteps(n, device=dev)
         x = torch.randn(B, H * C, S, S, device=dev, generator=generator) * sched.init_noise_sigma
+        if n == 1 and (self.cfg.mean_share > 0 if mean is None else mean):
+            x = torch.zeros_like(x)
         for t in sched.timesteps:  # EDM's timesteps are c_noise = ln(sigma) / 4
             F_ = self._F(sched.scale_model_input(x, t), t.reshape(1).expand(B).to(dev), ctx_n, ctx_sigma, anchor, pose0, poses)
             x = sched.step(F_, t, x).prev_sample  # c_skip x + c_out F, then the Euler step

@@ -132,7 +132,7 @@ def rollouts(model: VideoWorldModel, sampler: WindowSampler, W: int, G: int, L: 
     chunks, lats = [], []
     for c in range(L // H):
         p = poses[:, c * H : (c + 1) * H]
-        fut = model.sample_future(ctx, anchor, pose0, p, steps=steps, generator=gen)
+        fut = model.sample_future(ctx, anchor, pose0, p, steps=steps, generator=gen, mean=False)  # candidates differ
         chunks.append({"ctx": ctx, "anchor": anchor, "pose0": pose0, "poses": p, "x0": model.to_residual(fut, ctx[:, -1])})
         lats.append(fut)
         ctx, pose0 = torch.cat([ctx, fut], 1)[:, -K:], p[:, -1]

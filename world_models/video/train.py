@@ -64,6 +64,8 @@ class TrainWMConfig:
     """Per camera; with ae_width the autoencoder's reconstruction ceiling."""
     ae_width: int = 16
     sampling_steps: int = 3
+    mean_share: float = 0.25
+    """Share of samples that train the one-step conditional-mean path imagination samples with (0: pure EDM)."""
     deterministic: bool = False
     """Train the no-diffusion baseline (same backbone, direct regression of the change)."""
     state_channel: bool = True
@@ -113,7 +115,7 @@ def model_config(cfg: TrainWMConfig, ds) -> WorldModelConfig:
                             ee_step=c.ee_step, workspace_low=c.workspace_low, workspace_high=c.workspace_high,
                             n_objects=len(c.object_xyz), object_xyz=c.object_xyz, env_arm=c.env_arm,
                             env_previous=c.env_previous,
-                            context=cfg.context, chunk=cfg.chunk, size=cfg.size, sampling_steps=cfg.sampling_steps,
+                            context=cfg.context, chunk=cfg.chunk, size=cfg.size, sampling_steps=cfg.sampling_steps, mean_share=cfg.mean_share,
                             deterministic=cfg.deterministic, task_vocab=vocab, latent_channels=cfg.latent_channels,
                             ae_width=cfg.ae_width, state_members=cfg.state_members if cfg.state_channel else 0,
                             action_dim=int(ds.features[ACTION]["shape"][0]), state_dim=int(ds.features[STATE]["shape"][0]),
@@ -254,6 +256,8 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
     for name in ("ae_steps", "state_steps", "dyn_steps", "unroll_steps"):
         if getattr(cfg, name) < 0:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(cfg, name)}")
+    if not 0 <= cfg.mean_share < 1:
+        raise ValueError(f"--mean-share must be in [0, 1) (1 would leave the diffusion path untrained), got {cfg.mean_share}")
     if cfg.compile not in COMPILE_MODES:
         raise ValueError(f"--compile must be one of {', '.join(m for m in COMPILE_MODES if m)}, got {cfg.compile!r}")
     run = start_run(cfg)
