@@ -236,3 +236,13 @@ def test_published_results_name_no_machine_paths_and_are_strict_json(tmp_path):
         text = f.read_text()
         json.loads(text, parse_constant=lambda c: pytest.fail(f"{f.name}: {c} is not strict JSON"))
         assert root not in text, f.name
+
+
+def test_world_model_mean_path_benchmark_measures_both_variants_on_the_same_windows():
+    r = _run("world_model_mean_path")
+    for v in ("pure", "mean"):
+        for s in (1, 3):
+            assert r[f"{v}_steps{s}_motion_psnr_gain_h16"] == r[f"{v}_steps{s}_motion_psnr_gain_h16"], (v, s)
+    # the paired difference is the difference of the two variants' means on the same motion windows
+    d = r["pure_steps1_motion_psnr_gain_h16"] + r["mean_minus_pure_steps1_motion_gain"]
+    assert d == pytest.approx(r["mean_steps1_motion_psnr_gain_h16"], abs=1e-6)
