@@ -82,6 +82,11 @@ def main(quick: bool = False, source: str = "runs/bench-imagination/demo", windo
     out["mean_minus_pure_steps1_motion_gain_ci"] = bootstrap_ci((gm - gp)[motion])
     out["mean_minus_pure_steps1_static_gain"] = float(np.mean((gm - gp)[~motion])) if (~motion).any() else None
     out["mean_wins_steps1_motion"] = float(np.mean((gm > gp)[motion]))
+    if not quick:
+        wins = a["windows"]
+        pick = [w[:2] for w in wins if w[2]][:2] + [w[:2] for w in wins if not w[2]][:2]  # 2 motion, 2 static
+        out["picture"] = _picture({n: VideoWorldModel.load(work / n / "checkpoints/last").eval() for n in ("pure", "mean")},
+                                  held, pick, ROOT / "docs" / "wm_mean_path.png")
     return finish("world-model-mean-path", out, quick,
                   command=None if quick else f"wmrl bench world-model-mean-path --json --options source={source}")
 
@@ -96,3 +101,22 @@ def _tiny_source(work: Path) -> None:
     train_world_model(TrainWMConfig(data=work / "data", out=work / "src_run", size="tiny", ae_steps=20, state_steps=4,
                                     dyn_steps=4, unroll_steps=0, batch_size=8, videos=0), progress=False)
     shutil.copytree(work / "src_run" / "checkpoints" / "last", work / "source")
+
+
+def _picture(models: dict, held, starts: list, path: Path) -> str:
+    """One row per window: for each camera, real | pure EDM | mean path at h4 and h16, all sampled with 1 step."""
+    from PIL import Image
+
+    from world_models.video.evaluate import rollout
+
+    rs = {n: rollout(m, held, [tuple(s) for s in starts], 16, steps=1, seed=0) for n, m in models.items()}
+    rows = []
+    for i in range(len(starts)):
+        row = []
+        for c in rs["pure"]["real"]:
+            for h in (4, 16):
+                row += [rs["pure"]["real"][c][i, h - 1], rs["pure"]["pred"][c][i, h - 1], rs["mean"]["pred"][c][i, h - 1]]
+        rows.append(np.concatenate(row, 1))
+    img = np.concatenate(rows, 0)
+    Image.fromarray(img).resize((img.shape[1] * 2, img.shape[0] * 2), Image.NEAREST).save(path)
+    return str(path.relative_to(ROOT))
