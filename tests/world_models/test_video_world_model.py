@@ -1,3 +1,4 @@
+import dataclasses
 import json
 from pathlib import Path
 
@@ -108,7 +109,7 @@ def test_residual_path_reproduces_the_last_frame_exactly_at_zero_update():
     assert not np.array_equal(model.decode(fut)["observation.images.front"][:, 0], frames0["observation.images.front"])
 
 
-def test_one_step_sampling_takes_the_trained_conditional_mean_path(monkeypatch):
+def test_one_step_sampling_takes_the_trained_conditional_mean_path(monkeypatch, tmp_path):
     torch.manual_seed(0)
     model = VideoWorldModel(WorldModelConfig(size="tiny", task_vocab=VOCAB, context_noise_sample=0.0, mean_share=0.5))
     torch.nn.init.normal_(model.unet.out.weight)
@@ -119,6 +120,13 @@ def test_one_step_sampling_takes_the_trained_conditional_mean_path(monkeypatch):
     # one step: D(0; sigma_max), the same for every noise seed; asked for a sample, it depends on the seed
     assert torch.equal(draw(0), draw(1))
     assert not torch.allclose(draw(0, mean=False), draw(1, mean=False))
+    # a checkpoint saved before the path existed never trained it: it loads as pure EDM and keeps sampling
+    model.save(tmp_path / "old")
+    raw = json.loads((tmp_path / "old/config.json").read_text())
+    del raw["mean_share"]
+    (tmp_path / "old/config.json").write_text(json.dumps(raw))
+    assert VideoWorldModel.load(tmp_path / "old").cfg.mean_share == 0.0
+    assert VideoWorldModel.load(tmp_path / "old").cfg == dataclasses.replace(model.cfg, mean_share=0.0)
     # training: the mean share sees exactly that input (zero at sigma_max), the rest noisy targets at other levels
     seen = []
     orig = VideoWorldModel._F

@@ -22,6 +22,8 @@ also samples.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -440,6 +442,8 @@ class VideoWorldModel(nn.Module):
     @classmethod
     def load(cls, path: str | Path, expect: WorldModelConfig | None = None, device: str = "cpu") -> "VideoWorldModel":
         cfg = read_config(path, WorldModelConfig, expect, what="world-model checkpoint")
+        if "mean_share" not in json.loads((Path(path) / "config.json").read_text()):
+            cfg = dataclasses.replace(cfg, mean_share=0.0)  # saved before the one-step path existed: never trained it
         return load_state(cls(cfg), path, device)
 
 
