@@ -126,7 +126,9 @@ def test_one_step_sampling_takes_the_trained_conditional_mean_path(monkeypatch, 
     del raw["mean_share"]
     (tmp_path / "old/config.json").write_text(json.dumps(raw))
     assert VideoWorldModel.load(tmp_path / "old").cfg.mean_share == 0.0
-    assert VideoWorldModel.load(tmp_path / "old").cfg == dataclasses.replace(model.cfg, mean_share=0.0)
+    old = dataclasses.replace(model.cfg, mean_share=0.0)
+    assert VideoWorldModel.load(tmp_path / "old").cfg == old
+    assert VideoWorldModel.load(tmp_path / "old", expect=old).cfg == old  # a resume from it matches its own config
     # training: the mean share sees exactly that input (zero at sigma_max), the rest noisy targets at other levels
     seen = []
     orig = VideoWorldModel._F

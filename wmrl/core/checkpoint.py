@@ -39,9 +39,11 @@ def save_pretrained(module: torch.nn.Module, config, path: str | Path) -> Path:
     return path
 
 
-def read_config(path: str | Path, cls: type[C], expect: C | None = None, what: str = "checkpoint") -> C:
+def read_config(path: str | Path, cls: type[C], expect: C | None = None, what: str = "checkpoint",
+                absent: dict | None = None) -> C:
     """The dataclass config of the checkpoint folder `path`; if `expect` is given, a different config is refused
-    with the differing fields listed."""
+    with the differing fields listed. `absent`: values for fields a checkpoint written before they existed lacks,
+    where the dataclass default would describe a different model."""
     path = Path(path)
     if not (path / "config.json").exists() or not (path / "model.safetensors").exists():
         raise FileNotFoundError(f"{path}: not a {what} (config.json and model.safetensors needed)")
@@ -54,6 +56,8 @@ def read_config(path: str | Path, cls: type[C], expect: C | None = None, what: s
         raise ValueError(f"{path / 'config.json'}: not valid JSON ({e})") from None
     if not isinstance(raw, dict):
         raise ValueError(f"{path / 'config.json'}: expected a JSON object of settings")
+    for k, v in (absent or {}).items():
+        raw.setdefault(k, v)
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(raw) - names)
     if unknown:

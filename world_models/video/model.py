@@ -22,8 +22,6 @@ also samples.
 
 from __future__ import annotations
 
-import dataclasses
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -441,9 +439,8 @@ class VideoWorldModel(nn.Module):
 
     @classmethod
     def load(cls, path: str | Path, expect: WorldModelConfig | None = None, device: str = "cpu") -> "VideoWorldModel":
-        cfg = read_config(path, WorldModelConfig, expect, what="world-model checkpoint")
-        if "mean_share" not in json.loads((Path(path) / "config.json").read_text()):
-            cfg = dataclasses.replace(cfg, mean_share=0.0)  # saved before the one-step path existed: never trained it
+        # saved before the one-step path existed: it never trained it
+        cfg = read_config(path, WorldModelConfig, expect, what="world-model checkpoint", absent={"mean_share": 0.0})
         return load_state(cls(cfg), path, device)
 
 
