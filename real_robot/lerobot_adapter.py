@@ -11,7 +11,10 @@ gripper], and stamps each observation with the monotonic clock (the stale-observ
     robot = SafeRobot(arm, SafetyConfig(joint_low=..., joint_high=..., workspace_low=..., ...), fk=your_arm_fk)
 
 lerobot is an optional dependency (it cannot be installed next to this project's torch here): the adapter only
-assumes the dict API, so it is tested against a stand-in driver at the hardware boundary.
+assumes the dict API. It is tested against `real_robot.so101.SimSO101Follower`, the MuJoCo SO-101 behind that API.
+Keys a cell adds beside the motors (`observation.environment_state` from an object tracker, `task`, `success`) pass
+through unchanged; `reset_episode` is forwarded to drivers that have one (a simulated cell; a real one is reset by
+hand).
 """
 
 from __future__ import annotations
@@ -21,9 +24,10 @@ import time
 
 import numpy as np
 
-from wmrl.core.features import OBS_STATE, image_key
+from wmrl.core.features import OBS_ENV_STATE, OBS_STATE, TASK, image_key
 
 SO_ARM_JOINTS = ("shoulder_pan", "shoulder_lift", "elbow_flex", "wrist_flex", "wrist_roll")
+PASS_THROUGH = (OBS_ENV_STATE, TASK, "success", "step")
 
 
 class LeRobotArm:
@@ -68,7 +72,13 @@ class LeRobotArm:
             if cam in raw:
                 obs[image_key(cam)] = np.asarray(raw[cam])
         obs["gripper_command"] = state[-1]
+        obs.update({k: raw[k] for k in PASS_THROUGH if k in raw})
         return obs
+
+    def reset_episode(self, seed: int | None = None) -> None:
+        if not hasattr(self.robot, "reset_episode"):
+            raise NotImplementedError("this arm's driver cannot reset its cell: reset it by hand between episodes")
+        self.robot.reset_episode(seed)
 
     def send_action(self, action) -> np.ndarray:
         a = np.asarray(action, np.float64)

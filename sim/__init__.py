@@ -1,6 +1,7 @@
 """Simulated task suites. Importing `sim` registers every task in gymnasium's registry under `wmrl/`: the embedded
 tabletop (`gymnasium.make("wmrl/tabletop-push-red-v0")`, its hidden-parameter "real" cell
-`wmrl/tabletop-real-push-red-v0`) and, when the optional package is installed, Meta-World (`wmrl/metaworld-push-v0`).
+`wmrl/tabletop-real-push-red-v0`) and, when the optional packages are installed, Meta-World (`wmrl/metaworld-push-v0`)
+and the tabletop on LeRobot's SO-101 arm (`wmrl/so101-reach-red-v0`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import gymnasium as gym  # noqa: E402
 import numpy as np  # noqa: E402
 
 import sim.metaworld  # noqa: E402
+import sim.so101  # noqa: E402
 from sim.tabletop.tasks import all_tasks  # noqa: E402
 from sim.tabletop.tasks import task_from_instruction as tabletop_task_from_instruction  # noqa: E402
 from wmrl.core.features import OBS_ENV_STATE  # noqa: E402
@@ -23,7 +25,7 @@ ENTRY_POINT = "sim.tabletop.env:TabletopEnv"
 
 def env_ids() -> list[str]:
     tabletop = [f"wmrl/tabletop-{t.name}-v0" for t in all_tasks()] + [f"wmrl/tabletop-real-{t.name}-v0" for t in all_tasks()]
-    return tabletop + sim.metaworld.env_ids()
+    return tabletop + sim.metaworld.env_ids() + sim.so101.env_ids()
 
 
 def _register() -> None:
@@ -36,17 +38,23 @@ def _register() -> None:
         if env_id not in gym.registry:
             task = env_id.removeprefix("wmrl/metaworld-").removesuffix("-v0")
             gym.register(id=env_id, entry_point=sim.metaworld.ENTRY_POINT, kwargs={"task": task})
+    for env_id in sim.so101.env_ids():
+        if env_id not in gym.registry:
+            task = env_id.removeprefix("wmrl/so101-").removesuffix("-v0")
+            gym.register(id=env_id, entry_point=sim.so101.ENTRY_POINT, kwargs={"task": task})
 
 
 def resolve_task(task: str) -> str:
-    """Accept 'push-red', 'tabletop-push-red', 'tabletop-real-push-red', 'metaworld-push' or a full gymnasium id;
-    return the id. A Meta-World name without the package installed says how to install it."""
+    """Accept 'push-red', 'tabletop-push-red', 'tabletop-real-push-red', 'metaworld-push', 'so101-reach-red' or a
+    full gymnasium id; return the id. A suite's name without its package installed says how to install it."""
     ids = env_ids()
     for candidate in (task, f"wmrl/{task}-v0", f"wmrl/tabletop-{task}-v0", f"wmrl/{task}"):
         if candidate in ids:
             return candidate
     if task.removeprefix("wmrl/").startswith("metaworld-") and not sim.metaworld.available():
         raise ValueError(f"task {task!r} needs Meta-World: pip install 'wmrl[metaworld]'")
+    if task.removeprefix("wmrl/").startswith("so101-") and not sim.so101.available():
+        raise ValueError(f"task {task!r} needs the SO-101 model: pip install 'wmrl[so101]'")
     short = sorted({i.removeprefix("wmrl/").removesuffix("-v0") for i in ids})
     raise ValueError(f"unknown task {task!r}; valid tasks: {', '.join(short)}")
 

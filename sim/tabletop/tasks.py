@@ -87,7 +87,22 @@ def _segment_distance(p: np.ndarray, a: np.ndarray, b: np.ndarray) -> float:
     return float(np.linalg.norm(p - (a + t * ab)))
 
 
-def sample_layout(spec: TaskSpec, rng: np.random.Generator, p: TwinParams, max_tries: int = 1000) -> Layout:
+@dataclass(frozen=True)
+class Region:
+    """Where a cell's zones and the push approach point may lie (the cubes' ranges are `TwinParams`'): the tabletop
+    arm's reach by default; the SO-101 cell (`sim.so101`) passes its own, smaller one."""
+
+    zone_x: tuple[float, float] = (0.28, 0.54)
+    zone_y: tuple[float, float] = (-0.24, 0.24)
+    behind_x: tuple[float, float] = (0.22, 0.6)
+    behind_y: float = 0.26  # |y| bound
+
+
+TABLETOP_REGION = Region()
+
+
+def sample_layout(spec: TaskSpec, rng: np.random.Generator, p: TwinParams, max_tries: int = 1000,
+                  region: Region = TABLETOP_REGION) -> Layout:
     """Rejection-sample non-overlapping cubes and zones. For push, the straight path from the target cube to its
     zone and the approach point behind the cube are kept clear of the other cubes, so every layout is solvable."""
     (x0, x1), (y0, y1) = p.cube_x_range, p.cube_y_range
@@ -96,7 +111,7 @@ def sample_layout(spec: TaskSpec, rng: np.random.Generator, p: TwinParams, max_t
         pts = list(xy.values())
         if min(np.linalg.norm(a - b) for i, a in enumerate(pts) for b in pts[i + 1 :]) < 0.085:
             continue
-        zones = {z: np.array([rng.uniform(0.28, 0.54), rng.uniform(-0.24, 0.24)]) for z in ZONE_COLOURS}
+        zones = {z: np.array([rng.uniform(*region.zone_x), rng.uniform(*region.zone_y)]) for z in ZONE_COLOURS}
         zp = list(zones.values())
         if np.linalg.norm(zp[0] - zp[1]) < 0.15:
             continue
@@ -113,7 +128,7 @@ def sample_layout(spec: TaskSpec, rng: np.random.Generator, p: TwinParams, max_t
             others = [xy[c] for c in CUBE_COLOURS if c != spec.colour]
             if any(_segment_distance(o, behind, zones[zone] + u * 0.03) < 0.075 for o in others):
                 continue
-            if not (0.22 <= behind[0] <= 0.6 and abs(behind[1]) <= 0.26):
+            if not (region.behind_x[0] <= behind[0] <= region.behind_x[1] and abs(behind[1]) <= region.behind_y):
                 continue
         yaw = {c: float(rng.uniform(-p.cube_yaw_range, p.cube_yaw_range)) for c in CUBE_COLOURS}
         return Layout(xy, yaw, zones, zone)

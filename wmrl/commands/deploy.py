@@ -2,6 +2,12 @@
 
     wmrl deploy --robot sim-real --policy scripted --task reach-red --mode aligned --episodes 5
     wmrl deploy --robot tcp://10.0.0.7:5599 --policy vla --policy.path runs/bc --mode async
+    wmrl deploy --robot sim-so101 --policy scripted --task reach-red
+
+`--robot sim-so101` drives LeRobot's SO-101 arm in MuJoCo through the same stack a physical SO-101 uses in process:
+`SafeRobot(LeRobotArm(driver), SO-101 limits, SO-101 kinematics)`, with `real_robot.so101.SimSO101Follower` as the
+driver (on hardware: LeRobot's `SO101Follower`); policies see the SO-101 cell's observation layout
+(`sim.so101`, `pip install 'wmrl[so101]'`).
 
 `--robot sim-real` starts `SimRealRobot` (the `tabletop-real` cell with hidden parameters, paced to wall-clock time)
 in its own process behind the ZeroMQ transport, exactly as a real arm's driver would be reached. Policies that act in
@@ -22,14 +28,16 @@ from pathlib import Path
 import numpy as np
 
 from policies.factory import make_policy
-from real_robot.adapters import EEDeltaChunkToJoint
+from real_robot.adapters import EEDeltaChunkToJoint, SO101Arm
+from real_robot.lerobot_adapter import LeRobotArm
 from real_robot.executor import ExecutorConfig, run_episode
 from real_robot.intervention import JointOperator, KeyboardOperator, ScriptedOperator
 from real_robot.safety import SafeRobot, SafetyConfig
 from real_robot.sim_robot import spawn_sim_robot
 from real_robot.transport import RemoteRobot
-from sim.tabletop.env import TabletopEnv
+import sim
 from sim.tabletop.tasks import MAX_STEPS, parse_task
+from wmrl.core import so101
 from wmrl.commands.evaluate import PolicyConfig
 from wmrl.core.episode import build_episode, features_for
 from wmrl.core.features import OBS_ENV_STATE, OBS_STATE, TASK, image_key
@@ -41,7 +49,8 @@ from wmrl.datasets.lerobot_v3 import LeRobotV3Writer, write_episode
 @dataclass
 class DeployConfig:
     robot: str = "sim-real"
-    """sim-real (a real-time SimRealRobot in its own process) | tcp://HOST:PORT (a running robot server)"""
+    """sim-real (a real-time SimRealRobot in its own process) | sim-so101 (LeRobot's SO-101 in MuJoCo behind its
+    driver API, in process) | tcp://HOST:PORT (a running robot server)"""
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     task: str = "reach-red"
     mode: str = "aligned"
@@ -79,25 +88,38 @@ def deploy(cfg: DeployConfig) -> dict:
         raise ValueError(f"--episodes must be >= 1, got {cfg.episodes}")
     safety = SafetyConfig(**{**cfg.safety.__dict__, "control_hz": cfg.control_hz, "unsafe": cfg.unsafe or cfg.safety.unsafe})
     safety.validate()
-    if not (cfg.robot == "sim-real" or cfg.robot.startswith("tcp://")):
-        raise ValueError(f"robot: expected sim-real or tcp://HOST:PORT, got {cfg.robot!r}")
+    if not (cfg.robot in ("sim-real", "sim-so101") or cfg.robot.startswith("tcp://")):
+        raise ValueError(f"robot: expected sim-real, sim-so101 or tcp://HOST:PORT, got {cfg.robot!r}")
+    is_so101 = cfg.robot == "sim-so101"
+    if is_so101 and cfg.operator != "none":
+        raise ValueError("--operator drives the tabletop arm's joints; it is not available with --robot sim-so101 yet")
+    if is_so101:
+        from real_robot.so101 import so101_safety
+
+        safety = so101_safety(safety)
     run = start_run(cfg)
-    spaces_env = TabletopEnv(task=cfg.task, cameras=("front", "wrist"))
+    spaces_env = sim.make_env(f"so101-{cfg.task}" if is_so101 else cfg.task, cameras=("front", "wrist")).unwrapped
     policy = make_policy(cfg.policy.type, spaces_env.action_space, seed=cfg.seed, noise=cfg.policy.noise,
                          failure_prob=cfg.policy.failure_prob, path=cfg.policy.path, stochastic=cfg.policy.stochastic,
                          observation_space=spaces_env.observation_space)
     spaces_env.close()
-    infer = EEDeltaChunkToJoint(policy, cfg.horizon)
+    infer = EEDeltaChunkToJoint(policy, cfg.horizon, arm=SO101Arm() if is_so101 else None)
     steps = cfg.max_steps or MAX_STEPS[parse_task(cfg.task).family] * max(1, round(cfg.control_hz / 10))
     proc = None
     address = cfg.robot
-    if cfg.robot == "sim-real":
-        address = f"tcp://127.0.0.1:{free_port()}"
-        # the server applies the same limits in front of the arm; this client's layer is the first line
-        proc = spawn_sim_robot(address, safety=safety, task=cfg.task, control_hz=cfg.control_hz, obs_latency_s=0.03,
-                               seed=cfg.seed)
-    remote = RemoteRobot(address, timeout_s=10.0, keys=cfg.keys, client=cfg.client)
-    robot = SafeRobot(remote, safety)
+    if is_so101:
+        from real_robot.so101 import SimSO101Follower
+
+        remote = LeRobotArm(SimSO101Follower(task=cfg.task, control_hz=cfg.control_hz, seed=cfg.seed))
+        robot = SafeRobot(remote, safety, fk=so101.forward_kinematics)
+    else:
+        if cfg.robot == "sim-real":
+            address = f"tcp://127.0.0.1:{free_port()}"
+            # the server applies the same limits in front of the arm; this client's layer is the first line
+            proc = spawn_sim_robot(address, safety=safety, task=cfg.task, control_hz=cfg.control_hz,
+                                   obs_latency_s=0.03, seed=cfg.seed)
+        remote = RemoteRobot(address, timeout_s=10.0, keys=cfg.keys, client=cfg.client)
+        robot = SafeRobot(remote, safety)
     ecfg = ExecutorConfig(mode=cfg.mode, control_hz=cfg.control_hz)
     rows, writer = [], None
     operator = None
@@ -112,13 +134,14 @@ def deploy(cfg: DeployConfig) -> dict:
             if operator is not None:
                 operator.reset()
             res = run_episode(robot, infer, ecfg, steps, latency=(lambda: cfg.latency_ms / 1000) if cfg.latency_ms else None,
-                              stop=lambda o: bool(o["success"]), record=True, operator=operator)
+                              stop=lambda o: bool(o.get("success", False)), record=True, operator=operator)
             log = res["log"]
             final = res["final_observation"]
-            row = {"episode": ep, "success": bool(final["success"]), "intervention_steps": int(np.sum(np.array(log["phase"]) > 0)),
+            row = {"episode": ep, "success": bool(final.get("success", False)), "intervention_steps": int(np.sum(np.array(log["phase"]) > 0)),
                    **{k: v for k, v in res.items() if k not in ("log", "final_observation")}}
             rows.append(row)
-            server_trips = remote.trips(n_server_trips)  # what the server's own layer limited, in front of the arm
+            # what the server's own layer limited, in front of the arm (an in-process driver has no second layer)
+            server_trips = remote.trips(n_server_trips) if hasattr(remote, "trips") else []
             n_server_trips += len(server_trips)
             with open(run / "trips.jsonl", "a") as f:
                 for t in robot.trips[n_trips:]:
@@ -140,7 +163,8 @@ def deploy(cfg: DeployConfig) -> dict:
                 episode["source"] = ["human" if p > 0 else "policy" for p in log["phase"] + log["phase"][-1:]]
                 if writer is None:
                     writer = LeRobotV3Writer(run / "dataset", fps=int(round(cfg.control_hz)), features=features_for(episode),
-                                             robot_type="wmrl_tabletop_real", extra_meta={"task": cfg.task, "mode": cfg.mode})
+                                             robot_type="so101_follower" if is_so101 else "wmrl_tabletop_real",
+                                             extra_meta={"task": cfg.task, "mode": cfg.mode, "robot": cfg.robot})
                 write_episode(writer, episode)
             with open(run / "episodes.jsonl", "a") as f:
                 f.write(json.dumps(row, default=float) + "\n")
@@ -150,6 +174,8 @@ def deploy(cfg: DeployConfig) -> dict:
         try:
             if proc is not None:
                 remote.shutdown_server()
+            elif is_so101:
+                remote.disconnect()
             else:
                 remote.close()
         except ConnectionError:

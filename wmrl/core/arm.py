@@ -62,6 +62,8 @@ def forward_kinematics(q: np.ndarray) -> np.ndarray:
     return np.array([r * math.cos(yaw), r * math.sin(yaw), z])
 
 
-def step_hand(ee: np.ndarray, delta: np.ndarray, ee_step: float = EE_STEP) -> np.ndarray:
-    """The hand target one end-effector delta (in [-1, 1] units of `ee_step`) away, kept in the workspace."""
-    return np.clip(ee + np.clip(delta[:3], -1, 1) * ee_step, WORKSPACE_LOW, WORKSPACE_HIGH)
+def step_hand(ee: np.ndarray, delta: np.ndarray, ee_step: float = EE_STEP, low=WORKSPACE_LOW,
+              high=WORKSPACE_HIGH) -> np.ndarray:
+    """The hand target one end-effector delta (in [-1, 1] units of `ee_step`) away, kept in the workspace (this
+    arm's, or the `low`/`high` box of another)."""
+    return np.clip(ee + np.clip(delta[:3], -1, 1) * ee_step, low, high)
