@@ -13,6 +13,11 @@ tracked) is replayed open-loop in the twin under candidate parameters. Two stage
 `wmrl deploy` datasets carry the same fields, but a real-time robot steps on its own clock, so replaying them per
 control step is only approximate; dedicated system-identification logs (`wmrl sysid`, `collect_logs`) replay exactly.
 
+Two arms: the tabletop cell's (`robot_type` wmrl_tabletop_real; replayed in `TabletopEnv`) and LeRobot's SO-101
+(`robot_type` so101_follower: `observation.state` = 5 joints in rad and the gripper in [-1, 1], as `LeRobotArm`
+records a physical SO-101 or the simulated one; replayed in `sim.so101.SO101Env`, nominal `CELL`).
+`wmrl sysid --robot sim-so101` records SO-101 logs through LeRobot's driver API.
+
 Writes twin.yaml (a full `TwinParams`: `TabletopEnv(twin=TwinParams.from_dict(...))` uses it) and, beside it,
 calibration.json: the fitted values, trajectory and image error before (nominal twin) and after, the search curves.
 """
@@ -69,6 +74,42 @@ class CalibrateConfig:
     progress: bool = True
 
 
+SO101_ROBOT_TYPE = "so101_follower"
+
+
+def robot_of(path: Path) -> str:
+    """"so101" for logs of LeRobot's SO-101 (their `robot_type`), else "tabletop"."""
+    info = Path(path) / "meta" / "info.json"
+    robot_type = json.loads(info.read_text()).get("robot_type") if info.exists() else None
+    return "so101" if robot_type == SO101_ROBOT_TYPE else "tabletop"
+
+
+def _hand(robot: str, states: np.ndarray) -> np.ndarray:
+    """The end effector per logged state: the tabletop records it (state[5:8]); the SO-101's driver reports joints."""
+    if robot == "so101":
+        from wmrl.core.so101 import forward_kinematics as so101_fk
+
+        return np.stack([so101_fk(q) for q in states[:, :5]])
+    return states[:, 5:8]
+
+
+def replay_env(robot: str, task: str, cameras: tuple[str, ...] = (), image_size: tuple[int, int] = (64, 64)):
+    """The twin a log replays in, under joint control."""
+    if robot == "so101":
+        from sim.so101.env import SO101Env
+
+        return SO101Env(task=task, control="joint", cameras=cameras, image_size=image_size, max_episode_steps=10**9)
+    return TabletopEnv(task=task, control="joint", cameras=cameras, image_size=image_size, max_episode_steps=10**9)
+
+
+def nominal_twin(robot: str) -> TwinParams:
+    if robot == "so101":
+        from sim.so101.env import CELL
+
+        return CELL
+    return TwinParams()
+
+
 def load_logs(path: Path, max_episodes: int = 0, images: bool = False) -> tuple[str, list[dict]]:
     """The task name and episodes of a calibration log (with decoded front-camera frames when `images`); a clear
     error lists any missing field."""
@@ -85,10 +126,12 @@ def load_logs(path: Path, max_episodes: int = 0, images: bool = False) -> tuple[
         raise ValueError(f"{path}: calibration logs need {', '.join(needed)} and the task name; missing: "
                          f"{', '.join(missing)}")
     n = ds.num_episodes if not max_episodes else min(max_episodes, ds.num_episodes)
+    robot = robot_of(path)
     eps = []
     for i in range(n):
         e = ds.episode(i, decode=images)
         eps.append({OBS_STATE: np.asarray(e[OBS_STATE], np.float64), ACTION: np.asarray(e[ACTION], np.float64),
+                    "hand": _hand(robot, np.asarray(e[OBS_STATE], np.float64)),
                     "layout_seed": int(np.asarray(e["layout_seed"]).reshape(-1)[0]),
                     OBS_ENV_STATE: np.asarray(e[OBS_ENV_STATE], np.float64) if OBS_ENV_STATE in e else None,
                     CAMERA: e[CAMERA] if images else None})
@@ -107,17 +150,21 @@ def default_params(path: Path) -> tuple[str, ...]:
     return DEFAULT_PARAMS + (CAMERA_PARAMS if has_images(path) else ())
 
 
-def replay(env, twin, ep: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Replay the logged commands in `env` (control="joint") from the logged layout under `twin`: arm states, cube
-    states and the simulator's qpos per frame."""
+def replay(env, twin, ep: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Replay the logged commands in `env` (control="joint") from the logged layout under `twin`: arm states (in the
+    log's layout: an SO-101's as its driver reports them), cube states, the simulator's qpos and the hand per frame."""
+    state = env.robot_state if hasattr(env, "robot_state") else None
     obs, info = env.reset(seed=ep["layout_seed"], options={"twin": twin})
-    states, env_states, qpos = [obs[OBS_STATE]], [obs[OBS_ENV_STATE]], [info["qpos"]]
-    for a in ep[ACTION][:-1]:  # the final frame's action is padding
-        obs, _, _, _, info = env.step(a)
-        states.append(obs[OBS_STATE])
+    states, env_states, qpos, hand = [], [], [], []
+    for a in [None, *ep[ACTION][:-1]]:  # the final frame's action is padding
+        if a is not None:
+            obs, _, _, _, info = env.step(a)
+        states.append(state() if state else obs[OBS_STATE])
         env_states.append(obs[OBS_ENV_STATE])
         qpos.append(info["qpos"])
-    return np.asarray(states, np.float64), np.asarray(env_states, np.float64), np.asarray(qpos, np.float64)
+        hand.append(env.ee_pos())
+    return (np.asarray(states, np.float64), np.asarray(env_states, np.float64), np.asarray(qpos, np.float64),
+            np.asarray(hand, np.float64))
 
 
 def trajectory_error(env, twin, episodes: list[dict], scale: np.ndarray, cubes: bool = True) -> dict:
@@ -125,9 +172,9 @@ def trajectory_error(env, twin, episodes: list[dict], scale: np.ndarray, cubes: 
     CUBE_CAP, when `cubes` and tracked) and the hand's RMSE in mm."""
     arm, cube, ee = [], [], []
     for ep in episodes:
-        s, e, _ = replay(env, twin, ep)
+        s, e, _, hand = replay(env, twin, ep)
         arm.append(np.mean(((s - ep[OBS_STATE]) / scale) ** 2))
-        ee.append(np.mean(np.sum((s[:, 5:8] - ep[OBS_STATE][:, 5:8]) ** 2, axis=1)))
+        ee.append(np.mean(np.sum((hand - ep["hand"]) ** 2, axis=1)))
         if cubes and ep[OBS_ENV_STATE] is not None:
             cube.append(np.mean(np.minimum(((e[:, :9] - ep[OBS_ENV_STATE][:, :9]) / CUBE_SCALE) ** 2, CUBE_CAP)))
     total = float(np.mean(arm) + (np.mean(cube) if cube else 0.0))
@@ -139,7 +186,7 @@ def keyframes(env, twin, episodes: list[dict], stride: int) -> list[tuple[int, l
     """Per episode: its layout seed and (replayed qpos, logged front image) every `stride`-th frame."""
     out = []
     for ep in episodes:
-        _, _, qpos = replay(env, twin, ep)
+        _, _, qpos, _ = replay(env, twin, ep)
         out.append((ep["layout_seed"], [(qpos[t], ep[CAMERA][t]) for t in range(0, len(qpos), stride)]))
     return out
 
@@ -240,12 +287,13 @@ def calibrate(cfg: CalibrateConfig) -> dict:
     scale = np.concatenate([ep[OBS_STATE] for ep in episodes]).std(0) + 1e-3
     if cfg.init is not None and not Path(cfg.init).is_file():
         raise FileNotFoundError(f"init: no twin file {cfg.init}")
-    nominal = TwinParams.from_dict(yaml.safe_load(Path(cfg.init).read_text())) if cfg.init else TwinParams()
+    robot = robot_of(cfg.logs)
+    nominal = TwinParams.from_dict(yaml.safe_load(Path(cfg.init).read_text())) if cfg.init else nominal_twin(robot)
     t0 = time.time()
-    report: dict = {"task": task, "episodes": len(episodes), "fitted": {}, "evaluations": 0}
+    report: dict = {"task": task, "robot": robot, "episodes": len(episodes), "fitted": {}, "evaluations": 0}
     twin = nominal
     if dynamics:
-        env = TabletopEnv(task=task, control="joint", cameras=(), max_episode_steps=10**9)
+        env = replay_env(robot, task)
         box = ParamBox(tuple(dynamics))
         cubes = any(n.startswith("cube_") for n in box.names)  # arm-only fits ignore what the cubes did
         err = lambda tw: trajectory_error(env, tw, episodes, scale, cubes)
@@ -260,7 +308,7 @@ def calibrate(cfg: CalibrateConfig) -> dict:
         report["evaluations"] += evals
     if camera:
         h, w = episodes[0][CAMERA].shape[1:3]
-        env = TabletopEnv(task=task, control="joint", cameras=("front",), image_size=(h, w), max_episode_steps=10**9)
+        env = replay_env(robot, task, cameras=("front",), image_size=(h, w))
         frames = keyframes(env, twin, episodes, cfg.image_stride)  # replayed under the stage-1 dynamics
         box = ParamBox(tuple(camera))
         fitted, before, after, curve, evals = _fit(box, twin, lambda tw: image_error(env, tw, frames), cfg,
@@ -283,6 +331,8 @@ def calibrate(cfg: CalibrateConfig) -> dict:
 @dataclass
 class SysIdConfig:
     out: Path = Path("runs/sysid")
+    robot: str = "sim-real"
+    """sim-real (the tabletop cell's arm) | sim-so101 (LeRobot's SO-101 through its driver API; sweeps only)"""
     task: str = "reach-red"
     episodes: int = 8
     steps: int = 50
@@ -300,23 +350,32 @@ def record_sysid(cfg: SysIdConfig) -> dict:
     if cfg.episodes < 1 or cfg.steps < 2:
         raise ValueError(f"episodes >= 1 and steps >= 2 needed, got {cfg.episodes}, {cfg.steps}")
     collect_logs(cfg.out, cfg.task, cfg.episodes, cfg.steps, cfg.seed, cfg.noise_std, cfg.amplitude,
-                 cameras=tuple(cfg.cameras), motion=cfg.motion)
-    return {"logs": str(cfg.out), "episodes": cfg.episodes, "steps": cfg.steps, "motion": cfg.motion}
+                 cameras=tuple(cfg.cameras), motion=cfg.motion, robot=cfg.robot)
+    return {"logs": str(cfg.out), "robot": cfg.robot, "episodes": cfg.episodes, "steps": cfg.steps, "motion": cfg.motion}
 
 
 MOTIONS = ("sweep", "push")
 
 
-def _sweep(rng: np.random.Generator, steps: int, amplitude: float):
-    """Multi-sine joint sweeps around the home pose, the hand kept at least 12 cm above the table: free-space motion
-    that identifies the arm's gains, damping and latency. Yields joint commands; ignores observations."""
-    home = inverse_kinematics(np.asarray(HOME_EE) + np.array([0.05, 0.0, 0.0]))
-    freq = rng.uniform(0.3, 1.2, 4)  # rad per control step: different per joint, so their effects separate
-    phase = rng.uniform(0, 2 * np.pi, 4)
+def _sweep(rng: np.random.Generator, steps: int, amplitude: float, robot: str = "sim-real"):
+    """Multi-sine joint sweeps around the home pose, the hand kept clear of the cubes (12 cm above the table; 8 cm
+    for the smaller SO-101): free-space motion that identifies the arm's gains, damping and latency. Yields joint
+    commands; ignores observations."""
+    if robot == "sim-so101":
+        from wmrl.core import so101
+
+        home, fk, clear = so101.SO101Kinematics().ik(so101.HOME_EE + np.array([0.03, 0.0, -0.03])), so101.forward_kinematics, 0.08
+        weights = np.array([1.0, 0.4, 0.4, 0.4, 0.6])
+    else:
+        home, fk, clear = inverse_kinematics(np.asarray(HOME_EE) + np.array([0.05, 0.0, 0.0])), forward_kinematics, 0.12
+        weights = np.array([1.0, 0.4, 0.4, 0.4])
+    n = len(weights)
+    freq = rng.uniform(0.3, 1.2, n)  # rad per control step: different per joint, so their effects separate
+    phase = rng.uniform(0, 2 * np.pi, n)
     for t in range(steps):
-        q = home + amplitude * np.array([1.0, 0.4, 0.4, 0.4]) * np.sin(freq * t + phase)
+        q = home + amplitude * weights * np.sin(freq * t + phase)
         for _ in range(10):  # shrink the excursion until the hand clears the cubes
-            if forward_kinematics(q)[2] > 0.12:
+            if fk(q)[2] > clear:
                 break
             q = home + 0.7 * (q - home)
         yield np.concatenate([q, [1.0 if (t // 10) % 2 else -1.0]])
@@ -334,27 +393,44 @@ def _push(robot, steps: int):
 
 def collect_logs(out: Path, task: str = "reach-red", episodes: int = 6, steps: int = 50, seed: int = 0,
                  noise_std: float = 0.001, amplitude: float = 0.3, twin="real", cameras: tuple[str, ...] = (),
-                 motion: str = "sweep") -> Path:
+                 motion: str = "sweep", robot: str = "sim-real") -> Path:
     """System-identification logs from the real cell, recorded as a calibration dataset with the `cameras`' images
     (the camera stage needs the front camera). `motion`: `sweep` (free space: arm parameters, camera) or `push`
-    (a push task's expert: cube friction and mass)."""
-    from real_robot.sim_robot import SimRealRobot
-
+    (a push task's expert: cube friction and mass). `robot`: sim-real (the tabletop cell) or sim-so101 (LeRobot's
+    SO-101 through `LeRobotArm`, as a physical one would be logged; state noise `noise_std` added here)."""
     if motion not in MOTIONS:
         raise ValueError(f"motion: expected one of {', '.join(MOTIONS)}, got {motion!r}")
+    if robot not in ("sim-real", "sim-so101"):
+        raise ValueError(f"robot: expected sim-real or sim-so101, got {robot!r}")
     if motion == "push" and parse_task(task).family != "push":
         raise ValueError(f"motion=push needs a push task (e.g. push-red), got {task!r}")
-    robot = SimRealRobot(task, cameras=tuple(cameras), noise_std=noise_std, seed=seed, twin=twin)
+    if motion == "push" and robot != "sim-real":
+        raise ValueError(f"motion=push runs on the tabletop cell (sim-real) only, got {robot}")
+    so101 = robot == "sim-so101"
+    if so101:
+        from real_robot.lerobot_adapter import LeRobotArm
+        from real_robot.so101 import SimSO101Follower
+
+        robot = LeRobotArm(SimSO101Follower(task, cameras=tuple(cameras), seed=seed, twin=twin))
+    else:
+        from real_robot.sim_robot import SimRealRobot
+
+        robot = SimRealRobot(task, cameras=tuple(cameras), noise_std=noise_std, seed=seed, twin=twin)
     robot.connect()
+    state_noise = np.random.default_rng(seed + 2)
     rng, tracker = np.random.default_rng(seed), np.random.default_rng(seed + 1)
     writer = None
     for e in range(episodes):
-        obs = robot.reset_episode(seed + e)
+        robot.reset_episode(seed + e)
+        obs = robot.get_observation()
         observations, actions = [obs], []
-        for a in (_sweep(rng, steps, amplitude) if motion == "sweep" else _push(robot, steps)):
+        for a in (_sweep(rng, steps, amplitude, "sim-so101" if so101 else "sim-real") if motion == "sweep" else _push(robot, steps)):
             robot.send_action(a)
             observations.append(robot.get_observation())
             actions.append(np.asarray(a, np.float32))
+        if so101:  # the driver's encoders are noisy too (SimRealRobot adds its own)
+            for o in observations:
+                o[OBS_STATE] = o[OBS_STATE] + state_noise.normal(0, noise_std, o[OBS_STATE].shape).astype(np.float32)
         keep = [{k: o[k] for k in (OBS_STATE, OBS_ENV_STATE, "task", *(f"observation.images.{c}" for c in cameras))}
                 for o in observations]
         for o in keep:  # a cube tracker is noisy too (the robot adds noise to the arm's own state only)
@@ -364,7 +440,8 @@ def collect_logs(out: Path, task: str = "reach-red", episodes: int = 6, steps: i
                            [False] * steps, source="policy", policy_id=f"sysid-{motion}",
                            extras={"layout_seed": [np.int64(seed + e)] * (steps + 1)})
         if writer is None:
-            writer = LeRobotV3Writer(out, fps=10, features=features_for(ep), robot_type="wmrl_tabletop_real",
+            writer = LeRobotV3Writer(out, fps=10, features=features_for(ep),
+                                     robot_type=SO101_ROBOT_TYPE if so101 else "wmrl_tabletop_real",
                                      extra_meta={"task": task, "purpose": "twin calibration logs", "motion": motion})
         write_episode(writer, ep)
     writer.finalize()
@@ -372,6 +449,6 @@ def collect_logs(out: Path, task: str = "reach-red", episodes: int = 6, steps: i
     return Path(out)
 
 
-__all__ = ["CalibrateConfig", "calibrate", "SysIdConfig", "record_sysid", "collect_logs", "load_logs", "replay", "trajectory_error",
+__all__ = ["CalibrateConfig", "calibrate", "robot_of", "replay_env", "nominal_twin", "SysIdConfig", "record_sysid", "collect_logs", "load_logs", "replay", "trajectory_error",
            "keyframes", "image_error", "has_images", "ParamBox", "REQUIRED", "DEFAULT_PARAMS", "CAMERA_PARAMS",
            "CUBE_PARAMS", "MOTIONS", "project"]

@@ -13,8 +13,10 @@ gripper reads 0 fully open to 100 closed, `LeRobotArm`'s default range. Beyond t
 what a tracker and an operator would (`observation.environment_state`, `task`, `success`) and can reset itself.
 
 Each `send_action` advances the physics one control period (a 10 Hz loop paced by the caller: `wmrl deploy`'s
-executor sends on wall-clock deadlines). Not modelled: the servos' real gains (the package's kp 17.8 is not
-measured on an arm), backlash, observation latency.
+executor sends on wall-clock deadlines). Like `tabletop-real`, the cell runs hidden parameters that differ from the
+nominal twin (servo gains and damping, actuation latency, camera pose, light): `wmrl sysid --robot sim-so101` and
+`wmrl calibrate-twin` recover them. Not modelled: backlash, observation latency, the real servos' gains (the
+package's kp 17.8 is not measured on an arm).
 """
 
 from __future__ import annotations
@@ -45,11 +47,13 @@ class SimSO101Follower:
     name = "so101_follower"
 
     def __init__(self, task: str = "reach-red", cameras: tuple[str, ...] = ("front", "wrist"), image_size: int = 64,
-                 control_hz: float = 10.0, max_relative_target: float | None = None, seed: int = 0):
+                 control_hz: float = 10.0, max_relative_target: float | None = None, seed: int = 0, twin="real"):
+        """`twin`: "real" (the cell's hidden parameters, `sim.so101.env.REAL_SO101`: what calibration must find), None
+        (nominal) or any `TwinParams`."""
         if max_relative_target is not None and not max_relative_target > 0:
             raise ValueError(f"max_relative_target: a positive number of degrees or None, got {max_relative_target}")
         self.config = SimpleNamespace(id="sim", cameras={c: None for c in cameras}, max_relative_target=max_relative_target)
-        self.task, self.image_size, self.control_hz, self.seed = task, image_size, control_hz, seed
+        self.task, self.image_size, self.control_hz, self.seed, self.twin = task, image_size, control_hz, seed, twin
         self.env: SO101Env | None = None
         self._obs: dict | None = None
         self._info: dict = {}
@@ -60,7 +64,8 @@ class SimSO101Follower:
 
     def connect(self, calibrate: bool = True) -> None:
         self.env = SO101Env(task=self.task, control="joint", image_size=self.image_size,
-                            cameras=tuple(self.config.cameras), control_hz=self.control_hz, max_episode_steps=10**9)
+                            cameras=tuple(self.config.cameras), control_hz=self.control_hz, max_episode_steps=10**9,
+                            twin=self.twin)
         self.reset_episode(self.seed)
 
     def reset_episode(self, seed: int | None = None) -> None:

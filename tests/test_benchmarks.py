@@ -246,3 +246,18 @@ def test_world_model_mean_path_benchmark_measures_both_variants_on_the_same_wind
     # the paired difference is the difference of the two variants' means on the same motion windows
     d = r["pure_steps1_motion_psnr_gain_h16"] + r["mean_minus_pure_steps1_motion_gain"]
     assert d == pytest.approx(r["mean_steps1_motion_psnr_gain_h16"], abs=1e-6)
+
+
+def test_so101_benchmark_checks_its_metric():
+    import sim.so101
+
+    if not sim.so101.available():
+        pytest.skip("the SO-101 model is not installed (pip install 'wmrl[so101]')")
+    r = _run("so101")
+    assert r["kinematics"]["fk_max_error_m"] < 1e-9 and r["kinematics"]["ik_error_mm_max"] < 0.5
+    assert r["task"]["expert"]["success"] == 1.0 and r["task"]["random"]["success"] == 0.0  # ceiling and baseline
+    assert r["deployment"]["success"] == 1.0 and not r["deployment"]["estopped"]
+    fuzz = r["safety_fuzz"]
+    assert fuzz["max_joint_excursion_past_limits_rad"] == 0.0 and fuzz["min_tip_height_m"] > 0.0
+    assert fuzz["trips"]["invalid_command"] >= 1 and fuzz["trips"]["joint_limit"] > 0  # the fuzz reached the limits
+    assert r["rendering"]["mesh_faces_full_cad"] > 20 * r["rendering"]["mesh_faces_simplified"]

@@ -58,10 +58,11 @@ def _simplified_meshes(cell: float) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     return {p.name: cluster_mesh(read_stl(p), cell) for p in sorted((asset_dir() / "assets").glob("*.stl"))}
 
 
-def build_spec(cell: float = MESH_CELL) -> mujoco.MjSpec:
+def build_spec(cell: float | None = MESH_CELL) -> mujoco.MjSpec:
+    """The cell's spec; `cell=None` keeps the package's full CAD meshes (the benchmark's reference)."""
     spec = mujoco.MjSpec.from_file(str(asset_dir() / "so101_new_calib.xml"))
-    meshes = _simplified_meshes(cell)
-    for mesh in spec.meshes:
+    meshes = _simplified_meshes(cell) if cell else {}
+    for mesh in spec.meshes if cell else ():
         verts, faces = meshes[mesh.file]
         mesh.file = ""
         mesh.uservert = verts.astype(np.float32).ravel().tolist()
@@ -109,7 +110,7 @@ def build_spec(cell: float = MESH_CELL) -> mujoco.MjSpec:
     return spec
 
 
-def build_model(cell: float = MESH_CELL) -> mujoco.MjModel:
+def build_model(cell: float | None = MESH_CELL) -> mujoco.MjModel:
     """The compiled cell; the mesh simplification runs once per process."""
     return build_spec(cell).compile()
 

@@ -50,7 +50,126 @@ def geom_masks(renderer: mujoco.Renderer, data, cameras: dict[str, str], geoms: 
     return out
 
 
-class TabletopEnv(gym.Env):
+def check_cell_args(control: str, cameras: tuple[str, ...], render_mode: str | None, post_success_steps: int) -> None:
+    """The constructor arguments every MuJoCo tabletop cell takes, refused with the valid values."""
+    if control not in ("ee_delta", "joint"):
+        raise ValueError(f"control: expected 'ee_delta' or 'joint', got {control!r}")
+    for cam in cameras:
+        if cam not in ("front", "wrist"):
+            raise ValueError(f"cameras: unknown camera {cam!r}; valid: front, wrist")
+    if render_mode not in (None, "rgb_array"):
+        raise ValueError(f"render_mode: expected None or 'rgb_array', got {render_mode!r}")
+    if post_success_steps < 0:
+        raise ValueError(f"post_success_steps must be >= 0, got {post_success_steps}")
+
+
+def cell_spaces(cameras: tuple[str, ...], size: tuple[int, int], n_state: int, control: str, joint_low, joint_high):
+    """(observation space, action space) of a MuJoCo tabletop cell: the cameras, `observation.state` (n_state),
+    the cubes-and-zones environment state and the instruction; end-effector deltas + gripper ("ee_delta") or the arm's
+    joint targets + gripper ("joint")."""
+    obs = {image_key(c): spaces.Box(0, 255, (*size, 3), np.uint8) for c in cameras}
+    obs[OBS_STATE] = spaces.Box(-np.inf, np.inf, (n_state,), np.float32)
+    obs[OBS_ENV_STATE] = spaces.Box(-np.inf, np.inf, (len(ENV_STATE_NAMES),), np.float32)
+    obs[TASK] = spaces.Text(max_length=64, min_length=1, charset=TEXT_CHARSET)
+    if control == "ee_delta":
+        return spaces.Dict(obs), spaces.Box(-1.0, 1.0, (4,), np.float32)
+    low, high = np.append(joint_low, -1.0).astype(np.float32), np.append(joint_high, 1.0).astype(np.float32)
+    return spaces.Dict(obs), spaces.Box(low, high, (len(low),), np.float32)
+
+
+class MujocoCell:
+    """What the MuJoCo tabletop cells share (`TabletopEnv`, and `sim.so101.SO101Env` with LeRobot's SO-101 arm): the
+    cubes and zones placed from the layout, a control period with actuation latency, the episode's end, the `info`
+    dict, and rendering: the cameras at the observation size, re-rendering at a given `qpos` (twin calibration),
+    segmentation masks of what moves, the big `render()` view. Needs `model`, `data`, `spec_`, `twin`, `layout`,
+    `_cube_qpos`, `_zone_geom`, `n_substeps`, the step counters and the camera and renderer attributes."""
+
+    @property
+    def task(self) -> str:
+        return self.spec_.name
+
+    def cube_pos(self, colour: str) -> np.ndarray:
+        a = self._cube_qpos[colour]
+        return self.data.qpos[a : a + 3].copy()
+
+    def _place_objects(self) -> None:
+        """The cubes (resting on the table, yawed) and the zones where the episode's layout puts them."""
+        h = self.twin.cube_half_size
+        for c in CUBE_COLOURS:
+            a = self._cube_qpos[c]
+            (x, y), yaw = self.layout.cube_xy[c], self.layout.cube_yaw[c]
+            self.data.qpos[a : a + 7] = [x, y, h, np.cos(yaw / 2), 0, 0, np.sin(yaw / 2)]
+        for z in ZONE_COLOURS:
+            self.model.geom_pos[self._zone_geom[z], :2] = self.layout.zone_xy[z]
+
+    def _actuate(self, ctrl: np.ndarray) -> None:
+        """One control period; the new command takes effect `twin.latency_s` into it (actuation latency)."""
+        delay = min(self.n_substeps, int(round(self.twin.latency_s / self.model.opt.timestep)))
+        for i in range(self.n_substeps):
+            if i == delay:
+                self.data.ctrl[:] = ctrl
+            mujoco.mj_step(self.model, self.data)
+        if delay >= self.n_substeps:
+            self.data.ctrl[:] = ctrl
+
+    def _episode_end(self, ok: bool) -> tuple[bool, bool]:
+        """(terminated, truncated): the episode ends `post_success_steps` after the first success, or at the limit."""
+        if ok or self._since_success >= 0:
+            self._since_success += 1
+        terminated = self._since_success >= self.post_success_steps
+        return terminated, (not terminated) and self._t >= self.max_episode_steps
+
+    def _info(self, ok: bool = False) -> dict:
+        return {"success": ok, "is_success": ok, "task": self.task_text, "step": self._t,
+                "qpos": self.data.qpos.astype(np.float32), "qvel": self.data.qvel.astype(np.float32)}
+
+    def _render_cameras(self) -> dict[str, np.ndarray]:
+        if not self.cameras:  # state-only envs need no GL context
+            return {}
+        if self._renderer is None:
+            self._renderer = mujoco.Renderer(self.model, self.height, self.width)
+        out = {}
+        for cam in self.cameras:
+            self._renderer.update_scene(self.data, camera=cam)
+            out[image_key(cam)] = self._renderer.render().copy()
+        return out
+
+    def render_at(self, qpos: np.ndarray) -> dict[str, np.ndarray]:
+        """The cameras' images with the simulator set to `qpos` (image-based twin calibration re-renders logged
+        configurations under candidate camera parameters). Leaves the simulator at `qpos`, velocities unchanged."""
+        qpos = np.asarray(qpos, np.float64)
+        if qpos.shape != (self.model.nq,) or not np.isfinite(qpos).all():
+            raise ValueError(f"qpos: expected {self.model.nq} finite values, got shape {qpos.shape}")
+        self.data.qpos[:] = qpos
+        mujoco.mj_forward(self.model, self.data)
+        return self._render_cameras()
+
+    def moving_mask_at(self, qpos: np.ndarray) -> dict[str, np.ndarray]:
+        """Per camera, a bool (H, W) mask of the pixels that show the arm or a cube (every geom not on the world
+        body: table, floor and zones are excluded), from a MuJoCo segmentation render at `qpos`. World-model
+        evaluation scores fidelity on these pixels, where the task happens."""
+        self.render_at(qpos)
+        if self._seg_renderer is None:
+            self._seg_renderer = mujoco.Renderer(self.model, self.height, self.width)
+            self._seg_renderer.enable_segmentation_rendering()
+        return geom_masks(self._seg_renderer, self.data, {c: c for c in self.cameras}, np.flatnonzero(self.model.geom_bodyid != 0))
+
+    def render(self):
+        if self.render_mode != "rgb_array":
+            return None
+        if self._big_renderer is None:
+            self._big_renderer = mujoco.Renderer(self.model, *self.render_size)
+        self._big_renderer.update_scene(self.data, camera="front")
+        return self._big_renderer.render().copy()
+
+    def close(self):
+        for r in (self._renderer, self._big_renderer, self._seg_renderer):
+            if r is not None:
+                r.close()
+        self._renderer = self._big_renderer = self._seg_renderer = None
+
+
+class TabletopEnv(MujocoCell, gym.Env):
     metadata = {"render_modes": ["rgb_array"], "render_fps": 10, "robot_type": "wmrl_tabletop", "control": TABLETOP.to_meta()}
     steps_taken = 0  # true-simulator steps in this process, all instances (RL in imagination reports it stays 0)
 
@@ -69,13 +188,7 @@ class TabletopEnv(gym.Env):
         post_success_steps: int = 0,
     ):
         self.spec_ = parse_task(task)
-        if control not in ("ee_delta", "joint"):
-            raise ValueError(f"control: expected 'ee_delta' or 'joint', got {control!r}")
-        for cam in cameras:
-            if cam not in ("front", "wrist"):
-                raise ValueError(f"cameras: unknown camera {cam!r}; valid: front, wrist")
-        if render_mode not in (None, "rgb_array"):
-            raise ValueError(f"render_mode: expected None or 'rgb_array', got {render_mode!r}")
+        check_cell_args(control, cameras, render_mode, post_success_steps)
         self.control = control
         self.cameras = tuple(cameras)
         self.height, self.width = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
@@ -84,8 +197,6 @@ class TabletopEnv(gym.Env):
         self.base_twin = REAL_WORLD if twin == "real" else (twin or TwinParams())
         self.domain_randomization = float(domain_randomization)
         self.max_episode_steps = max_episode_steps or MAX_STEPS[self.spec_.family]
-        if post_success_steps < 0:
-            raise ValueError(f"post_success_steps must be >= 0, got {post_success_steps}")
         # Keep the episode running this many steps after the first success (more frames that show success, for
         # success classifiers and world-model heads); the episode then terminates.
         self.post_success_steps = post_success_steps
@@ -102,17 +213,8 @@ class TabletopEnv(gym.Env):
         self._seg_renderer: mujoco.Renderer | None = None
         self._ids()
 
-        obs = {image_key(c): spaces.Box(0, 255, (self.height, self.width, 3), np.uint8) for c in self.cameras}
-        obs[OBS_STATE] = spaces.Box(-np.inf, np.inf, (len(STATE_NAMES),), np.float32)
-        obs[OBS_ENV_STATE] = spaces.Box(-np.inf, np.inf, (len(ENV_STATE_NAMES),), np.float32)
-        obs[TASK] = spaces.Text(max_length=64, min_length=1, charset=TEXT_CHARSET)
-        self.observation_space = spaces.Dict(obs)
-        if control == "ee_delta":
-            self.action_space = spaces.Box(-1.0, 1.0, (4,), np.float32)
-        else:
-            low = np.concatenate([M.JOINT_LOW[:4], [-1.0]]).astype(np.float32)
-            high = np.concatenate([M.JOINT_HIGH[:4], [1.0]]).astype(np.float32)
-            self.action_space = spaces.Box(low, high, (5,), np.float32)
+        self.observation_space, self.action_space = cell_spaces(self.cameras, (self.height, self.width), len(STATE_NAMES),
+                                                                control, M.JOINT_LOW[:4], M.JOINT_HIGH[:4])
         self.layout: Layout | None = None
         self.task_text = ""
         self._t = 0
@@ -130,19 +232,11 @@ class TabletopEnv(gym.Env):
         self._finger_geoms = {mujoco.mj_name2id(m, mujoco.mjtObj.mjOBJ_GEOM, g) for g in ("finger_left", "finger_right")}
         self._ee_site = mujoco.mj_name2id(m, mujoco.mjtObj.mjOBJ_SITE, "ee")
 
-    @property
-    def task(self) -> str:
-        return self.spec_.name
-
     def ee_pos(self) -> np.ndarray:
         return self.data.site_xpos[self._ee_site].copy()
 
     def gripper_opening(self) -> float:
         return float(self.data.qpos[self._finger_qpos].sum())
-
-    def cube_pos(self, colour: str) -> np.ndarray:
-        a = self._cube_qpos[colour]
-        return self.data.qpos[a : a + 3].copy()
 
     def grasped(self, colour: str) -> bool:
         cube = self._cube_geom[colour]
@@ -186,14 +280,7 @@ class TabletopEnv(gym.Env):
         self.data.qpos[self._finger_qpos] = M.FINGER_MAX
         self.data.ctrl[:4] = q
         self.data.ctrl[4:6] = M.FINGER_MAX
-        h = twin.cube_half_size
-        for c in CUBE_COLOURS:
-            a = self._cube_qpos[c]
-            x, y = self.layout.cube_xy[c]
-            yaw = self.layout.cube_yaw[c]
-            self.data.qpos[a : a + 7] = [x, y, h, np.cos(yaw / 2), 0, 0, np.sin(yaw / 2)]
-        for z in ZONE_COLOURS:
-            self.model.geom_pos[self._zone_geom[z], :2] = self.layout.zone_xy[z]
+        self._place_objects()
         mujoco.mj_forward(self.model, self.data)
         self._t = 0
         self._since_success = -1
@@ -216,58 +303,11 @@ class TabletopEnv(gym.Env):
         TabletopEnv.steps_taken += 1
         a = validate_action(action, self.action_space.shape)
         a = np.clip(a, self.action_space.low, self.action_space.high)
-        new_ctrl = self._ctrl_from_action(a)
-        delay = min(self.n_substeps, int(round(self.twin.latency_s / self.model.opt.timestep)))
-        for i in range(self.n_substeps):
-            if i == delay:
-                self.data.ctrl[:] = new_ctrl
-            mujoco.mj_step(self.model, self.data)
-        if delay >= self.n_substeps:
-            self.data.ctrl[:] = new_ctrl
+        self._actuate(self._ctrl_from_action(a))
         self._t += 1
         s = self.scene_state()
         ok = success(self.spec_.family, s)
-        r = reward(self.spec_.family, s)
-        if ok or self._since_success >= 0:
-            self._since_success += 1
-        terminated = self._since_success >= self.post_success_steps
-        truncated = (not terminated) and self._t >= self.max_episode_steps
-        return self._obs(), r, terminated, truncated, self._info(ok)
-
-    def _info(self, ok: bool = False) -> dict:
-        return {"success": ok, "is_success": ok, "task": self.task_text, "step": self._t,
-                "qpos": self.data.qpos.astype(np.float32), "qvel": self.data.qvel.astype(np.float32)}
-
-    def _render_cameras(self) -> dict[str, np.ndarray]:
-        if not self.cameras:  # state-only envs need no GL context
-            return {}
-        if self._renderer is None:
-            self._renderer = mujoco.Renderer(self.model, self.height, self.width)
-        out = {}
-        for cam in self.cameras:
-            self._renderer.update_scene(self.data, camera=cam)
-            out[image_key(cam)] = self._renderer.render().copy()
-        return out
-
-    def render_at(self, qpos: np.ndarray) -> dict[str, np.ndarray]:
-        """The cameras' images with the simulator set to `qpos` (image-based twin calibration re-renders logged
-        configurations under candidate camera parameters). Leaves the simulator at `qpos`, velocities unchanged."""
-        qpos = np.asarray(qpos, np.float64)
-        if qpos.shape != (self.model.nq,) or not np.isfinite(qpos).all():
-            raise ValueError(f"qpos: expected {self.model.nq} finite values, got shape {qpos.shape}")
-        self.data.qpos[:] = qpos
-        mujoco.mj_forward(self.model, self.data)
-        return self._render_cameras()
-
-    def moving_mask_at(self, qpos: np.ndarray) -> dict[str, np.ndarray]:
-        """Per camera, a bool (H, W) mask of the pixels that show the arm or a cube (every geom not on the world
-        body: table, floor and zones are excluded), from a MuJoCo segmentation render at `qpos`. World-model
-        evaluation scores fidelity on these pixels, where the task happens."""
-        self.render_at(qpos)
-        if self._seg_renderer is None:
-            self._seg_renderer = mujoco.Renderer(self.model, self.height, self.width)
-            self._seg_renderer.enable_segmentation_rendering()
-        return geom_masks(self._seg_renderer, self.data, {c: c for c in self.cameras}, np.flatnonzero(self.model.geom_bodyid != 0))
+        return self._obs(), reward(self.spec_.family, s), *self._episode_end(ok), self._info(ok)
 
     def _obs(self) -> dict:
         obs = self._render_cameras()
@@ -277,17 +317,3 @@ class TabletopEnv(gym.Env):
         obs[OBS_ENV_STATE] = np.concatenate(env_state).astype(np.float32)
         obs[TASK] = self.task_text
         return obs
-
-    def render(self):
-        if self.render_mode != "rgb_array":
-            return None
-        if self._big_renderer is None:
-            self._big_renderer = mujoco.Renderer(self.model, *self.render_size)
-        self._big_renderer.update_scene(self.data, camera="front")
-        return self._big_renderer.render().copy()
-
-    def close(self):
-        for r in (self._renderer, self._big_renderer, self._seg_renderer):
-            if r is not None:
-                r.close()
-        self._renderer = self._big_renderer = self._seg_renderer = None

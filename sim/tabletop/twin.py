@@ -162,11 +162,13 @@ def read_nominal(model: mujoco.MjModel) -> NominalModelValues:
     )
 
 
-def apply_twin_params(model: mujoco.MjModel, data: mujoco.MjData, nominal: NominalModelValues, p: TwinParams) -> None:
+def apply_twin_params(model: mujoco.MjModel, data: mujoco.MjData, nominal: NominalModelValues, p: TwinParams,
+                      arm_joints: tuple[str, ...] = ARM_JOINTS, gripper_actuators: tuple[str, ...] = ("finger_left", "finger_right")) -> None:
     """Write `p` into the compiled model in place, then recompute the model's derived constants (mj_setConst; it
     uses and overwrites `data`, so call it before resetting the state). Without that, the constraint solver keeps
     the compile-time inverse weights of the cubes: a cube heavier than nominal (0.08 kg) then makes contacts
-    unstable (MuJoCo's "Nan, Inf or huge value in QVEL" reset) in ~1 of 10 fast sweeps, 0 after."""
+    unstable (MuJoCo's "Nan, Inf or huge value in QVEL" reset) in ~1 of 10 fast sweeps, 0 after. `arm_joints` and
+    `gripper_actuators` name the cell's arm (the tabletop's by default; the SO-101 cell passes its own)."""
     for colour in CUBE_COLOURS:
         gid = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_GEOM, f"cube_{colour}")
         bid = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_BODY, f"cube_{colour}")
@@ -184,10 +186,10 @@ def apply_twin_params(model: mujoco.MjModel, data: mujoco.MjData, nominal: Nomin
         model.geom_size[gid, 0] = p.zone_radius
     table = mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_GEOM, "table")
     model.geom_friction[table, 0] = p.table_friction
-    arm_dofs = [model.jnt_dofadr[mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_JOINT, j)] for j in ARM_JOINTS]
+    arm_dofs = [model.jnt_dofadr[mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_JOINT, j)] for j in arm_joints]
     model.dof_damping[arm_dofs] = nominal.dof_damping[arm_dofs] * p.arm_damping
     for i in range(model.nu):
-        scale = p.gripper_kp if model.actuator(i).name.startswith("finger") else p.arm_kp
+        scale = p.gripper_kp if model.actuator(i).name in gripper_actuators else p.arm_kp
         kp = nominal.actuator_gain[i] * scale
         model.actuator_gainprm[i, 0] = kp
         model.actuator_biasprm[i, 1] = -kp

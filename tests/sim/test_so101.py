@@ -122,3 +122,14 @@ def test_the_tabletop_expert_reaches_on_the_so101_arm():
         obs, *_ = env.step(np.array([0.0, 0.0, -0.5, -1.0], np.float32))
     assert before[2] - obs[OBS_STATE][7] == pytest.approx(3 * 0.5 * K.EE_STEP, abs=0.01)
     env.close()
+    # post_success_steps: the episode goes on that many steps after the first success, as the tabletop's does
+    env = sim.make_env("so101-reach-green", cameras=(), post_success_steps=2).unwrapped
+    obs, _ = env.reset(seed=0)
+    expert.reset()
+    flags = []
+    while not flags or not (term or trunc):
+        a = expert.select_action({k: ([v] if isinstance(v, str) else v[None]) for k, v in obs.items()})[0]
+        obs, _, term, trunc, info = env.step(a)
+        flags.append(info["success"])
+    assert term and flags.index(True) == len(flags) - 3
+    env.close()

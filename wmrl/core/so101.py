@@ -84,10 +84,13 @@ def forward_kinematics(q) -> np.ndarray:
 def jaw_tilt(q) -> float:
     """Angle (rad) between the jaw axis (tip minus the gripper body origin) and straight down, signed so that
     positive tilts the jaws outward (away from the base)."""
-    p, R = gripper_frame(q)
+    return _tilt(*gripper_frame(q))
+
+
+def _tilt(tip: np.ndarray, R: np.ndarray) -> float:
     axis = R @ _TIP
     axis /= np.linalg.norm(axis)
-    radial = np.array([p[0], p[1], 0.0]) / max(math.hypot(p[0], p[1]), 1e-9)
+    radial = np.array([tip[0], tip[1], 0.0]) / max(math.hypot(tip[0], tip[1]), 1e-9)
     return math.atan2(float(axis @ radial), -float(axis[2]))
 
 
@@ -106,7 +109,8 @@ class SO101Kinematics:
         return np.array([0.0, -0.3, 0.5, 1.3, 0.0])  # tip near (0.2, 0, 0.05), jaws down
 
     def _residual(self, q: np.ndarray, target: np.ndarray) -> np.ndarray:
-        return np.concatenate([forward_kinematics(q) - target, [TILT_WEIGHT * (jaw_tilt(q) - self.pitch)]])
+        tip, R = gripper_frame(q)
+        return np.concatenate([tip - target, [TILT_WEIGHT * (_tilt(tip, R) - self.pitch)]])
 
     def _solve(self, q: np.ndarray, target: np.ndarray, roll: float) -> np.ndarray:
         q[0] = -math.atan2(target[1], target[0])  # the pan axis points down: positive pan turns toward -y
@@ -134,6 +138,8 @@ class SO101Kinematics:
                 free &= ~out
             step *= min(1.0, 0.3 / max(np.abs(step).max(), 1e-12))  # trust region: at most 0.3 rad per iteration
             q[:4] = np.clip(q[:4] + step, self.low, self.high)
+            if np.abs(step).max() < 1e-7:  # converged to the least-squares pose (a limit holds the tilt off)
+                break
         return q
 
     def ik(self, target, q0=None, roll: float = 0.0) -> np.ndarray:
