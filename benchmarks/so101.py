@@ -29,7 +29,7 @@ import numpy as np
 from wmrl.benchutil import finish
 
 
-def kinematics(n_random: int = 500) -> dict:
+def kinematics(n_random: int = 500, grid_shape: tuple[int, int, int] = (10, 9, 10)) -> dict:
     import mujoco
 
     from sim.so101.model import asset_dir
@@ -43,7 +43,7 @@ def kinematics(n_random: int = 500) -> dict:
         d.qpos[:5] = q
         mujoco.mj_kinematics(m, d)
         fk_err = max(fk_err, float(np.abs(K.forward_kinematics(q) - d.site("gripperframe").xpos).max()))
-    grid = np.stack(np.meshgrid(*(np.linspace(lo, hi, n) for lo, hi, n in zip(K.WORKSPACE_LOW, K.WORKSPACE_HIGH, (10, 9, 10))),
+    grid = np.stack(np.meshgrid(*(np.linspace(lo, hi, n) for lo, hi, n in zip(K.WORKSPACE_LOW, K.WORKSPACE_HIGH, grid_shape)),
                                 indexing="ij"), -1).reshape(-1, 3)
     cold, warm, errs, tilts = [], [], [], []
     kin = K.SO101Kinematics()
@@ -170,12 +170,12 @@ def main(quick: bool = False, episodes: int = 50, deploy_episodes: int = 10, fuz
     if not sim.so101.available():
         raise RuntimeError("the SO-101 model is not installed: pip install 'wmrl[so101]'")
     t0 = time.time()
-    episodes, deploy_episodes, fuzz_steps = (5, 2, 40) if quick else (int(episodes), int(deploy_episodes), int(fuzz_steps))
-    result = {"kinematics": kinematics(50 if quick else 500), "rendering": rendering(20 if quick else 300),
+    episodes, deploy_episodes, fuzz_steps = (3, 1, 40) if quick else (int(episodes), int(deploy_episodes), int(fuzz_steps))
+    result = {"kinematics": kinematics(50, (4, 4, 4)) if quick else kinematics(), "rendering": rendering(10 if quick else 300),
               "task": task_success(episodes), "episodes_per_policy": episodes,
               "deployment": deployment(deploy_episodes), "deploy_episodes": deploy_episodes,
               "safety_fuzz": safety_fuzz(fuzz_steps),
-              "calibration": calibration(1, 10, 2, 2) if quick else calibration(4, 40, 30, 60),
+              "calibration": calibration(1, 6, 1, 1) if quick else calibration(4, 40, 30, 60),
               "seconds": time.time() - t0}
     return finish("so101", result, quick)
 

@@ -33,13 +33,16 @@ def _random(action_space: gym.spaces.Box, seed: int = 0, **_):
 
 @POLICIES.register("vla")
 def _vla(action_space: gym.spaces.Box, path: str | None = None, device: str = "cpu", stochastic: bool = False,
-         seed: int = 0, observation_space: gym.spaces.Dict | None = None, **_):
-    """A trained VLA policy from a `wmrl train-policy` run folder or checkpoint folder."""
+         seed: int = 0, observation_space: gym.spaces.Dict | None = None, noise: float = 0.0, **_):
+    """A trained VLA policy from a `wmrl train-policy` run folder or checkpoint folder; `noise`: Gaussian action
+    noise on the translational dims (a degraded copy of a strong policy)."""
+    if not noise >= 0:
+        raise ValueError(f"noise must be >= 0, got {noise}")
     if path is None:
         raise ValueError("policy vla needs a checkpoint: --policy.path RUN_DIR")
     policy = VLAPolicy.load(resolve_checkpoint(path), device=device).eval()
     policy.check_spaces(observation_space, action_space)
-    policy.stochastic = stochastic
+    policy.stochastic, policy.action_noise = stochastic, float(noise)
     policy.generator = torch.Generator(device=device).manual_seed(seed)  # a sampling policy acts reproducibly per seed
     return policy
 
@@ -71,7 +74,7 @@ class PolicyConfig:
     type: str = "scripted"
     """Registered policy name (`--policy.type scripted`; `--policy scripted` is short for it)."""
     noise: float = 0.0
-    """Scripted expert only: action noise."""
+    """Scripted expert and VLA: Gaussian action noise (std) on the translational dims."""
     failure_prob: float = 0.0
     """Scripted expert only: share of episodes in near-success failure mode."""
     path: Optional[Path] = None

@@ -227,6 +227,10 @@ class VLAPolicy(nn.Module):
             self.register_buffer("env_state_std", torch.tensor(cfg.env_state_std or [1.0] * cfg.env_state_dim))
         self.stochastic = False  # select_action: sample (True) or act with the mean / a fixed-noise flow (False)
         self.generator: torch.Generator | None = None  # acting noise; None: torch's global generator
+        # Gaussian noise (std, in action units) added to the translational dims of every action acted with: a strong
+        # policy degraded to a chosen level (ranking populations that spread over success rates; the scripted
+        # expert's `noise`). Acting only; training and log-probabilities never see it.
+        self.action_noise = 0.0
         self._queue: deque = deque()
         self.ensembler = (TemporalEnsembler(cfg.temporal_ensemble_coeff, cfg.chunk_size)
                           if cfg.temporal_ensemble_coeff is not None else None)
@@ -335,7 +339,12 @@ class VLAPolicy(nn.Module):
             a = d.mean + d.stddev * noise
         else:
             a = self._flow_sample(feats, noise)
-        return self.unnormalize_actions(a)
+        a = self.unnormalize_actions(a)
+        if self.action_noise > 0:
+            k = min(3, A)
+            a[..., :k] += self.action_noise * torch.randn(B, H, k, device=self.device, generator=self.generator)
+            a[..., :k] = a[..., :k].clamp(-1.0, 1.0)
+        return a
 
     @torch.no_grad()
     def select_action(self, obs: dict) -> torch.Tensor:

@@ -64,6 +64,7 @@ def build_spec(cell: float | None = MESH_CELL) -> mujoco.MjSpec:
     meshes = _simplified_meshes(cell) if cell else {}
     for mesh in spec.meshes if cell else ():
         verts, faces = meshes[mesh.file]
+        mesh.name = mesh.name or Path(mesh.file).stem  # the geoms name it; mujoco 3.x derives it from the file
         mesh.file = ""
         mesh.uservert = verts.astype(np.float32).ravel().tolist()
         mesh.userface = faces.astype(np.int32).ravel().tolist()

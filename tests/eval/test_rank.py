@@ -107,6 +107,12 @@ def test_policy_specs_are_parsed_and_bad_ones_refused(tmp_path):
     (tmp_path / "ck" / "config.json").write_text("{}")
     p = parse_policy_spec(f"diffusion:{tmp_path / 'ck'}")
     assert (p.type, p.path) == ("diffusion", tmp_path / "ck")
+    p = parse_policy_spec(f"{tmp_path / 'ck'}:noise=0.5")  # one strong policy at a chosen noise level
+    assert (p.type, p.path, p.noise, p.stochastic) == ("vla", tmp_path / "ck", 0.5, False)
+    assert parse_policy_spec(f"{tmp_path / 'ck'}:stochastic").stochastic
+    for bad, msg in (("noise=x", "must be a number"), ("noise=-1", ">= 0")):
+        with pytest.raises(ValueError, match=msg):
+            parse_policy_spec(f"{tmp_path / 'ck'}:{bad}")
 
 
 def test_a_world_model_of_another_task_is_refused_with_both_names(trained, tiny_data, tiny_policy, tmp_path):

@@ -237,3 +237,26 @@ def test_a_sampling_policy_acts_reproducibly_per_seed_whatever_else_drew_random_
     assert not torch.allclose(a1, a3)
     mean = make_policy("vla", space, path=str(tiny_policy), seed=5).predict_action_chunk(obs)
     assert not torch.allclose(a1, mean)  # it does sample
+
+
+def test_action_noise_degrades_a_policy_on_the_translational_dims_only(tiny_policy):
+    """`make_policy("vla", noise=s)` (rank spec FOLDER:noise=s): the mean action plus N(0, s^2) on the first three
+    dims, clipped to the action box; the gripper and the noise-free policy are untouched; reproducible per seed."""
+    import gymnasium as gym
+
+    from policies.factory import make_policy
+    from tests.helpers import vla_obs
+
+    space = gym.spaces.Box(-1, 1, (4,))
+    obs = vla_obs(B=64)
+    mean = make_policy("vla", space, path=str(tiny_policy), seed=1).predict_action_chunk(obs)
+    noisy = make_policy("vla", space, path=str(tiny_policy), seed=1, noise=0.2).predict_action_chunk(obs)
+    again = make_policy("vla", space, path=str(tiny_policy), seed=1, noise=0.2).predict_action_chunk(obs)
+    torch.testing.assert_close(noisy, again)
+    torch.testing.assert_close(noisy[..., 3], mean[..., 3])
+    inside = (mean[..., :3].abs() < 0.4)  # away from the box's edges, the clip does not bias the noise
+    diff = (noisy[..., :3] - mean[..., :3])[inside]
+    assert diff.numel() > 100 and abs(float(diff.std()) - 0.2) < 0.03 and abs(float(diff.mean())) < 0.03
+    assert float(noisy[..., :3].abs().max()) <= 1.0  # clipped to the box
+    with pytest.raises(ValueError, match="noise must be >= 0"):
+        make_policy("vla", space, path=str(tiny_policy), noise=-0.1)

@@ -9,7 +9,9 @@ the headline rho.
 
     wmrl rank --policies RUN_A RUN_B scripted scripted:noise=0.6 random --world-model WM_RUN [--workers ray]
 
-A policy spec is a VLA run or checkpoint folder (`FOLDER:stochastic` samples its actions: BC with action noise), `scripted[:noise=X,failure_prob=Y]` or `random`. Scripted experts
+A policy spec is a VLA run or checkpoint folder (`FOLDER:stochastic` samples its actions; `FOLDER:noise=X` adds
+Gaussian action noise of std X: one strong policy degraded to several levels), `scripted[:noise=X,failure_prob=Y]` or
+`random`. Scripted experts
 act on privileged simulator state; in imagination they act on the state channel's predicted object state.
 Evaluations of many policies run in parallel on Ray workers with `--workers ray` (the `dist` extra).
 """
@@ -64,8 +66,9 @@ class RankConfig:
 
 
 def parse_policy_spec(spec: str):
-    """'scripted:noise=0.3,failure_prob=0.5' | 'random' | FOLDER | FOLDER:stochastic | act:FOLDER |
-    diffusion:FOLDER (LeRobot checkpoints) -> PolicyConfig."""
+    """'scripted:noise=0.3,failure_prob=0.5' | 'random' | FOLDER | FOLDER:stochastic | FOLDER:noise=0.5 (the VLA
+    with Gaussian action noise: one strong policy at several levels) | act:FOLDER | diffusion:FOLDER (LeRobot
+    checkpoints) -> PolicyConfig."""
     name, _, args = spec.partition(":")
     if name in ("act", "diffusion") and args:
         if not (Path(args) / "config.json").is_file():
@@ -79,10 +82,21 @@ def parse_policy_spec(spec: str):
                 raise ValueError(f"policy spec {spec!r}: unknown option {k!r}; valid: noise, failure_prob")
             kw[k] = float(v)
         return PolicyConfig(type=name, **kw)
-    path, stochastic = (name, True) if args == "stochastic" else (spec, False)  # FOLDER:stochastic samples actions
+    path, stochastic, noise = spec, False, 0.0
+    if args == "stochastic":  # FOLDER:stochastic samples actions
+        path, stochastic = name, True
+    elif args.startswith("noise=") and not Path(spec).exists():
+        path = name
+        try:
+            noise = float(args.removeprefix("noise="))
+        except ValueError:
+            raise ValueError(f"policy spec {spec!r}: noise must be a number") from None
+        if not noise >= 0:
+            raise ValueError(f"policy spec {spec!r}: noise must be >= 0")
     if not Path(path).exists():
-        raise ValueError(f"policy spec {spec!r}: not scripted[:...], random, or an existing policy folder[:stochastic]")
-    return PolicyConfig(type="vla", path=Path(path), stochastic=stochastic)
+        raise ValueError(f"policy spec {spec!r}: not scripted[:...], random, or an existing policy folder"
+                         "[:stochastic | :noise=X]")
+    return PolicyConfig(type="vla", path=Path(path), stochastic=stochastic, noise=noise)
 
 
 ANCHORS = ("scripted", "random")
