@@ -32,10 +32,11 @@ def population(run: Path, levels=LEVELS) -> list[str]:
 
 
 def main(quick: bool = False, task: str = "metaworld-push", episodes: int = 20, work: str | None = None) -> dict:
+    """`work`: a finished `wmrl demo` run folder (default: the imagination benchmark's for `task`)."""
     from wmrl.eval.rank import RankConfig, run_rank
 
-    root = Path(__file__).resolve().parents[1]
-    run = Path(work) if work else root / "runs" / "bench-imagination" / task
+    work_root = Path(__file__).resolve().parents[1] / "runs" / "bench-imagination"
+    run = Path(work) if work else work_root / ("demo" if task == "push-red" else task)  # the imagination benchmark's
     if not (run / "coevolution" / "world_model").exists():
         raise FileNotFoundError(f"{run}: no finished imagination run (run `wmrl bench imagination --options task={task}` first)")
     t0 = time.time()

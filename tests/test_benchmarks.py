@@ -261,3 +261,13 @@ def test_so101_benchmark_checks_its_metric():
     assert fuzz["max_joint_excursion_past_limits_rad"] == 0.0 and fuzz["min_tip_height_m"] > 0.0
     assert fuzz["trips"]["invalid_command"] >= 1 and fuzz["trips"]["joint_limit"] > 0  # the fuzz reached the limits
     assert r["rendering"]["mesh_faces_full_cad"] > 20 * r["rendering"]["mesh_faces_simplified"]
+
+
+def test_rank_noise_population_degrades_one_policy_and_ranks_the_levels(quick_demo):
+    """The noise-level population on the shared quick demo: the BC policy and the same policy with action noise are
+    both ranked (paired, learned rows only in the headline), and the levels are reported."""
+    bench = runpy.run_path(str(BENCH / "rank_noise_population.py"), run_name="bench")
+    r = bench["main"](quick=True, task="push-red", work=str(quick_demo))
+    specs = [p["policy"] for p in r["population"]]
+    assert any(s.endswith(":noise=0.3") for s in specs) and "random" in specs and r["noise_levels"] == [0.3]
+    assert r["n_policies"] == 2 and "rank_noise_ceiling" in r
