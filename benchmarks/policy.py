@@ -112,6 +112,7 @@ def main(quick: bool = False, episodes: int = 300, data_episodes: int = 300, noi
 
     if quick:
         episodes, data_episodes, steps, dagger_rounds, dagger_episodes, dagger_steps, batch_size = 3, 4, 4, 1, 1, 2, 8
+        num_envs = 1  # in process: spawning env workers for 3-episode evaluations costs more than they run
     extra = {"vision_width": 8, "hidden": 32, "text_dim": 8} if quick else {}
     t0 = time.time()
     work = Path(keep) if keep else Path(tempfile.mkdtemp(prefix="wmrl-bench-policy-"))
