@@ -1,6 +1,7 @@
 """Renders docs/tasks.png: the front and wrist cameras (64x64, as policies see them) of every task family, at the
 start and at the end of a scripted-expert episode.  Run: python docs/render_tasks.py
-`python docs/render_tasks.py metaworld` renders docs/metaworld_tasks.png the same way for six Meta-World tasks."""
+`python docs/render_tasks.py metaworld` renders docs/metaworld_tasks.png the same way for six Meta-World tasks,
+`python docs/render_tasks.py so101` docs/so101_tasks.png for the SO-101 cell's reach tasks."""
 
 from __future__ import annotations
 
@@ -21,8 +22,9 @@ METAWORLD = ("reach", "push", "pick-place", "drawer-open", "button-press-topdown
 def main(suite: str = "tabletop") -> None:
     import sim
 
-    names = ([f"{f}-{['red', 'green', 'blue', 'red'][i]}" for i, f in enumerate(FAMILIES)] if suite == "tabletop"
-             else [f"metaworld-{t}" for t in METAWORLD])
+    names = {"tabletop": [f"{f}-{['red', 'green', 'blue', 'red'][i]}" for i, f in enumerate(FAMILIES)],
+             "metaworld": [f"metaworld-{t}" for t in METAWORLD],
+             "so101": [f"so101-reach-{c}" for c in ("red", "green", "blue")]}[suite]
     rows = []
     for i, name in enumerate(names):
         env = TabletopEnv(name) if suite == "tabletop" else sim.make_env(name).unwrapped
