@@ -30,7 +30,6 @@ class Arm:
     """The tabletop cell's arm: observations already in the policy's layout (hand at `observation.state[5:8]`),
     commands [yaw, shoulder, elbow, wrist, gripper] from the closed-form IK."""
 
-    name = "tabletop"
     ee_step = EE_STEP
     workspace = (WORKSPACE_LOW, WORKSPACE_HIGH)
 
@@ -45,7 +44,6 @@ class SO101Arm(Arm):
     """LeRobot's SO-101 through `real_robot.lerobot_adapter.LeRobotArm`: `observation.state` = 5 joints (rad) and the
     gripper in [-1, 1]; commands the same 6 entries, the wrist roll held at its observed angle."""
 
-    name = "so101"
     ee_step = so101.EE_STEP
     workspace = (so101.WORKSPACE_LOW, so101.WORKSPACE_HIGH)
 
@@ -61,9 +59,6 @@ class SO101Arm(Arm):
     def command(self, ee_target: np.ndarray, gripper: float) -> np.ndarray:
         q = self.kinematics.ik(ee_target, roll=self.roll)
         return np.append(q, float(np.clip(gripper, -1, 1)))
-
-
-ARMS = {"tabletop": Arm, "so101": SO101Arm}
 
 
 class EEDeltaChunkToJoint:
@@ -104,4 +99,4 @@ class EEDeltaChunkToJoint:
         return np.stack([self.arm.command(ee, g) for ee, g in waypoints])
 
 
-__all__ = ["ARMS", "Arm", "EEDeltaChunkToJoint", "SO101Arm", "step_hand", "joint_command"]
+__all__ = ["Arm", "EEDeltaChunkToJoint", "SO101Arm", "step_hand", "joint_command"]

@@ -80,7 +80,7 @@ class SimSO101Follower:
     def _present_deg(self) -> dict[str, float]:
         q = self.env.arm_joints()
         out = {f"{j}.pos": math.degrees(q[i]) for i, j in enumerate(K.JOINTS)}
-        out[f"{K.GRIPPER}.pos"] = 100.0 * (K.GRIPPER_OPEN - q[5]) / (K.GRIPPER_OPEN - K.GRIPPER_CLOSED)
+        out[f"{K.GRIPPER}.pos"] = 50.0 * (K.gripper_command(q[5]) + 1.0)  # command -1 (open) .. +1 -> 0 .. 100
         return out
 
     def get_observation(self) -> dict:
@@ -104,7 +104,7 @@ class SimSO101Follower:
             present, cap = self._present_deg(), self.config.max_relative_target
             goal = {k: float(np.clip(v, present[k] - cap, present[k] + cap)) for k, v in goal.items()}
         q = [math.radians(goal[f"{j}.pos"]) for j in K.JOINTS]
-        g = K.gripper_command(K.GRIPPER_OPEN + goal[f"{K.GRIPPER}.pos"] / 100.0 * (K.GRIPPER_CLOSED - K.GRIPPER_OPEN))
+        g = float(np.clip(goal[f"{K.GRIPPER}.pos"] / 50.0 - 1.0, -1.0, 1.0))
         self._obs, _, _, _, self._info = self.env.step(np.append(q, g).astype(np.float32))
         return goal
 
