@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from wmrl.eval.rank import is_anchor, rank_statistics
 
@@ -184,6 +185,38 @@ def test_policy_benchmark_compares_every_recipe_on_the_same_layouts():
     assert res["dagger"]["steps"] == res["expert_more"]["steps"] == res["expert_n1"]["steps"] + 2
     assert [d["round"] for d in res["dagger"]["rounds"]] == [0]
     assert r["success_bc"] == max(v["success"] for k, v in res.items() if k != "scripted_expert")
+
+
+def test_imitation_ceiling_benchmark_shares_data_and_fits_its_labels():
+    r = _run("imitation_ceiling")
+    res = r["results"]
+    assert set(res) == {"reach_small", "push_small", "push_large", "push_large_noisy", "push_large_5x_layouts",
+                        "scripted_expert_reach-red", "scripted_expert_push-red"}
+    for v in res.values():
+        assert v["episodes"] == 3 and v["success"] == pytest.approx(np.mean(v["per_seed"]))
+    # variants on the same collection train on the same frames; the noisy collection is another one
+    assert res["push_small"]["data_frames"] == res["push_large"]["data_frames"]
+    assert res["push_large_noisy"]["noise"] == 0.3 and res["push_large"]["noise"] == 0.1
+    assert res["push_large_5x_layouts"]["data_episodes"] == 5 * res["push_large"]["data_episodes"]
+    assert res["push_large_5x_layouts"]["data_frames"] > res["push_large"]["data_frames"]
+    assert res["scripted_expert_push-red"]["success"] >= 0.5 and res["scripted_expert_reach-red"]["success"] >= 0.5
+
+
+def test_privileged_state_policy_learns_a_smooth_controller():
+    """The probe's learner and training loop fit a known function of its inputs (a check that a low imitation
+    ceiling is the expert's, not a broken learner's)."""
+    import runpy
+
+    mod = runpy.run_path(str(BENCH / "imitation_ceiling.py"), run_name="bench")
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(2000, 6)).astype(np.float32) * 3 + 1
+    W = rng.normal(size=(6, 4)).astype(np.float32)
+    Y = np.tanh((X - 1) / 3 @ W / 2).astype(np.float32)
+    policy = mod["PrivilegedStatePolicy"](6, 64, 2)
+    assert mod["_mse"](policy, X, Y) > 0.05
+    assert mod["_train"](policy, X, Y, steps=600) < 0.005
+    obs = {"observation.state": X[:3, :4], "observation.environment_state": X[:3, 4:]}
+    np.testing.assert_allclose(policy.select_action(obs), policy.actor.mu(torch.as_tensor(X[:3])).detach().numpy(), atol=1e-6)
 
 
 def test_contact_predictability_benchmark_checks_its_metric():

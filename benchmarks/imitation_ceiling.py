@@ -1,0 +1,186 @@
+"""The imitation ceiling on push-red: how well does a policy that *sees the true state* clone the scripted expert?
+
+The pixel VLA stays far below the expert on push-red (`benchmarks/policy.py`: 0-4% on CPU budgets, 23% after 8,000
+GPU steps, expert 98%). This separates perception from imitation. The learner is an MLP on the privileged state
+(`observation.state` and `observation.environment_state`: arm, cubes, zones; nothing to perceive), trained by MSE on
+DART labels (the clean expert's action at every recorded state, `sim.experts.expert_labels`), executed one action at
+a time (receding horizon), evaluated in the true simulator on the layouts `policy.py` uses. Variants:
+
+- `reach_small`: reach-red at the small budget: the check that the probe can clone a controller at all;
+- `push_small`: push-red at the small budget (256 x 2 units, 4,000 steps of batch 256);
+- `push_large`: push-red with 512 x 3 units and 30,000 steps: the same data, fitted;
+- `push_large_noisy`: `push_large` on data collected as `policy.py` collects it (noise 0.3, 20% perturbed);
+- `push_large_5x_layouts`: `push_large` on 5x the episodes (5x the cube/zone layouts), the same steps.
+
+Per variant: success with a 95% Wilson interval and per evaluation seed, the share of stalled episodes, the label
+MSE on the training frames and on held-out frames (30 other layouts, clean expert with the same noise), frames, and
+the collection's make-up: the share of frames that come from failed episodes and the share of failed episodes that
+ended with the target cube out of reach (off the table or outside the arm's workspace: no action can succeed
+from there, yet every later frame is a training frame). The clean expert on the same layouts is the ceiling.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from wmrl.benchutil import finish
+
+VARIANTS = {
+    "reach_small": dict(task="reach-red", hidden=256, layers=2, steps=4000, noise=0.1, perturbed=0.0),
+    "push_small": dict(task="push-red", hidden=256, layers=2, steps=4000, noise=0.1, perturbed=0.0),
+    "push_large": dict(task="push-red", hidden=512, layers=3, steps=30_000, noise=0.1, perturbed=0.0),
+    "push_large_noisy": dict(task="push-red", hidden=512, layers=3, steps=30_000, noise=0.3, perturbed=0.2),
+    "push_large_5x_layouts": dict(task="push-red", hidden=512, layers=3, steps=30_000, noise=0.1, perturbed=0.0,
+                                  layouts=5),
+}
+
+
+class PrivilegedStatePolicy(torch.nn.Module):
+    """`Policy` on [observation.state, observation.environment_state] through a `DeterministicActor` (tanh MLP,
+    input standardised with the training data's statistics)."""
+
+    chunk_size = 1
+
+    def __init__(self, obs_dim: int, hidden: int, layers: int):
+        super().__init__()
+        from policies.state.networks import DeterministicActor
+
+        self.actor = DeterministicActor(obs_dim, 4, hidden=hidden, layers=layers)
+
+    @staticmethod
+    def features(obs: dict) -> np.ndarray:
+        from wmrl.core.features import OBS_ENV_STATE, OBS_STATE
+
+        s, e = np.asarray(obs[OBS_STATE], np.float32), np.asarray(obs[OBS_ENV_STATE], np.float32)
+        return np.concatenate([s.reshape(len(s), -1), e.reshape(len(e), -1)], 1)
+
+    def reset(self) -> None:
+        pass
+
+    @torch.no_grad()
+    def select_action(self, obs: dict) -> np.ndarray:
+        return self.actor.mu(torch.as_tensor(self.features(obs))).numpy()
+
+
+def _collect(task: str, episodes: int, noise: float, perturbed: float, seed: int) -> tuple[np.ndarray, np.ndarray, dict]:
+    """Features and DART labels of `episodes` noisy-expert episodes, and the collection's make-up."""
+    import sim
+    from sim.experts import ScriptedExpert, expert_labels
+    from sim.tabletop.model import WORKSPACE_HIGH, WORKSPACE_LOW
+    from wmrl.core.features import ACTION, OBS_ENV_STATE
+    from wmrl.eval import evaluate
+
+    env = sim.make_env(task, cameras=())
+    try:
+        r = evaluate(ScriptedExpert(noise=noise, perturb_prob=perturbed, seed=seed), env, episodes, seed=seed,
+                     record=True, progress=False)
+    finally:
+        env.close()
+    X, Y, failed_frames, out_of_reach, failed = [], [], 0, 0, 0
+    cube = 3 * ["red", "green", "blue"].index(task.split("-")[1])
+    for ep, rec in zip(r.episodes, r.per_episode):
+        X.append(PrivilegedStatePolicy.features(ep))  # one action per recorded observation
+        Y.append(expert_labels(ep)[ACTION])
+        if not rec["success"]:
+            failed += 1
+            failed_frames += len(ep[ACTION])
+            c = np.asarray(ep[OBS_ENV_STATE])[-1, cube : cube + 3]
+            out_of_reach += bool(c[2] < 0 or np.any(c[:2] < np.asarray(WORKSPACE_LOW)[:2])
+                                 or np.any(c[:2] > np.asarray(WORKSPACE_HIGH)[:2]))
+    X, Y = np.concatenate(X), np.concatenate(Y).astype(np.float32)
+    return X, Y, {"frames": len(X), "expert_success": r.pc_success / 100, "failed_frame_share": failed_frames / len(X),
+                  "failed_out_of_reach_share": out_of_reach / failed if failed else 0.0}
+
+
+def _train(policy: PrivilegedStatePolicy, X: np.ndarray, Y: np.ndarray, steps: int, batch: int = 256, seed: int = 0) -> float:
+    torch.manual_seed(seed)
+    X_, Y_ = torch.as_tensor(X), torch.as_tensor(Y)
+    policy.actor.obs_mean.copy_(X_.mean(0))
+    policy.actor.obs_std.copy_(X_.std(0) + 1e-3)
+    opt = torch.optim.Adam(policy.parameters(), lr=1e-3)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, steps, eta_min=1e-5)
+    for _ in range(steps):
+        idx = torch.randint(0, len(X_), (batch,))
+        loss = ((policy.actor.mu(X_[idx]) - Y_[idx]) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
+    return _mse(policy, X, Y)
+
+
+@torch.no_grad()
+def _mse(policy, X, Y) -> float:
+    return float(((policy.actor.mu(torch.as_tensor(X)) - torch.as_tensor(Y)) ** 2).mean())
+
+
+def _evaluate(policy, task: str, episodes: int, seeds: int = 3) -> dict:
+    """As `policy.py`: seeds 10000 + 100000 k, Wilson interval, stalled = failed with the hand frozen (< 2 mm over
+    the last 20 steps)."""
+    import sim
+    from wmrl.eval import evaluate, wilson_interval
+
+    env = sim.make_env(task, cameras=())
+    stalled, per = [], []
+
+    def stall(ep: dict) -> None:
+        ee = np.asarray(ep["observation.state"])[-20:, 5:8]
+        stalled.append(not np.asarray(ep["next.success"]).any() and np.linalg.norm(ee[-1] - ee[0]) < 0.002)
+
+    try:
+        seeds = min(seeds, episodes)
+        for k in range(seeds):
+            n = episodes // seeds + (k < episodes % seeds)
+            r = evaluate(policy, env, n, seed=10_000 + 100_000 * k, progress=False, on_episode=stall)
+            per.append((round(r.pc_success * n / 100), n))
+    finally:
+        env.close()
+    s, n = sum(p[0] for p in per), sum(p[1] for p in per)
+    return {"success": s / n, "ci": list(wilson_interval(s, n)), "per_seed": [a / b for a, b in per], "episodes": n,
+            "stalled": float(np.mean(stalled))}
+
+
+def main(quick: bool = False, episodes: int = 150, data_episodes: int = 400, heldout_episodes: int = 30,
+         variants: str = "all") -> dict:
+    """`variants`: comma-separated names (default all)."""
+    import gymnasium as gym
+
+    from policies.factory import make_policy
+
+    episodes, data_episodes, heldout_episodes = int(episodes), int(data_episodes), int(heldout_episodes)
+    names = list(VARIANTS) if variants == "all" else str(variants).split(",")
+    unknown = sorted(set(names) - set(VARIANTS))
+    if unknown:
+        raise ValueError(f"unknown variants {unknown}; choose from {sorted(VARIANTS)}")
+    if quick:
+        episodes, data_episodes, heldout_episodes = 3, 3, 2
+    torch.set_num_threads(2)
+    t0 = time.time()
+    results, minutes, data = {}, {}, {}
+    for name in names:
+        v = VARIANTS[name]
+        t = time.time()
+        n_data = data_episodes * v.get("layouts", 1)
+        key = (v["task"], v["noise"], v["perturbed"], n_data)
+        if key not in data:  # variants on the same data share it
+            data[key] = (_collect(v["task"], n_data, v["noise"], v["perturbed"], seed=1000),
+                         _collect(v["task"], heldout_episodes, v["noise"], 0.0, seed=20_000))
+        (X, Y, info), (Xv, Yv, _) = data[key]
+        policy = PrivilegedStatePolicy(X.shape[1], v["hidden"], v["layers"]).eval()
+        train_mse = _train(policy, X, Y, 4 if quick else v["steps"])
+        results[name] = {**_evaluate(policy, v["task"], episodes), "train_mse": train_mse,
+                         "heldout_mse": _mse(policy, Xv, Yv), **{f"data_{k}": x for k, x in info.items()},
+                         "data_episodes": n_data, **{k: v[k] for k in ("hidden", "layers", "steps", "noise", "perturbed")}}
+        minutes[name] = (time.time() - t) / 60
+    for task in sorted({VARIANTS[n]["task"] for n in names}):
+        results[f"scripted_expert_{task}"] = _evaluate(make_policy("scripted", gym.spaces.Box(-1, 1, (4,), np.float32)),
+                                                       task, episodes)
+    minutes["total"] = (time.time() - t0) / 60
+    out = {"results": results, "minutes": minutes,
+           "budgets": {"episodes": episodes, "data_episodes": data_episodes, "heldout_episodes": heldout_episodes}}
+    for name in names:
+        out[f"success_{name}"] = results[name]["success"]
+    return finish("imitation_ceiling", out, quick)
