@@ -202,11 +202,21 @@ def test_imitation_ceiling_benchmark_shares_data_and_fits_its_labels():
     assert res["scripted_expert_push-red"]["success"] >= 0.5 and res["scripted_expert_reach-red"]["success"] >= 0.5
 
 
+def test_imitation_ceiling_dagger_aggregates_the_learners_states():
+    r = runpy.run_path(str(BENCH / "imitation_ceiling.py"), run_name="bench")["main"](
+        quick=True, variants="push_large_dagger,push_large_more_steps")
+    res = r["results"]
+    rounds = res["push_large_dagger"]["dagger"]
+    assert [d["round"] for d in rounds] == [1, 2, 3]
+    frames = [res["push_large_dagger"]["data_frames"]] + [d["frames"] for d in rounds]
+    assert all(b > a for a, b in zip(frames, frames[1:]))  # each round adds the learner's visited states
+    assert res["push_large_dagger"]["total_steps"] == res["push_large_more_steps"]["steps"]
+    assert "imitation-ceiling" in r["command"] and "variants=push_large_dagger" in r["command"]
+
+
 def test_privileged_state_policy_learns_a_smooth_controller():
     """The probe's learner and training loop fit a known function of its inputs (a check that a low imitation
     ceiling is the expert's, not a broken learner's)."""
-    import runpy
-
     mod = runpy.run_path(str(BENCH / "imitation_ceiling.py"), run_name="bench")
     rng = np.random.default_rng(0)
     X = rng.normal(size=(2000, 6)).astype(np.float32) * 3 + 1
