@@ -29,7 +29,7 @@ import time
 import numpy as np
 import torch
 
-from wmrl.benchutil import finish
+from wmrl.benchutil import finish, success_over_seeds
 
 VARIANTS = {
     "reach_small": dict(task="reach-red", hidden=256, layers=2, steps=4000, noise=0.1, perturbed=0.0),
@@ -151,30 +151,15 @@ def _dagger(policy, task: str, X: np.ndarray, Y: np.ndarray, rounds: int, episod
     return mse, log
 
 
-def _evaluate(policy, task: str, episodes: int, seeds: int = 3) -> dict:
-    """As `policy.py`: seeds 10000 + 100000 k, Wilson interval, stalled = failed with the hand frozen (< 2 mm over
-    the last 20 steps)."""
+def _evaluate(policy, task: str, episodes: int) -> dict:
+    """As `policy.py` evaluates: the same layouts, Wilson interval, per seed, stalls."""
     import sim
-    from wmrl.eval import evaluate, wilson_interval
 
     env = sim.make_env(task, cameras=())
-    stalled, per = [], []
-
-    def stall(ep: dict) -> None:
-        ee = np.asarray(ep["observation.state"])[-20:, 5:8]
-        stalled.append(not np.asarray(ep["next.success"]).any() and np.linalg.norm(ee[-1] - ee[0]) < 0.002)
-
     try:
-        seeds = min(seeds, episodes)
-        for k in range(seeds):
-            n = episodes // seeds + (k < episodes % seeds)
-            r = evaluate(policy, env, n, seed=10_000 + 100_000 * k, progress=False, on_episode=stall)
-            per.append((round(r.pc_success * n / 100), n))
+        return success_over_seeds(policy, env, episodes)
     finally:
         env.close()
-    s, n = sum(p[0] for p in per), sum(p[1] for p in per)
-    return {"success": s / n, "ci": list(wilson_interval(s, n)), "per_seed": [a / b for a, b in per], "episodes": n,
-            "stalled": float(np.mean(stalled))}
 
 
 def main(quick: bool = False, episodes: int = 150, data_episodes: int = 400, heldout_episodes: int = 30,

@@ -28,33 +28,17 @@ from pathlib import Path
 
 import numpy as np
 
-from wmrl.benchutil import finish
+from wmrl.benchutil import finish, success_over_seeds
 
 
 def _evaluate(policy, episodes: int, num_envs: int, seeds: int = 3) -> dict:
     import sim
-    from wmrl.eval import evaluate, wilson_interval
 
     env = sim.make_vector_env("push-red", num_envs)
-    stalled = []
-
-    def stall(ep: dict) -> None:  # failed with the hand frozen: < 2 mm of motion over the last 20 steps
-        ee = np.asarray(ep["observation.state"])[-20:, 5:8]
-        stalled.append(not np.asarray(ep["next.success"]).any() and np.linalg.norm(ee[-1] - ee[0]) < 0.002)
-
     try:
-        per = []
-        seeds = min(seeds, episodes)  # fewer episodes than evaluation seeds: one episode per seed
-        for k in range(seeds):
-            n = episodes // seeds + (k < episodes % seeds)
-            r = evaluate(policy, env, n, seed=10_000 + 100_000 * k, progress=False, on_episode=stall)
-            per.append((round(r.pc_success * n / 100), n))
+        return success_over_seeds(policy, env, episodes, seeds)
     finally:
         env.close()
-    s, n = sum(p[0] for p in per), sum(p[1] for p in per)
-    lo, hi = wilson_interval(s, n)
-    return {"success": s / n, "ci": [lo, hi], "per_seed": [a / b for a, b in per], "episodes": n,
-            "stalled": float(np.mean(stalled))}
 
 
 def _evaluate_ensembled(policy, episodes: int, num_envs: int) -> dict:

@@ -78,3 +78,27 @@ def finish(name: str, result: dict, quick: bool, command: str | None = None) -> 
         os.replace(tmp, RESULTS / f"{name}.json")
     return result
 
+
+
+def success_over_seeds(policy, env, episodes: int, seeds: int = 3) -> dict:
+    """True success of `policy` in `env` over `seeds` evaluation seeds (10000 + 100000 k; the policy benchmarks'
+    shared layouts), pooled with a 95% Wilson interval, per seed, and the share of *stalled* episodes: failed with
+    the hand frozen (< 2 mm of end-effector motion, `observation.state[5:8]`, over the last 20 steps)."""
+    import numpy as np
+
+    from wmrl.eval import evaluate, wilson_interval
+
+    stalled, per = [], []
+
+    def stall(ep: dict) -> None:
+        ee = np.asarray(ep["observation.state"])[-20:, 5:8]
+        stalled.append(not np.asarray(ep["next.success"]).any() and np.linalg.norm(ee[-1] - ee[0]) < 0.002)
+
+    seeds = min(seeds, episodes)  # fewer episodes than evaluation seeds: one episode per seed
+    for k in range(seeds):
+        n = episodes // seeds + (k < episodes % seeds)
+        r = evaluate(policy, env, n, seed=10_000 + 100_000 * k, progress=False, on_episode=stall)
+        per.append((round(r.pc_success * n / 100), n))
+    s, n = sum(p[0] for p in per), sum(p[1] for p in per)
+    return {"success": s / n, "ci": list(wilson_interval(s, n)), "per_seed": [a / b for a, b in per], "episodes": n,
+            "stalled": float(np.mean(stalled))}
