@@ -13,7 +13,9 @@ a time (receding horizon), evaluated in the true simulator on the layouts `polic
 - `push_large_5x_layouts`: `push_large` on 5x the episodes (5x the cube/zone layouts), the same steps;
 - `push_large_dagger` (`--options variants=push_large_dagger,push_large_more_steps`): `push_large`, then DAgger
   rounds (the learner's own episodes on new layouts, relabelled by the expert, aggregated, training continued),
-  against `push_large_more_steps`, the same total steps on the base data alone.
+  against `push_large_more_steps`, the same total steps on the base data alone;
+- `push_large_noisy_trimmed`, `push_large_dagger_trimmed`: those two with every episode cut at the first frame
+  whose target cube is out of reach (`_reachable_frames`).
 
 Per variant: success with a 95% Wilson interval and per evaluation seed, the share of stalled episodes, the label
 MSE on the training frames and on held-out frames (30 other layouts, clean expert with the same noise), frames, and
@@ -42,6 +44,11 @@ VARIANTS = {
     "push_large_dagger": dict(task="push-red", hidden=512, layers=3, steps=30_000, noise=0.1, perturbed=0.0,
                               dagger_rounds=3, dagger_episodes=200, dagger_steps=10_000),
     "push_large_more_steps": dict(task="push-red", hidden=512, layers=3, steps=60_000, noise=0.1, perturbed=0.0),
+    # the same two with every episode cut where its target cube left reach (`_reachable_frames`)
+    "push_large_noisy_trimmed": dict(task="push-red", hidden=512, layers=3, steps=30_000, noise=0.3, perturbed=0.2,
+                                     trim=True),
+    "push_large_dagger_trimmed": dict(task="push-red", hidden=512, layers=3, steps=30_000, noise=0.1, perturbed=0.0,
+                                      dagger_rounds=3, dagger_episodes=200, dagger_steps=10_000, trim=True),
 }
 DEFAULT = ("reach_small", "push_small", "push_large", "push_large_noisy", "push_large_5x_layouts")
 
@@ -73,12 +80,40 @@ class PrivilegedStatePolicy(torch.nn.Module):
         return self.actor.mu(torch.as_tensor(self.features(obs))).numpy()
 
 
-def _collect(task: str, episodes: int, noise: float, perturbed: float, seed: int) -> tuple[np.ndarray, np.ndarray, dict]:
-    """Features and DART labels of `episodes` noisy-expert episodes, and the collection's make-up."""
-    import sim
-    from sim.experts import ScriptedExpert, expert_labels
+def _reachable_frames(ep: dict, task: str) -> int:
+    """Frames of an episode before its target cube is first out of reach: below the table top (pushed off) or
+    outside the box the arm's end-effector is limited to. No action succeeds from there on, yet the expert still
+    labels those frames (a chase of a cube the hand cannot get behind)."""
     from sim.tabletop.model import WORKSPACE_HIGH, WORKSPACE_LOW
-    from wmrl.core.features import ACTION, OBS_ENV_STATE
+    from wmrl.core.features import OBS_ENV_STATE
+
+    i = 3 * ["red", "green", "blue"].index(task.split("-")[1])
+    c = np.asarray(ep[OBS_ENV_STATE])[:, i : i + 3]
+    out = (c[:, 2] < 0) | np.any(c[:, :2] < np.asarray(WORKSPACE_LOW)[:2], 1) | np.any(c[:, :2] > np.asarray(WORKSPACE_HIGH)[:2], 1)
+    return int(np.argmax(out)) if out.any() else len(c)
+
+
+def _features_and_labels(episodes: list[dict], task: str, trim: bool) -> tuple[list, list]:
+    """Per episode: the learner's inputs and the clean expert's labels (DART), cut where the target cube left reach
+    when `trim`."""
+    from sim.experts import expert_labels
+    from wmrl.core.features import ACTION
+
+    X, Y = [], []
+    for ep in episodes:
+        n = _reachable_frames(ep, task) if trim else len(ep[ACTION])
+        X.append(PrivilegedStatePolicy.features(ep)[:n])  # one action per recorded observation
+        Y.append(expert_labels(ep)[ACTION][:n])
+    return X, Y
+
+
+def _collect(task: str, episodes: int, noise: float, perturbed: float, seed: int, trim: bool = False
+             ) -> tuple[np.ndarray, np.ndarray, dict]:
+    """Features and DART labels of `episodes` noisy-expert episodes, and the collection's make-up (before
+    trimming)."""
+    import sim
+    from sim.experts import ScriptedExpert
+    from wmrl.core.features import ACTION
     from wmrl.eval import evaluate
 
     env = sim.make_env(task, cameras=())
@@ -87,20 +122,14 @@ def _collect(task: str, episodes: int, noise: float, perturbed: float, seed: int
                      record=True, progress=False)
     finally:
         env.close()
-    X, Y, failed_frames, out_of_reach, failed = [], [], 0, 0, 0
-    cube = 3 * ["red", "green", "blue"].index(task.split("-")[1])
-    for ep, rec in zip(r.episodes, r.per_episode):
-        X.append(PrivilegedStatePolicy.features(ep))  # one action per recorded observation
-        Y.append(expert_labels(ep)[ACTION])
-        if not rec["success"]:
-            failed += 1
-            failed_frames += len(ep[ACTION])
-            c = np.asarray(ep[OBS_ENV_STATE])[-1, cube : cube + 3]
-            out_of_reach += bool(c[2] < 0 or np.any(c[:2] < np.asarray(WORKSPACE_LOW)[:2])
-                                 or np.any(c[:2] > np.asarray(WORKSPACE_HIGH)[:2]))
+    X, Y = _features_and_labels(r.episodes, task, trim)
+    frames = sum(len(ep[ACTION]) for ep in r.episodes)
+    failed = [ep for ep, rec in zip(r.episodes, r.per_episode) if not rec["success"]]
+    out = sum(_reachable_frames(ep, task) < len(ep[ACTION]) for ep in failed)
     X, Y = np.concatenate(X), np.concatenate(Y).astype(np.float32)
-    return X, Y, {"frames": len(X), "expert_success": r.pc_success / 100, "failed_frame_share": failed_frames / len(X),
-                  "failed_out_of_reach_share": out_of_reach / failed if failed else 0.0}
+    return X, Y, {"frames": len(X), "frames_recorded": frames, "expert_success": r.pc_success / 100,
+                  "failed_frame_share": sum(len(ep[ACTION]) for ep in failed) / frames,
+                  "failed_out_of_reach_share": out / len(failed) if failed else 0.0}
 
 
 def _train(policy: PrivilegedStatePolicy, X: np.ndarray, Y: np.ndarray, steps: int, batch: int = 256, seed: int = 0,
@@ -129,12 +158,12 @@ def _mse(policy, X, Y) -> float:
     return float(((policy.actor.mu(torch.as_tensor(X)) - torch.as_tensor(Y)) ** 2).mean())
 
 
-def _dagger(policy, task: str, X: np.ndarray, Y: np.ndarray, rounds: int, episodes: int, steps: int) -> tuple[float, list]:
+def _dagger(policy, task: str, X: np.ndarray, Y: np.ndarray, rounds: int, episodes: int, steps: int,
+            trim: bool = False) -> tuple[float, list]:
     """DAgger (Ross et al., 2011): each round the learner acts on `episodes` new layouts, every state it visits is
-    labelled with the clean expert's action, the data is aggregated and training continues for `steps`."""
+    labelled with the clean expert's action (up to where the cube left reach when `trim`), the data is aggregated
+    and training continues for `steps`."""
     import sim
-    from sim.experts import expert_labels
-    from wmrl.core.features import ACTION
     from wmrl.eval import evaluate
 
     env = sim.make_env(task, cameras=())
@@ -142,8 +171,8 @@ def _dagger(policy, task: str, X: np.ndarray, Y: np.ndarray, rounds: int, episod
     try:
         for r in range(rounds):
             res = evaluate(policy, env, episodes, seed=50_000 + 10_000 * r, record=True, progress=False)
-            X = np.concatenate([X] + [PrivilegedStatePolicy.features(ep) for ep in res.episodes])
-            Y = np.concatenate([Y] + [expert_labels(ep)[ACTION] for ep in res.episodes]).astype(np.float32)
+            Xn, Yn = _features_and_labels(res.episodes, task, trim)
+            X, Y = np.concatenate([X] + Xn), np.concatenate([Y] + Yn).astype(np.float32)
             mse = _train(policy, X, Y, steps, seed=r + 1, normalise=False)
             log.append({"round": r + 1, "learner_success": res.pc_success / 100, "frames": len(X), "train_mse": mse})
     finally:
@@ -183,9 +212,10 @@ def main(quick: bool = False, episodes: int = 150, data_episodes: int = 400, hel
         v = VARIANTS[name]
         t = time.time()
         n_data = data_episodes * v.get("layouts", 1)
-        key = (v["task"], v["noise"], v["perturbed"], n_data)
+        trim = v.get("trim", False)
+        key = (v["task"], v["noise"], v["perturbed"], n_data, trim)
         if key not in data:  # variants on the same data share it
-            data[key] = (_collect(v["task"], n_data, v["noise"], v["perturbed"], seed=1000),
+            data[key] = (_collect(v["task"], n_data, v["noise"], v["perturbed"], seed=1000, trim=trim),
                          _collect(v["task"], heldout_episodes, v["noise"], 0.0, seed=20_000))
         (X, Y, info), (Xv, Yv, _) = data[key]
         policy = PrivilegedStatePolicy(X.shape[1], v["hidden"], v["layers"]).eval()
@@ -193,11 +223,11 @@ def main(quick: bool = False, episodes: int = 150, data_episodes: int = 400, hel
         extra = {}
         if v.get("dagger_rounds"):
             train_mse, extra["dagger"] = _dagger(policy, v["task"], X, Y, v["dagger_rounds"],
-                                                 1 if quick else v["dagger_episodes"], 2 if quick else v["dagger_steps"])
+                                                 1 if quick else v["dagger_episodes"], 2 if quick else v["dagger_steps"], trim)
             extra["total_steps"] = v["steps"] + v["dagger_rounds"] * v["dagger_steps"]
         results[name] = {**_evaluate(policy, v["task"], episodes), "train_mse": train_mse, **extra,
                          "heldout_mse": _mse(policy, Xv, Yv), **{f"data_{k}": x for k, x in info.items()},
-                         "data_episodes": n_data, **{k: v[k] for k in ("hidden", "layers", "steps", "noise", "perturbed")}}
+                         "data_episodes": n_data, "trim": trim, **{k: v[k] for k in ("hidden", "layers", "steps", "noise", "perturbed")}}
         minutes[name] = (time.time() - t) / 60
     for task in sorted({VARIANTS[n]["task"] for n in names}):
         results[f"scripted_expert_{task}"] = _evaluate(make_policy("scripted", gym.spaces.Box(-1, 1, (4,), np.float32)),

@@ -214,6 +214,23 @@ def test_imitation_ceiling_dagger_aggregates_the_learners_states():
     assert "imitation-ceiling" in r["command"] and "variants=push_large_dagger" in r["command"]
 
 
+def test_imitation_ceiling_trims_episodes_where_the_cube_left_reach():
+    mod = runpy.run_path(str(BENCH / "imitation_ceiling.py"), run_name="bench")
+    from sim.tabletop.model import WORKSPACE_HIGH
+
+    env = np.zeros((6, 13), np.float32)
+    env[:, 0:3] = [0.4, 0.0, 0.02]  # the red cube on the table, inside the box
+    ep = {"observation.environment_state": env.copy(), "action": np.zeros((6, 4), np.float32)}
+    assert mod["_reachable_frames"](ep, "push-red") == 6
+    env[4:, 0] = WORKSPACE_HIGH[0] + 0.01  # pushed beyond the arm's box at frame 4
+    assert mod["_reachable_frames"]({**ep, "observation.environment_state": env}, "push-red") == 4
+    env[2:, 2] = -1.0  # fell off the table at frame 2
+    assert mod["_reachable_frames"]({**ep, "observation.environment_state": env}, "push-red") == 2
+    env[:, 3:6] = 9.0  # another cube's whereabouts do not matter
+    env[:, 0:3] = [0.4, 0.0, 0.02]
+    assert mod["_reachable_frames"]({**ep, "observation.environment_state": env}, "push-red") == 6
+
+
 def test_privileged_state_policy_learns_a_smooth_controller():
     """The probe's learner and training loop fit a known function of its inputs (a check that a low imitation
     ceiling is the expert's, not a broken learner's)."""
