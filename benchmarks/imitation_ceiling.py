@@ -15,7 +15,8 @@ a time (receding horizon), evaluated in the true simulator on the layouts `polic
   rounds (the learner's own episodes on new layouts, relabelled by the expert, aggregated, training continued),
   against `push_large_more_steps`, the same total steps on the base data alone;
 - `push_large_noisy_trimmed`, `push_large_dagger_trimmed`: those two with every episode cut at the first frame
-  whose target cube is out of reach (`_reachable_frames`).
+  whose target cube is out of reach (`_reachable_frames`);
+- `push_large_flow`: `push_large` with a flow-matching head (held-out "MSE" is of sampled actions).
 
 Per variant: success with a 95% Wilson interval and per evaluation seed, the share of stalled episodes, the label
 MSE on the training frames and on held-out frames (30 other layouts, clean expert with the same noise), frames, and
@@ -49,21 +50,53 @@ VARIANTS = {
                                      trim=True),
     "push_large_dagger_trimmed": dict(task="push-red", hidden=512, layers=3, steps=30_000, noise=0.1, perturbed=0.0,
                                       dagger_rounds=3, dagger_episodes=200, dagger_steps=10_000, trim=True),
+    # push_large with a flow-matching head instead of the regressor
+    "push_large_flow": dict(task="push-red", hidden=512, layers=3, steps=30_000, noise=0.1, perturbed=0.0, head="flow"),
 }
 DEFAULT = ("reach_small", "push_small", "push_large", "push_large_noisy", "push_large_5x_layouts")
 
 
 class PrivilegedStatePolicy(torch.nn.Module):
-    """`Policy` on [observation.state, observation.environment_state] through a `DeterministicActor` (tanh MLP,
-    input standardised with the training data's statistics)."""
+    """`Policy` on [observation.state, observation.environment_state] with one of two heads:
+    `mse`: a `DeterministicActor` (tanh MLP) regressing the label, i.e. the mean action of look-alike states;
+    `flow`: pi0's flow matching (x_t = t noise + (1 - t) a, regress u = noise - a, Euler from t = 1 to 0 in
+    `flow_steps`), which can keep the expert's modes apart where a regressor averages them.
+    The actor's input statistics (set from the training data) standardise the state for both heads."""
 
     chunk_size = 1
 
-    def __init__(self, obs_dim: int, hidden: int, layers: int):
+    def __init__(self, obs_dim: int, hidden: int, layers: int, head: str = "mse", flow_steps: int = 10):
         super().__init__()
         from policies.state.networks import DeterministicActor
 
+        if head not in ("mse", "flow"):
+            raise ValueError(f"head: expected 'mse' or 'flow', got {head!r}")
+        self.head, self.flow_steps = head, flow_steps
         self.actor = DeterministicActor(obs_dim, 4, hidden=hidden, layers=layers)
+        if head == "flow":
+            dims = [obs_dim + 4 + 1] + [hidden] * layers
+            mods: list[torch.nn.Module] = []
+            for a, b in zip(dims[:-1], dims[1:]):
+                mods += [torch.nn.Linear(a, b), torch.nn.ReLU()]
+            self.velocity = torch.nn.Sequential(*mods, torch.nn.Linear(hidden, 4))
+
+    def _v(self, x: torch.Tensor, a: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        s = (x - self.actor.obs_mean) / self.actor.obs_std
+        return self.velocity(torch.cat([s, a, t], -1))
+
+    def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if self.head == "mse":
+            return ((self.actor.mu(x) - y) ** 2).mean()
+        noise, t = torch.randn_like(y), torch.rand(len(y), 1)
+        return ((self._v(x, t * noise + (1 - t) * y, t) - (noise - y)) ** 2).mean()
+
+    def act(self, x: torch.Tensor) -> torch.Tensor:
+        if self.head == "mse":
+            return self.actor.mu(x)
+        a = torch.randn(len(x), 4)
+        for i in range(self.flow_steps):  # dx/dt = v from t = 1 (noise) to t = 0 (action)
+            a = a - self._v(x, a, torch.full((len(x), 1), 1 - i / self.flow_steps)) / self.flow_steps
+        return a.clamp(-1, 1)
 
     @staticmethod
     def features(obs: dict) -> np.ndarray:
@@ -77,7 +110,7 @@ class PrivilegedStatePolicy(torch.nn.Module):
 
     @torch.no_grad()
     def select_action(self, obs: dict) -> np.ndarray:
-        return self.actor.mu(torch.as_tensor(self.features(obs))).numpy()
+        return self.act(torch.as_tensor(self.features(obs))).numpy()
 
 
 def _reachable_frames(ep: dict, task: str) -> int:
@@ -145,7 +178,7 @@ def _train(policy: PrivilegedStatePolicy, X: np.ndarray, Y: np.ndarray, steps: i
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, steps, eta_min=1e-5)
     for _ in range(steps):
         idx = torch.randint(0, len(X_), (batch,))
-        loss = ((policy.actor.mu(X_[idx]) - Y_[idx]) ** 2).mean()
+        loss = policy.loss(X_[idx], Y_[idx])
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -155,7 +188,7 @@ def _train(policy: PrivilegedStatePolicy, X: np.ndarray, Y: np.ndarray, steps: i
 
 @torch.no_grad()
 def _mse(policy, X, Y) -> float:
-    return float(((policy.actor.mu(torch.as_tensor(X)) - torch.as_tensor(Y)) ** 2).mean())
+    return float(((policy.act(torch.as_tensor(X)) - torch.as_tensor(Y)) ** 2).mean())
 
 
 def _dagger(policy, task: str, X: np.ndarray, Y: np.ndarray, rounds: int, episodes: int, steps: int,
@@ -218,7 +251,7 @@ def main(quick: bool = False, episodes: int = 150, data_episodes: int = 400, hel
             data[key] = (_collect(v["task"], n_data, v["noise"], v["perturbed"], seed=1000, trim=trim),
                          _collect(v["task"], heldout_episodes, v["noise"], 0.0, seed=20_000))
         (X, Y, info), (Xv, Yv, _) = data[key]
-        policy = PrivilegedStatePolicy(X.shape[1], v["hidden"], v["layers"]).eval()
+        policy = PrivilegedStatePolicy(X.shape[1], v["hidden"], v["layers"], v.get("head", "mse")).eval()
         train_mse = _train(policy, X, Y, 4 if quick else v["steps"])
         extra = {}
         if v.get("dagger_rounds"):
@@ -227,7 +260,7 @@ def main(quick: bool = False, episodes: int = 150, data_episodes: int = 400, hel
             extra["total_steps"] = v["steps"] + v["dagger_rounds"] * v["dagger_steps"]
         results[name] = {**_evaluate(policy, v["task"], episodes), "train_mse": train_mse, **extra,
                          "heldout_mse": _mse(policy, Xv, Yv), **{f"data_{k}": x for k, x in info.items()},
-                         "data_episodes": n_data, "trim": trim, **{k: v[k] for k in ("hidden", "layers", "steps", "noise", "perturbed")}}
+                         "data_episodes": n_data, "trim": trim, "head": policy.head, **{k: v[k] for k in ("hidden", "layers", "steps", "noise", "perturbed")}}
         minutes[name] = (time.time() - t) / 60
     for task in sorted({VARIANTS[n]["task"] for n in names}):
         results[f"scripted_expert_{task}"] = _evaluate(make_policy("scripted", gym.spaces.Box(-1, 1, (4,), np.float32)),

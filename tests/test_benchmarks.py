@@ -246,6 +246,26 @@ def test_privileged_state_policy_learns_a_smooth_controller():
     np.testing.assert_allclose(policy.select_action(obs), policy.actor.mu(torch.as_tensor(X[:3])).detach().numpy(), atol=1e-6)
 
 
+def test_privileged_state_flow_head_keeps_two_modes_apart_where_the_regressor_averages():
+    """Two expert actions for the same state (+0.8 or -0.8): regression learns their mean, flow matching samples
+    both (the averaging the imitation-ceiling benchmark tests as a cause of stalls)."""
+    mod = runpy.run_path(str(BENCH / "imitation_ceiling.py"), run_name="bench")
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(2000, 3)).astype(np.float32)
+    Y = np.repeat(np.where(rng.random((2000, 1)) < 0.5, 0.8, -0.8), 4, 1).astype(np.float32)
+    out = {}
+    for head in ("mse", "flow"):
+        policy = mod["PrivilegedStatePolicy"](3, 64, 2, head=head)
+        mod["_train"](policy, X, Y, steps=1500)
+        with torch.no_grad():
+            out[head] = policy.act(torch.as_tensor(X[:400]))[:, 0].numpy()
+    assert np.abs(out["mse"]).mean() < 0.2  # the mean of the two modes
+    assert np.mean(np.abs(np.abs(out["flow"]) - 0.8) < 0.2) > 0.8  # samples land on a mode
+    assert 0.3 < np.mean(out["flow"] > 0) < 0.7  # and on both
+    with pytest.raises(ValueError, match="head"):
+        mod["PrivilegedStatePolicy"](3, 8, 1, head="diffusion")
+
+
 def test_contact_predictability_benchmark_checks_its_metric():
     r = _run("contact_predictability")
     assert r["mean_baseline"]["r2_moving"] <= 0.0  # the training mean explains nothing on held-out moving steps
