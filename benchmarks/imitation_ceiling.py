@@ -52,6 +52,9 @@ VARIANTS = {
                                       dagger_rounds=3, dagger_episodes=200, dagger_steps=10_000, trim=True),
     # push_large with a flow-matching head instead of the regressor
     "push_large_flow": dict(task="push-red", hidden=512, layers=3, steps=30_000, noise=0.1, perturbed=0.0, head="flow"),
+    # and DAgger on top of it: does a head that keeps the expert's phases apart profit from the learner's states?
+    "push_large_flow_dagger": dict(task="push-red", hidden=512, layers=3, steps=30_000, noise=0.1, perturbed=0.0,
+                                   head="flow", dagger_rounds=3, dagger_episodes=200, dagger_steps=10_000),
 }
 DEFAULT = ("reach_small", "push_small", "push_large", "push_large_noisy", "push_large_5x_layouts")
 
