@@ -16,7 +16,12 @@ a time (receding horizon), evaluated in the true simulator on the layouts `polic
   against `push_large_more_steps`, the same total steps on the base data alone;
 - `push_large_noisy_trimmed`, `push_large_dagger_trimmed`: those two with every episode cut at the first frame
   whose target cube is out of reach (`_reachable_frames`);
-- `push_large_flow`: `push_large` with a flow-matching head (held-out "MSE" is of sampled actions).
+- `push_large_flow`: `push_large` with a flow-matching head (held-out "MSE" is of sampled actions);
+  `push_large_flow_dagger`: the same followed by `push_large_dagger`'s rounds;
+- `push_5x_state_noise`: `push_large_5x_layouts`, then evaluated again with its object channel perturbed as an
+  imperfect perception would perturb it (`StateNoise`: a per-episode offset, the bias of a position estimate, or
+  fresh noise each step, its jitter; sigma per coordinate in metres): how precise must a pixel policy's
+  perception of the cubes and zones be for this learner to keep its success?
 
 Per variant: success with a 95% Wilson interval and per evaluation seed, the share of stalled episodes, the label
 MSE on the training frames and on held-out frames (30 other layouts, clean expert with the same noise), frames, and
@@ -27,6 +32,7 @@ from there, yet every later frame is a training frame). The clean expert on the 
 
 from __future__ import annotations
 
+import math
 import time
 
 import numpy as np
@@ -55,6 +61,8 @@ VARIANTS = {
     # and DAgger on top of it: does a head that keeps the expert's phases apart profit from the learner's states?
     "push_large_flow_dagger": dict(task="push-red", hidden=512, layers=3, steps=30_000, noise=0.1, perturbed=0.0,
                                    head="flow", dagger_rounds=3, dagger_episodes=200, dagger_steps=10_000),
+    "push_5x_state_noise": dict(task="push-red", hidden=512, layers=3, steps=30_000, noise=0.1, perturbed=0.0,
+                                layouts=5, state_noise=(0.0025, 0.005, 0.01, 0.02)),
 }
 DEFAULT = ("reach_small", "push_small", "push_large", "push_large_noisy", "push_large_5x_layouts")
 
@@ -114,6 +122,31 @@ class PrivilegedStatePolicy(torch.nn.Module):
     @torch.no_grad()
     def select_action(self, obs: dict) -> np.ndarray:
         return self.act(torch.as_tensor(self.features(obs))).numpy()
+
+
+class StateNoise:
+    """A policy acting on a perturbed `observation.environment_state` (cube and zone positions): Gaussian noise of
+    `sigma` metres per coordinate, drawn once per episode (`per_episode`: the bias of a position estimate) or anew
+    every step (its jitter). Stands for a perception module with that error in front of the privileged learner."""
+
+    def __init__(self, policy, sigma: float, per_episode: bool, seed: int = 0):
+        if not (math.isfinite(sigma) and sigma >= 0):
+            raise ValueError(f"sigma must be a finite number >= 0, got {sigma}")
+        self.policy, self.sigma, self.per_episode = policy, sigma, per_episode
+        self.rng = np.random.default_rng(seed)
+        self.offset: np.ndarray | None = None
+
+    def reset(self) -> None:
+        self.offset = None
+        self.policy.reset()
+
+    def select_action(self, obs: dict) -> np.ndarray:
+        from wmrl.core.features import OBS_ENV_STATE
+
+        e = np.asarray(obs[OBS_ENV_STATE], np.float32)
+        if self.offset is None or not self.per_episode or self.offset.shape != e.shape:
+            self.offset = self.rng.normal(0.0, self.sigma, e.shape).astype(np.float32)
+        return self.policy.select_action({**obs, OBS_ENV_STATE: e + self.offset})
 
 
 def _reachable_frames(ep: dict, task: str) -> int:
@@ -261,6 +294,10 @@ def main(quick: bool = False, episodes: int = 150, data_episodes: int = 400, hel
             train_mse, extra["dagger"] = _dagger(policy, v["task"], X, Y, v["dagger_rounds"],
                                                  1 if quick else v["dagger_episodes"], 2 if quick else v["dagger_steps"], trim)
             extra["total_steps"] = v["steps"] + v["dagger_rounds"] * v["dagger_steps"]
+        for sigma in v.get("state_noise", ()):
+            for mode, per_episode in (("offset", True), ("jitter", False)):
+                r = _evaluate(StateNoise(policy, sigma, per_episode), v["task"], episodes)
+                extra.setdefault("state_noise", []).append({"sigma_m": sigma, "mode": mode, **r})
         results[name] = {**_evaluate(policy, v["task"], episodes), "train_mse": train_mse, **extra,
                          "heldout_mse": _mse(policy, Xv, Yv), **{f"data_{k}": x for k, x in info.items()},
                          "data_episodes": n_data, "trim": trim, "head": policy.head, **{k: v[k] for k in ("hidden", "layers", "steps", "noise", "perturbed")}}

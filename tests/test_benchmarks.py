@@ -351,3 +351,35 @@ def test_rank_noise_population_degrades_one_policy_and_ranks_the_levels(quick_de
     specs = [p["policy"] for p in r["population"]]
     assert any(s.endswith(":noise=0.3") for s in specs) and "random" in specs and r["noise_levels"] == [0.3]
     assert r["n_policies"] == 2 and "rank_noise_ceiling" in r
+
+
+def test_state_noise_perturbs_only_the_object_channel_as_a_bias_or_a_jitter():
+    mod = runpy.run_path(str(BENCH / "imitation_ceiling.py"), run_name="bench")
+
+    class Echo:  # returns the object channel it was given
+        resets = 0
+
+        def reset(self):
+            Echo.resets += 1
+
+        def select_action(self, obs):
+            assert np.all(obs["observation.state"] == 1.0)  # proprioception untouched
+            return np.array(obs["observation.environment_state"], copy=True)
+
+    obs = {"observation.state": np.ones((1, 8), np.float32), "observation.environment_state": np.zeros((1, 13), np.float32)}
+    bias = mod["StateNoise"](Echo(), 0.01, per_episode=True)
+    bias.reset()
+    a, b = bias.select_action(obs), bias.select_action(obs)
+    np.testing.assert_array_equal(a, b)  # the same offset all episode
+    assert 0.003 < np.std(a) < 0.03
+    bias.reset()
+    assert not np.array_equal(bias.select_action(obs), a) and Echo.resets == 2  # a new one per episode
+    jitter = mod["StateNoise"](Echo(), 0.01, per_episode=False)
+    jitter.reset()
+    assert not np.array_equal(jitter.select_action(obs), jitter.select_action(obs))
+    np.testing.assert_array_equal(mod["StateNoise"](Echo(), 0.0, per_episode=False).select_action(obs), 0.0)
+    with pytest.raises(ValueError, match="sigma"):
+        mod["StateNoise"](Echo(), float("nan"), per_episode=True)
+    r = runpy.run_path(str(BENCH / "imitation_ceiling.py"), run_name="bench")["main"](quick=True, variants="push_5x_state_noise")
+    rows = r["results"]["push_5x_state_noise"]["state_noise"]
+    assert [(x["sigma_m"], x["mode"]) for x in rows] == [(s, m) for s in (0.0025, 0.005, 0.01, 0.02) for m in ("offset", "jitter")]
