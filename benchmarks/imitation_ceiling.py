@@ -22,6 +22,11 @@ a time (receding horizon), evaluated in the true simulator on the layouts `polic
   imperfect perception would perturb it (`StateNoise`: a per-episode offset, the bias of a position estimate, or
   fresh noise each step, its jitter; sigma per coordinate in metres): how precise must a pixel policy's
   perception of the cubes and zones be for this learner to keep its success?
+- `push_pixels_estimated`: the same learner behind a perception module, so that it acts from pixels: a
+  `StateEstimator` (the VLA's per-camera `VisionEncoder`s and the proprioceptive state) regresses the object channel
+  from the front and wrist images, supervised by the simulator's state; the learner is trained on the estimator's
+  outputs for the training frames (so it meets the estimator's errors in training), then acts on the true
+  simulator's rendered frames through it. Reported beside the same learner on the true state, same data, same run.
 
 Per variant: success with a 95% Wilson interval and per evaluation seed, the share of stalled episodes, the label
 MSE on the training frames and on held-out frames (30 other layouts, clean expert with the same noise), frames, and
@@ -63,6 +68,9 @@ VARIANTS = {
                                    head="flow", dagger_rounds=3, dagger_episodes=200, dagger_steps=10_000),
     "push_5x_state_noise": dict(task="push-red", hidden=512, layers=3, steps=30_000, noise=0.1, perturbed=0.0,
                                 layouts=5, state_noise=(0.0025, 0.005, 0.01, 0.02)),
+    # from pixels: estimator (front + wrist) -> learner, on 2.5x the layouts (what a 2-core CPU renders in minutes)
+    "push_pixels_estimated": dict(task="push-red", hidden=512, layers=3, steps=30_000, noise=0.1, perturbed=0.0,
+                                  layouts=2.5, cameras=("front", "wrist"), estimator_steps=4000),
 }
 DEFAULT = ("reach_small", "push_small", "push_large", "push_large_noisy", "push_large_5x_layouts")
 
@@ -149,6 +157,94 @@ class StateNoise:
         return self.policy.select_action({**obs, OBS_ENV_STATE: e + self.offset})
 
 
+class StateEstimator(torch.nn.Module):
+    """Pixels -> the object channel: one `VisionEncoder` per camera (the VLA's: strided convolutions with CoordConv)
+    and the standardised proprioceptive state, regressing the standardised `observation.environment_state` (cube
+    centres, zone centres). Its supervision is the simulator's state, which every sim and twin dataset here carries
+    (a real cell would need a tracker for it)."""
+
+    def __init__(self, cameras: tuple[str, ...], state: np.ndarray, env_state: np.ndarray, width: int = 32):
+        super().__init__()
+        from policies.vla.modeling import VisionEncoder
+
+        self.cameras = tuple(cameras)
+        self.encoders = torch.nn.ModuleDict({c: VisionEncoder(width, 256) for c in self.cameras})
+        self.head = torch.nn.Sequential(torch.nn.Linear(256 * len(self.cameras) + state.shape[1], 512), torch.nn.SiLU(),
+                                        torch.nn.Linear(512, env_state.shape[1]))
+        for name, x in (("state", state), ("env", env_state)):
+            x = torch.as_tensor(x, dtype=torch.float32)
+            self.register_buffer(f"{name}_mean", x.mean(0))
+            self.register_buffer(f"{name}_std", x.std(0) + 1e-3)
+
+    def forward(self, images: dict, state: torch.Tensor) -> torch.Tensor:
+        """uint8 images (B, H, W, 3) per camera and the state -> the standardised object channel."""
+        feats = [self.encoders[c](images[c].permute(0, 3, 1, 2).float() / 127.5 - 1) for c in self.cameras]
+        return self.head(torch.cat(feats + [(state - self.state_mean) / self.state_std], 1))
+
+    @torch.no_grad()
+    def estimate(self, images: dict, state: np.ndarray, batch: int = 512) -> np.ndarray:
+        """The object channel in the simulator's units (metres) for numpy inputs, in batches."""
+        self.eval()
+        out = []
+        for i in range(0, len(state), batch):
+            im = {c: torch.as_tensor(np.asarray(images[c][i : i + batch])) for c in self.cameras}
+            st = torch.as_tensor(np.asarray(state[i : i + batch], np.float32))
+            out.append((self(im, st) * self.env_std + self.env_mean).numpy())
+        return np.concatenate(out)
+
+
+def _position_error_cm(pred: np.ndarray, true: np.ndarray) -> dict:
+    """Mean xy error of the cube centres and of the zone centres, in cm (the layout of `observation.environment_state`:
+    3 cubes x xyz, then 2 zones x xy)."""
+    d = pred - true
+    return {"cubes_xy_cm": float(np.linalg.norm(d[:, :9].reshape(-1, 3, 3)[..., :2], axis=-1).mean() * 100),
+            "zones_xy_cm": float(np.linalg.norm(d[:, 9:13].reshape(-1, 2, 2), axis=-1).mean() * 100)}
+
+
+def _fit_estimator(est: StateEstimator, data: dict, held: dict, steps: int, batch: int = 64, seed: int = 0,
+                   log_every: int = 500) -> list:
+    """MSE on the standardised object channel, Adam with a cosine schedule; the held-out layouts' position error
+    every `log_every` steps."""
+    from wmrl.core.features import OBS_ENV_STATE, OBS_STATE
+
+    torch.manual_seed(seed)
+    imgs = {c: torch.as_tensor(data["images"][c]) for c in est.cameras}
+    S, E = torch.as_tensor(data[OBS_STATE]), torch.as_tensor(data[OBS_ENV_STATE])
+    opt = torch.optim.Adam(est.parameters(), lr=1e-3)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, steps, eta_min=1e-5)
+    log = []
+    for step in range(1, steps + 1):
+        est.train()
+        idx = torch.randint(0, len(S), (batch,))
+        loss = ((est({c: x[idx] for c, x in imgs.items()}, S[idx]) - (E[idx] - est.env_mean) / est.env_std) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
+        if step % log_every == 0 or step == steps:
+            pred = est.estimate(held["images"], held[OBS_STATE])
+            log.append({"step": step, "loss": loss.item(), **_position_error_cm(pred, held[OBS_ENV_STATE])})
+    return log
+
+
+class EstimatedStatePolicy:
+    """The privileged learner acting from pixels: the `StateEstimator`'s object channel in place of the simulator's."""
+
+    def __init__(self, estimator: StateEstimator, policy: PrivilegedStatePolicy):
+        self.estimator, self.policy = estimator, policy
+
+    def reset(self) -> None:
+        self.policy.reset()
+
+    def select_action(self, obs: dict) -> np.ndarray:
+        from wmrl.core.features import OBS_ENV_STATE, OBS_STATE, image_key
+
+        state = np.asarray(obs[OBS_STATE], np.float32).reshape(-1, self.estimator.state_mean.shape[0])
+        images = {c: np.asarray(obs[image_key(c)]).reshape(len(state), *np.shape(obs[image_key(c)])[-3:])
+                  for c in self.estimator.cameras}
+        return self.policy.select_action({OBS_STATE: state, OBS_ENV_STATE: self.estimator.estimate(images, state)})
+
+
 def _reachable_frames(ep: dict, task: str) -> int:
     """Frames of an episode before its target cube is first out of reach: below the table top (pushed off) or
     outside the box the arm's end-effector is limited to. No action succeeds from there on, yet the expert still
@@ -176,16 +272,19 @@ def _features_and_labels(episodes: list[dict], task: str, trim: bool) -> tuple[l
     return X, Y
 
 
-def _collect(task: str, episodes: int, noise: float, perturbed: float, seed: int, trim: bool = False
-             ) -> tuple[np.ndarray, np.ndarray, dict]:
-    """Features and DART labels of `episodes` noisy-expert episodes, and the collection's make-up (before
-    trimming)."""
+def _collect(task: str, episodes: int, noise: float, perturbed: float, seed: int, trim: bool = False,
+             cameras: tuple[str, ...] = ()) -> tuple[np.ndarray, np.ndarray, dict, dict | None]:
+    """Features and DART labels of `episodes` noisy-expert episodes, the collection's make-up (before trimming),
+    and with `cameras` the frames a perception module learns from (images per camera, state, object channel;
+    untrimmed)."""
     import sim
     from sim.experts import ScriptedExpert
-    from wmrl.core.features import ACTION
+    from wmrl.core.features import ACTION, OBS_ENV_STATE, OBS_STATE, image_key
     from wmrl.eval import evaluate
 
-    env = sim.make_env(task, cameras=())
+    if cameras and trim:
+        raise ValueError("trimming is for the state learner's data; the perception frames are kept whole")
+    env = sim.make_env(task, cameras=tuple(cameras))
     try:
         r = evaluate(ScriptedExpert(noise=noise, perturb_prob=perturbed, seed=seed), env, episodes, seed=seed,
                      record=True, progress=False)
@@ -196,9 +295,13 @@ def _collect(task: str, episodes: int, noise: float, perturbed: float, seed: int
     failed = [ep for ep, rec in zip(r.episodes, r.per_episode) if not rec["success"]]
     out = sum(_reachable_frames(ep, task) < len(ep[ACTION]) for ep in failed)
     X, Y = np.concatenate(X), np.concatenate(Y).astype(np.float32)
+    pixels = None
+    if cameras:
+        pixels = {"images": {c: np.concatenate([np.asarray(ep[image_key(c)]) for ep in r.episodes]) for c in cameras},
+                  **{k: np.concatenate([np.asarray(ep[k], np.float32) for ep in r.episodes]) for k in (OBS_STATE, OBS_ENV_STATE)}}
     return X, Y, {"frames": len(X), "frames_recorded": frames, "expert_success": r.pc_success / 100,
                   "failed_frame_share": sum(len(ep[ACTION]) for ep in failed) / frames,
-                  "failed_out_of_reach_share": out / len(failed) if failed else 0.0}
+                  "failed_out_of_reach_share": out / len(failed) if failed else 0.0}, pixels
 
 
 def _train(policy: PrivilegedStatePolicy, X: np.ndarray, Y: np.ndarray, steps: int, batch: int = 256, seed: int = 0,
@@ -249,15 +352,22 @@ def _dagger(policy, task: str, X: np.ndarray, Y: np.ndarray, rounds: int, episod
     return mse, log
 
 
-def _evaluate(policy, task: str, episodes: int) -> dict:
+def _evaluate(policy, task: str, episodes: int, cameras: tuple[str, ...] = ()) -> dict:
     """As `policy.py` evaluates: the same layouts, Wilson interval, per seed, stalls."""
     import sim
 
-    env = sim.make_env(task, cameras=())
+    env = sim.make_env(task, cameras=tuple(cameras))
     try:
         return success_over_seeds(policy, env, episodes)
     finally:
         env.close()
+
+
+def _state_learner(v: dict, X, Y, Xv, Yv, episodes: int, quick: bool) -> dict:
+    """The variant's learner on the simulator's own state: the reference a perception module is measured against."""
+    policy = PrivilegedStatePolicy(X.shape[1], v["hidden"], v["layers"], v.get("head", "mse")).eval()
+    train_mse = _train(policy, X, Y, 4 if quick else v["steps"])
+    return {**_evaluate(policy, v["task"], episodes), "train_mse": train_mse, "heldout_mse": _mse(policy, Xv, Yv)}
 
 
 def main(quick: bool = False, episodes: int = 150, data_episodes: int = 400, heldout_episodes: int = 30,
@@ -266,6 +376,7 @@ def main(quick: bool = False, episodes: int = 150, data_episodes: int = 400, hel
     import gymnasium as gym
 
     from policies.factory import make_policy
+    from wmrl.core.features import OBS_ENV_STATE, OBS_STATE
 
     episodes, data_episodes, heldout_episodes = int(episodes), int(data_episodes), int(heldout_episodes)
     names = list(DEFAULT) if variants == "all" else str(variants).split(",")
@@ -280,16 +391,23 @@ def main(quick: bool = False, episodes: int = 150, data_episodes: int = 400, hel
     for name in names:
         v = VARIANTS[name]
         t = time.time()
-        n_data = data_episodes * v.get("layouts", 1)
-        trim = v.get("trim", False)
-        key = (v["task"], v["noise"], v["perturbed"], n_data, trim)
+        n_data = int(data_episodes * v.get("layouts", 1))
+        trim, cameras = v.get("trim", False), v.get("cameras", ())
+        key = (v["task"], v["noise"], v["perturbed"], n_data, trim, cameras)
         if key not in data:  # variants on the same data share it
-            data[key] = (_collect(v["task"], n_data, v["noise"], v["perturbed"], seed=1000, trim=trim),
-                         _collect(v["task"], heldout_episodes, v["noise"], 0.0, seed=20_000))
-        (X, Y, info), (Xv, Yv, _) = data[key]
+            data[key] = (_collect(v["task"], n_data, v["noise"], v["perturbed"], seed=1000, trim=trim, cameras=cameras),
+                         _collect(v["task"], heldout_episodes, v["noise"], 0.0, seed=20_000, cameras=cameras))
+        (X, Y, info, pixels), (Xv, Yv, _, held) = data[key]
+        extra = {}
+        if cameras:  # the learner acts from pixels through an estimator of the object channel
+            extra["true_state"] = _state_learner(v, X, Y, Xv, Yv, episodes, quick)
+            estimator = StateEstimator(cameras, pixels[OBS_STATE], pixels[OBS_ENV_STATE])
+            extra["estimator"] = _fit_estimator(estimator, pixels, held, 4 if quick else v["estimator_steps"],
+                                                log_every=2 if quick else 500)
+            X = np.concatenate([pixels[OBS_STATE], estimator.estimate(pixels["images"], pixels[OBS_STATE])], 1)
+            Xv = np.concatenate([held[OBS_STATE], estimator.estimate(held["images"], held[OBS_STATE])], 1)
         policy = PrivilegedStatePolicy(X.shape[1], v["hidden"], v["layers"], v.get("head", "mse")).eval()
         train_mse = _train(policy, X, Y, 4 if quick else v["steps"])
-        extra = {}
         if v.get("dagger_rounds"):
             train_mse, extra["dagger"] = _dagger(policy, v["task"], X, Y, v["dagger_rounds"],
                                                  1 if quick else v["dagger_episodes"], 2 if quick else v["dagger_steps"], trim)
@@ -298,9 +416,11 @@ def main(quick: bool = False, episodes: int = 150, data_episodes: int = 400, hel
             for mode, per_episode in (("offset", True), ("jitter", False)):
                 r = _evaluate(StateNoise(policy, sigma, per_episode), v["task"], episodes)
                 extra.setdefault("state_noise", []).append({"sigma_m": sigma, "mode": mode, **r})
-        results[name] = {**_evaluate(policy, v["task"], episodes), "train_mse": train_mse, **extra,
+        acting = EstimatedStatePolicy(estimator, policy) if cameras else policy
+        results[name] = {**_evaluate(acting, v["task"], episodes, cameras), "train_mse": train_mse, **extra,
                          "heldout_mse": _mse(policy, Xv, Yv), **{f"data_{k}": x for k, x in info.items()},
-                         "data_episodes": n_data, "trim": trim, "head": policy.head, **{k: v[k] for k in ("hidden", "layers", "steps", "noise", "perturbed")}}
+                         "data_episodes": n_data, "trim": trim, "head": policy.head, "cameras": list(cameras),
+                         **{k: v[k] for k in ("hidden", "layers", "steps", "noise", "perturbed")}}
         minutes[name] = (time.time() - t) / 60
     for task in sorted({VARIANTS[n]["task"] for n in names}):
         results[f"scripted_expert_{task}"] = _evaluate(make_policy("scripted", gym.spaces.Box(-1, 1, (4,), np.float32)),

@@ -380,6 +380,47 @@ def test_state_noise_perturbs_only_the_object_channel_as_a_bias_or_a_jitter():
     np.testing.assert_array_equal(mod["StateNoise"](Echo(), 0.0, per_episode=False).select_action(obs), 0.0)
     with pytest.raises(ValueError, match="sigma"):
         mod["StateNoise"](Echo(), float("nan"), per_episode=True)
-    r = runpy.run_path(str(BENCH / "imitation_ceiling.py"), run_name="bench")["main"](quick=True, variants="push_5x_state_noise")
+    r = runpy.run_path(str(BENCH / "imitation_ceiling.py"), run_name="bench")["main"](
+        quick=True, variants="push_5x_state_noise,push_pixels_estimated")
     rows = r["results"]["push_5x_state_noise"]["state_noise"]
     assert [(x["sigma_m"], x["mode"]) for x in rows] == [(s, m) for s in (0.0025, 0.005, 0.01, 0.02) for m in ("offset", "jitter")]
+    pixels = r["results"]["push_pixels_estimated"]
+    assert pixels["cameras"] == ["front", "wrist"] and [x["step"] for x in pixels["estimator"]] == [2, 4]
+    assert pixels["true_state"]["episodes"] == pixels["episodes"]  # the state reference on the same layouts
+
+
+def test_state_estimator_reads_positions_from_pixels():
+    """The perception module in front of the privileged learner learns where a marker is in an image (a bright
+    square whose position is the 'cube'), and the pixel-acting wrapper hands its estimate, in metres, to the learner."""
+    mod = runpy.run_path(str(BENCH / "imitation_ceiling.py"), run_name="bench")
+    rng = np.random.default_rng(0)
+
+    def frames(n):
+        E = np.zeros((n, 13), np.float32)
+        E[:, :2] = rng.uniform(-0.2, 0.2, (n, 2))
+        img = np.zeros((n, 64, 64, 3), np.uint8)
+        for i, (x, y) in enumerate(E[:, :2]):
+            r, c = int(32 + 120 * y), int(32 + 120 * x)
+            img[i, r - 3 : r + 3, c - 3 : c + 3] = 255
+        return {"images": {"front": img}, "observation.state": rng.normal(size=(n, 8)).astype(np.float32),
+                "observation.environment_state": E}
+
+    train, held = frames(600), frames(100)
+    torch.manual_seed(0)
+    est = mod["StateEstimator"](("front",), train["observation.state"], train["observation.environment_state"], width=8)
+    log = mod["_fit_estimator"](est, train, held, steps=300, log_every=150)
+    before = mod["_position_error_cm"](np.zeros((100, 13), np.float32), held["observation.environment_state"])
+    assert [x["step"] for x in log] == [150, 300]
+    assert log[-1]["cubes_xy_cm"] < 0.4 * before["cubes_xy_cm"]  # 3 cubes averaged: only one moves
+
+    class Echo:
+        def reset(self):
+            pass
+
+        def select_action(self, obs):
+            return obs["observation.environment_state"][:, :2]
+
+    policy = mod["EstimatedStatePolicy"](est, Echo())
+    obs = {"observation.state": held["observation.state"][:1], "observation.images.front": held["images"]["front"][0]}
+    np.testing.assert_allclose(policy.select_action(obs), est.estimate({"front": held["images"]["front"][:1]},
+                                                                       held["observation.state"][:1])[:, :2], atol=1e-6)
