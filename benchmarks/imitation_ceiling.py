@@ -22,11 +22,12 @@ a time (receding horizon), evaluated in the true simulator on the layouts `polic
   imperfect perception would perturb it (`StateNoise`: a per-episode offset, the bias of a position estimate, or
   fresh noise each step, its jitter; sigma per coordinate in metres): how precise must a pixel policy's
   perception of the cubes and zones be for this learner to keep its success?
-- `push_pixels_estimated`: the same learner behind a perception module, so that it acts from pixels: a
-  `StateEstimator` (the VLA's per-camera `VisionEncoder`s and the proprioceptive state) regresses the object channel
-  from the front and wrist images, supervised by the simulator's state; the learner is trained on the estimator's
-  outputs for the training frames (so it meets the estimator's errors in training), then acts on the true
-  simulator's rendered frames through it. Reported beside the same learner on the true state, same data, same run.
+- `push_pixels_estimated`: the same learner behind a perception module, so that it acts from pixels: the
+  `estimated-state` policy (`policies/estimated_state`): a `StateEstimator` (the VLA's per-camera `VisionEncoder`s
+  and the proprioceptive state) regresses the object channel from the front and wrist images, supervised by the
+  simulator's state; the actor is trained on the estimator's outputs for the training frames (so it meets the
+  estimator's errors in training), then acts on the true simulator's rendered frames through it. Reported beside
+  the same learner on the true state, same data, same run.
 
 Per variant: success with a 95% Wilson interval and per evaluation seed, the share of stalled episodes, the label
 MSE on the training frames and on held-out frames (30 other layouts, clean expert with the same noise), frames, and
@@ -76,7 +77,8 @@ DEFAULT = ("reach_small", "push_small", "push_large", "push_large_noisy", "push_
 
 
 class PrivilegedStatePolicy(torch.nn.Module):
-    """`Policy` on [observation.state, observation.environment_state] with one of two heads:
+    """`Policy` on [observation.state, observation.environment_state, the instruction's words] (`state_features`)
+    with one of two heads:
     `mse`: a `DeterministicActor` (tanh MLP) regressing the label, i.e. the mean action of look-alike states;
     `flow`: pi0's flow matching (x_t = t noise + (1 - t) a, regress u = noise - a, Euler from t = 1 to 0 in
     `flow_steps`), which can keep the expert's modes apart where a regressor averages them.
@@ -84,8 +86,10 @@ class PrivilegedStatePolicy(torch.nn.Module):
 
     chunk_size = 1
 
-    def __init__(self, obs_dim: int, hidden: int, layers: int, head: str = "mse", flow_steps: int = 10):
+    def __init__(self, obs_dim: int, hidden: int, layers: int, head: str = "mse", flow_steps: int = 10,
+                 vocab: list[str] = ()):
         super().__init__()
+        self.vocab = list(vocab)
         from policies.state.networks import DeterministicActor
 
         if head not in ("mse", "flow"):
@@ -117,19 +121,33 @@ class PrivilegedStatePolicy(torch.nn.Module):
             a = a - self._v(x, a, torch.full((len(x), 1), 1 - i / self.flow_steps)) / self.flow_steps
         return a.clamp(-1, 1)
 
-    @staticmethod
-    def features(obs: dict) -> np.ndarray:
-        from wmrl.core.features import OBS_ENV_STATE, OBS_STATE
-
-        s, e = np.asarray(obs[OBS_STATE], np.float32), np.asarray(obs[OBS_ENV_STATE], np.float32)
-        return np.concatenate([s.reshape(len(s), -1), e.reshape(len(e), -1)], 1)
-
     def reset(self) -> None:
         pass
 
     @torch.no_grad()
     def select_action(self, obs: dict) -> np.ndarray:
-        return self.act(torch.as_tensor(self.features(obs))).numpy()
+        return self.act(torch.as_tensor(state_features(obs, self.vocab))).numpy()
+
+
+def state_features(obs: dict, vocab: list[str]) -> np.ndarray:
+    """The learner's input: [observation.state, observation.environment_state, the instruction's words over `vocab`]
+    (the words say which zone a push goes to: the object channel lists both zones in a fixed order)."""
+    from wmrl.core.features import OBS_ENV_STATE, OBS_STATE, TASK
+    from wmrl.core.text import word_presence
+
+    s, e = np.asarray(obs[OBS_STATE], np.float32), np.asarray(obs[OBS_ENV_STATE], np.float32)
+    s, e = s.reshape(-1, s.shape[-1]), e.reshape(-1, e.shape[-1])
+    parts = [s, e] + ([word_presence(obs[TASK], vocab).reshape(len(s), -1)] if vocab else [])
+    return np.concatenate(parts, 1)
+
+
+def task_vocab(task: str) -> list[str]:
+    """Every word of the task's instructions (one per zone)."""
+    from sim.tabletop.tasks import parse_task, instruction
+    from sim.tabletop.twin import ZONE_COLOURS
+    from wmrl.core.text import words
+
+    return sorted({w for z in ZONE_COLOURS for w in words(instruction(parse_task(task), z))})
 
 
 class StateNoise:
@@ -157,98 +175,6 @@ class StateNoise:
         return self.policy.select_action({**obs, OBS_ENV_STATE: e + self.offset})
 
 
-class StateEstimator(torch.nn.Module):
-    """Pixels -> the object channel: one `VisionEncoder` per camera (the VLA's: strided convolutions with CoordConv)
-    and the standardised proprioceptive state, regressing the standardised `observation.environment_state` (cube
-    centres, zone centres). Its supervision is the simulator's state, which every sim and twin dataset here carries
-    (a real cell would need a tracker for it)."""
-
-    def __init__(self, cameras: tuple[str, ...], state: np.ndarray, env_state: np.ndarray, width: int = 32):
-        super().__init__()
-        from policies.vla.modeling import VisionEncoder
-
-        self.cameras = tuple(cameras)
-        self.encoders = torch.nn.ModuleDict({c: VisionEncoder(width, 256) for c in self.cameras})
-        self.head = torch.nn.Sequential(torch.nn.Linear(256 * len(self.cameras) + state.shape[1], 512), torch.nn.SiLU(),
-                                        torch.nn.Linear(512, env_state.shape[1]))
-        for name, x in (("state", state), ("env", env_state)):
-            x = torch.as_tensor(x, dtype=torch.float32)
-            self.register_buffer(f"{name}_mean", x.mean(0))
-            self.register_buffer(f"{name}_std", x.std(0) + 1e-3)
-
-    def forward(self, images: dict, state: torch.Tensor) -> torch.Tensor:
-        """uint8 images (B, H, W, 3) per camera and the state -> the standardised object channel."""
-        feats = [self.encoders[c](images[c].permute(0, 3, 1, 2).float() / 127.5 - 1) for c in self.cameras]
-        return self.head(torch.cat(feats + [(state - self.state_mean) / self.state_std], 1))
-
-    @torch.no_grad()
-    def estimate(self, images: dict, state: np.ndarray, batch: int = 512) -> np.ndarray:
-        """The object channel in the simulator's units (metres) for numpy inputs, in batches."""
-        self.eval()
-        out = []
-        for i in range(0, len(state), batch):
-            im = {c: torch.as_tensor(np.asarray(images[c][i : i + batch])) for c in self.cameras}
-            st = torch.as_tensor(np.asarray(state[i : i + batch], np.float32))
-            out.append((self(im, st) * self.env_std + self.env_mean).numpy())
-        return np.concatenate(out)
-
-
-def _position_error_cm(pred: np.ndarray, true: np.ndarray) -> dict:
-    """Mean xy error of the cube centres and of the zone centres, in cm (the layout of `observation.environment_state`:
-    3 cubes x xyz, then 2 zones x xy)."""
-    d = pred - true
-    return {"cubes_xy_cm": float(np.linalg.norm(d[:, :9].reshape(-1, 3, 3)[..., :2], axis=-1).mean() * 100),
-            "zones_xy_cm": float(np.linalg.norm(d[:, 9:13].reshape(-1, 2, 2), axis=-1).mean() * 100)}
-
-
-def _fit_estimator(est: StateEstimator, data: dict, held: dict, steps: int, batch: int = 64, seed: int = 0,
-                   log_every: int = 500) -> list:
-    """MSE on the standardised object channel, Adam with a cosine schedule; the held-out layouts' position error
-    every `log_every` steps."""
-    from wmrl.core.features import OBS_ENV_STATE, OBS_STATE
-
-    torch.manual_seed(seed)
-    imgs = {c: torch.as_tensor(data["images"][c]) for c in est.cameras}
-    S, E = torch.as_tensor(data[OBS_STATE]), torch.as_tensor(data[OBS_ENV_STATE])
-    opt = torch.optim.Adam(est.parameters(), lr=1e-3)
-    warmup = min(200, steps // 10)  # with clipping: an unwarmed run spiked (loss 0.01 -> 6.8 at step 1,500) and lost ground
-    sched = torch.optim.lr_scheduler.SequentialLR(opt, [
-        torch.optim.lr_scheduler.LinearLR(opt, 0.01, 1.0, max(1, warmup)),
-        torch.optim.lr_scheduler.CosineAnnealingLR(opt, max(1, steps - warmup), eta_min=1e-5)], [max(1, warmup)])
-    log = []
-    for step in range(1, steps + 1):
-        est.train()
-        idx = torch.randint(0, len(S), (batch,))
-        loss = ((est({c: x[idx] for c, x in imgs.items()}, S[idx]) - (E[idx] - est.env_mean) / est.env_std) ** 2).mean()
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(est.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        if step % log_every == 0 or step == steps:
-            pred = est.estimate(held["images"], held[OBS_STATE])
-            log.append({"step": step, "loss": loss.item(), **_position_error_cm(pred, held[OBS_ENV_STATE])})
-    return log
-
-
-class EstimatedStatePolicy:
-    """The privileged learner acting from pixels: the `StateEstimator`'s object channel in place of the simulator's."""
-
-    def __init__(self, estimator: StateEstimator, policy: PrivilegedStatePolicy):
-        self.estimator, self.policy = estimator, policy
-
-    def reset(self) -> None:
-        self.policy.reset()
-
-    def select_action(self, obs: dict) -> np.ndarray:
-        from wmrl.core.features import OBS_ENV_STATE, OBS_STATE, image_key
-
-        state = np.asarray(obs[OBS_STATE], np.float32).reshape(-1, self.estimator.state_mean.shape[0])
-        images = {c: np.asarray(obs[image_key(c)]).reshape(len(state), *np.shape(obs[image_key(c)])[-3:])
-                  for c in self.estimator.cameras}
-        return self.policy.select_action({OBS_STATE: state, OBS_ENV_STATE: self.estimator.estimate(images, state)})
-
-
 def _reachable_frames(ep: dict, task: str) -> int:
     """Frames of an episode before its target cube is first out of reach: below the table top (pushed off) or
     outside the box the arm's end-effector is limited to. No action succeeds from there on, yet the expert still
@@ -271,7 +197,7 @@ def _features_and_labels(episodes: list[dict], task: str, trim: bool) -> tuple[l
     X, Y = [], []
     for ep in episodes:
         n = _reachable_frames(ep, task) if trim else len(ep[ACTION])
-        X.append(PrivilegedStatePolicy.features(ep)[:n])  # one action per recorded observation
+        X.append(state_features(ep, task_vocab(task))[:n])  # one action per recorded observation
         Y.append(expert_labels(ep)[ACTION][:n])
     return X, Y
 
@@ -283,7 +209,7 @@ def _collect(task: str, episodes: int, noise: float, perturbed: float, seed: int
     untrimmed)."""
     import sim
     from sim.experts import ScriptedExpert
-    from wmrl.core.features import ACTION, OBS_ENV_STATE, OBS_STATE, image_key
+    from wmrl.core.features import ACTION, OBS_ENV_STATE, OBS_STATE, TASK, image_key
     from wmrl.eval import evaluate
 
     if cameras and trim:
@@ -302,6 +228,7 @@ def _collect(task: str, episodes: int, noise: float, perturbed: float, seed: int
     pixels = None
     if cameras:
         pixels = {"images": {c: np.concatenate([np.asarray(ep[image_key(c)]) for ep in r.episodes]) for c in cameras},
+                  TASK: np.concatenate([np.asarray(ep[TASK], dtype=object).reshape(-1) for ep in r.episodes]),
                   **{k: np.concatenate([np.asarray(ep[k], np.float32) for ep in r.episodes]) for k in (OBS_STATE, OBS_ENV_STATE)}}
     return X, Y, {"frames": len(X), "frames_recorded": frames, "expert_success": r.pc_success / 100,
                   "failed_frame_share": sum(len(ep[ACTION]) for ep in failed) / frames,
@@ -310,22 +237,14 @@ def _collect(task: str, episodes: int, noise: float, perturbed: float, seed: int
 
 def _train(policy: PrivilegedStatePolicy, X: np.ndarray, Y: np.ndarray, steps: int, batch: int = 256, seed: int = 0,
            normalise: bool = True) -> float:
-    """MSE on the labels, Adam with a cosine schedule; `normalise`: set the input statistics from X (not when
-    training continues)."""
-    torch.manual_seed(seed)
-    X_, Y_ = torch.as_tensor(X), torch.as_tensor(Y)
+    """MSE on the labels (or the flow loss), Adam with a cosine schedule; `normalise`: set the input statistics
+    from X (not when training continues)."""
+    from policies.estimated_state.train import fit
+
     if normalise:
-        policy.actor.obs_mean.copy_(X_.mean(0))
-        policy.actor.obs_std.copy_(X_.std(0) + 1e-3)
-    opt = torch.optim.Adam(policy.parameters(), lr=1e-3)
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, steps, eta_min=1e-5)
-    for _ in range(steps):
-        idx = torch.randint(0, len(X_), (batch,))
-        loss = policy.loss(X_[idx], Y_[idx])
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        sched.step()
+        policy.actor.obs_mean.copy_(torch.as_tensor(X).mean(0))
+        policy.actor.obs_std.copy_(torch.as_tensor(X).std(0) + 1e-3)
+    fit(policy.loss, policy.parameters(), X, Y, steps, batch, seed=seed)
     return _mse(policy, X, Y)
 
 
@@ -369,9 +288,31 @@ def _evaluate(policy, task: str, episodes: int, cameras: tuple[str, ...] = ()) -
 
 def _state_learner(v: dict, X, Y, Xv, Yv, episodes: int, quick: bool) -> dict:
     """The variant's learner on the simulator's own state: the reference a perception module is measured against."""
-    policy = PrivilegedStatePolicy(X.shape[1], v["hidden"], v["layers"], v.get("head", "mse")).eval()
+    policy = PrivilegedStatePolicy(X.shape[1], v["hidden"], v["layers"], v.get("head", "mse"),
+                                   vocab=task_vocab(v["task"])).eval()
     train_mse = _train(policy, X, Y, 4 if quick else v["steps"])
     return {**_evaluate(policy, v["task"], episodes), "train_mse": train_mse, "heldout_mse": _mse(policy, Xv, Yv)}
+
+
+def _pixel_learner(v: dict, pixels: dict, held: dict, Y, Yv, episodes: int, quick: bool) -> dict:
+    """The `estimated-state` policy (`policies/estimated_state`): the estimator fitted on the collection's frames,
+    the actor on its estimates, evaluated from the true simulator's rendered frames."""
+    from policies.estimated_state import EstimatedStateConfig, EstimatedStatePolicy
+    from policies.estimated_state.train import fit_actor, fit_estimator
+    from wmrl.core.features import OBS_ENV_STATE, OBS_STATE, TASK
+
+    torch.manual_seed(0)
+    policy = EstimatedStatePolicy(EstimatedStateConfig(cameras=tuple(v["cameras"]), hidden=v["hidden"],
+                                                       layers=v["layers"], tasks=[v["task"]],
+                                                       task_vocab=task_vocab(v["task"])))
+    policy.estimator.set_statistics(pixels[OBS_STATE], pixels[OBS_ENV_STATE])
+    log = fit_estimator(policy.estimator, pixels, held, 4 if quick else v["estimator_steps"], log_every=2 if quick else 500)
+    estimate = policy.estimator.estimate(pixels["images"], pixels[OBS_STATE])
+    train_mse = fit_actor(policy, pixels[OBS_STATE], estimate, pixels[TASK], Y, 4 if quick else v["steps"])
+    held_out = policy.act_from_estimate(held[OBS_STATE], policy.estimator.estimate(held["images"], held[OBS_STATE]),
+                                        held[TASK])
+    return {**_evaluate(policy.eval(), v["task"], episodes, tuple(v["cameras"])), "estimator": log,
+            "train_mse": train_mse, "heldout_mse": float(((held_out - Yv) ** 2).mean()), "head": "mse"}
 
 
 def main(quick: bool = False, episodes: int = 150, data_episodes: int = 400, heldout_episodes: int = 30,
@@ -380,7 +321,6 @@ def main(quick: bool = False, episodes: int = 150, data_episodes: int = 400, hel
     import gymnasium as gym
 
     from policies.factory import make_policy
-    from wmrl.core.features import OBS_ENV_STATE, OBS_STATE
 
     episodes, data_episodes, heldout_episodes = int(episodes), int(data_episodes), int(heldout_episodes)
     names = list(DEFAULT) if variants == "all" else str(variants).split(",")
@@ -403,14 +343,15 @@ def main(quick: bool = False, episodes: int = 150, data_episodes: int = 400, hel
                          _collect(v["task"], heldout_episodes, v["noise"], 0.0, seed=20_000, cameras=cameras))
         (X, Y, info, pixels), (Xv, Yv, _, held) = data[key]
         extra = {}
-        if cameras:  # the learner acts from pixels through an estimator of the object channel
+        if cameras:
             extra["true_state"] = _state_learner(v, X, Y, Xv, Yv, episodes, quick)
-            estimator = StateEstimator(cameras, pixels[OBS_STATE], pixels[OBS_ENV_STATE])
-            extra["estimator"] = _fit_estimator(estimator, pixels, held, 4 if quick else v["estimator_steps"],
-                                                log_every=2 if quick else 500)
-            X = np.concatenate([pixels[OBS_STATE], estimator.estimate(pixels["images"], pixels[OBS_STATE])], 1)
-            Xv = np.concatenate([held[OBS_STATE], estimator.estimate(held["images"], held[OBS_STATE])], 1)
-        policy = PrivilegedStatePolicy(X.shape[1], v["hidden"], v["layers"], v.get("head", "mse")).eval()
+            results[name] = {**_pixel_learner(v, pixels, held, Y, Yv, episodes, quick), **extra,
+                             **{f"data_{k}": x for k, x in info.items()}, "data_episodes": n_data, "cameras": list(cameras),
+                             **{k: v[k] for k in ("hidden", "layers", "steps", "noise", "perturbed")}}
+            minutes[name] = (time.time() - t) / 60
+            continue
+        policy = PrivilegedStatePolicy(X.shape[1], v["hidden"], v["layers"], v.get("head", "mse"),
+                                   vocab=task_vocab(v["task"])).eval()
         train_mse = _train(policy, X, Y, 4 if quick else v["steps"])
         if v.get("dagger_rounds"):
             train_mse, extra["dagger"] = _dagger(policy, v["task"], X, Y, v["dagger_rounds"],
@@ -420,10 +361,9 @@ def main(quick: bool = False, episodes: int = 150, data_episodes: int = 400, hel
             for mode, per_episode in (("offset", True), ("jitter", False)):
                 r = _evaluate(StateNoise(policy, sigma, per_episode), v["task"], episodes)
                 extra.setdefault("state_noise", []).append({"sigma_m": sigma, "mode": mode, **r})
-        acting = EstimatedStatePolicy(estimator, policy) if cameras else policy
-        results[name] = {**_evaluate(acting, v["task"], episodes, cameras), "train_mse": train_mse, **extra,
+        results[name] = {**_evaluate(policy, v["task"], episodes), "train_mse": train_mse, **extra,
                          "heldout_mse": _mse(policy, Xv, Yv), **{f"data_{k}": x for k, x in info.items()},
-                         "data_episodes": n_data, "trim": trim, "head": policy.head, "cameras": list(cameras),
+                         "data_episodes": n_data, "trim": trim, "head": policy.head,
                          **{k: v[k] for k in ("hidden", "layers", "steps", "noise", "perturbed")}}
         minutes[name] = (time.time() - t) / 60
     for task in sorted({VARIANTS[n]["task"] for n in names}):

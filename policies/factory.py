@@ -1,4 +1,4 @@
-"""Policies by registered name (`--policy.type scripted | random | vla | act | diffusion`), LeRobot's `make_policy`."""
+"""Policies by registered name (`--policy.type scripted | random | vla | estimated-state | act | diffusion`), LeRobot's `make_policy`."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Optional
 import gymnasium as gym
 import torch
 
+from policies.estimated_state import EstimatedStatePolicy
 from policies.lerobot.act import ACTPolicy
 from policies.lerobot.diffusion import DiffusionPolicy
 from policies.random_policy import RandomPolicy
@@ -44,6 +45,18 @@ def _vla(action_space: gym.spaces.Box, path: str | None = None, device: str = "c
     policy.check_spaces(observation_space, action_space)
     policy.stochastic, policy.action_noise = stochastic, float(noise)
     policy.generator = torch.Generator(device=device).manual_seed(seed)  # a sampling policy acts reproducibly per seed
+    return policy
+
+
+@POLICIES.register("estimated-state")
+def _estimated_state(action_space: gym.spaces.Box, path: str | None = None, device: str = "cpu",
+                     observation_space: gym.spaces.Dict | None = None, **_):
+    """A two-stage pixel policy (object positions estimated from the cameras, then an MLP actor) from a
+    `wmrl train-policy --type estimated-state` run folder or checkpoint folder."""
+    if path is None:
+        raise ValueError("policy estimated-state needs a checkpoint: --policy.path RUN_DIR")
+    policy = EstimatedStatePolicy.load(resolve_checkpoint(path), device=device)
+    policy.check_spaces(observation_space, action_space)
     return policy
 
 

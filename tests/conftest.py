@@ -45,6 +45,19 @@ def tiny_policy(tiny_data, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_estimated_state(tiny_data, tmp_path_factory):
+    """A tiny `estimated-state` policy trained through `wmrl train-policy --type estimated-state` on `tiny_data`
+    (a run folder)."""
+    from wmrl.commands.train_policy import TrainPolicyConfig, train_policy
+
+    out = tmp_path_factory.mktemp("pol") / "estimated"
+    train_policy(TrainPolicyConfig(data=(tiny_data,), out=out, type="estimated-state", steps=20, estimator_steps=4,
+                                   eval_episodes=0, extra={"width": 8, "hidden": 32, "layers": 2, "holdout_episodes": 2}),
+                 progress=False)
+    return out
+
+
+@pytest.fixture(scope="session")
 def quick_demo(tmp_path_factory):
     """`wmrl demo --quick` run once through the CLI (shared by the CLI test and the imagination benchmark's test,
     which resumes it: every stage cached). Returns the run folder."""

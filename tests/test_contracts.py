@@ -24,13 +24,14 @@ def push_env():
 
 
 def _policy(name, env, seed, tiny_policy, lerobot):
-    kw = ({"path": str(tiny_policy)} if name == "vla" else {"path": str(lerobot[name])} if name in lerobot
+    kw = ({"path": str(tiny_policy[name])} if name in tiny_policy else {"path": str(lerobot[name])} if name in lerobot
           else {"noise": 0.3} if name == "scripted" else {})
     return make_policy(name, env.single_action_space, seed=seed, observation_space=env.single_observation_space, **kw)
 
 
 @pytest.mark.parametrize("name", POLICIES.names())
-def test_policy_contract(name, push_env, tiny_policy, lerobot_checkpoints):
+def test_policy_contract(name, push_env, tiny_policy, tiny_estimated_state, lerobot_checkpoints):
+    tiny_policy = {"vla": tiny_policy, "estimated-state": tiny_estimated_state}
     policy = _policy(name, push_env, 7, tiny_policy, lerobot_checkpoints)
     assert isinstance(policy, Policy)
     obs, _ = push_env.reset(seed=0)

@@ -1,6 +1,7 @@
 """`wmrl train-policy --data DIR [DIR ...] --out RUN`: behaviour cloning of the VLA policy on one or more LeRobot v3
 datasets (several tasks make a multi-task policy), optionally followed by DAgger rounds with the scripted expert as
-the labeller (`--dagger.rounds N`). Progress bar, checkpoints (safetensors + JSON; the EMA weights, the raw ones
+the labeller (`--dagger.rounds N`); or, with `--type estimated-state`, the two-stage pixel policy
+(`policies/estimated_state`: object positions estimated from the cameras, then an MLP actor on DART labels). Progress bar, checkpoints (safetensors + JSON; the EMA weights, the raw ones
 beside them) every `ckpt_every` steps, `--resume` after an interruption, metrics to `metrics.jsonl`, and a
 true-simulator evaluation with videos at the end.
 
@@ -30,6 +31,11 @@ class TrainPolicyConfig:
     data: tuple[Path, ...] = (Path("data/push-red"),)
     """One or more LeRobot v3 datasets (several tasks: a multi-task policy)."""
     out: Path = Path("runs/policy")
+    type: str = "vla"
+    """vla (end-to-end, RL-capable) or estimated-state (two-stage: perception then actor, trains in tens of minutes
+    on a CPU; --steps are its actor's, --estimator-steps its perception's, --batch-size is not used)."""
+    estimator_steps: int = 6000
+    """estimated-state only: steps of the state estimator (batch 64); its actor then trains --steps (batch 256)."""
     head: str = "gaussian"
     """Action-chunk head: gaussian (exact log-prob, for RL) or flow (pi0-style flow matching)."""
     chunk_size: int = 4
@@ -70,7 +76,14 @@ class TrainPolicyConfig:
     """Further VLAConfig fields (e.g. {"hidden": 512})."""
 
 
+POLICY_TYPES = ("vla", "estimated-state")
+
+
 def train_policy(cfg: TrainPolicyConfig, progress: bool = True) -> dict:
+    if cfg.type not in POLICY_TYPES:
+        raise ValueError(f"--type: expected one of {POLICY_TYPES}, got {cfg.type!r}")
+    if cfg.type == "estimated-state":
+        return _train_estimated_state(cfg, progress)
     if cfg.dagger.rounds and cfg.successful_only:
         raise ValueError("--dagger.rounds labels every state the learner visits; --successful-only would drop its "
                          "failures, which are what DAgger learns from")
@@ -115,5 +128,37 @@ def train_policy(cfg: TrainPolicyConfig, progress: bool = True) -> dict:
         result["eval"] = evaluate_on_tasks(policy, tasks, cfg.eval_episodes, run / "eval", seed=10_000 + cfg.seed,
                                            num_envs=cfg.num_envs, progress=progress)
     tracker.log({"stage": "done", **{k: v for k, v in result.items() if k not in ("eval", "dagger")}})
+    tracker.close()
+    return result
+
+
+def _train_estimated_state(cfg: TrainPolicyConfig, progress: bool) -> dict:
+    """Both supervised stages, the policy committed as the run's checkpoint, then the true-simulator evaluation."""
+    from policies.estimated_state.train import train_estimated_state
+    from wmrl.core.checkpoint import commit_checkpoint
+
+    unsupported = [flag for flag, on in (("--dagger.rounds", cfg.dagger.rounds), ("--successful-only", cfg.successful_only),
+                                         ("--resume", cfg.resume)) if on]
+    if unsupported:
+        raise ValueError(f"--type estimated-state does not take {unsupported} (it trains on the DART labels of every "
+                         "frame, in minutes)")
+    if cfg.steps < 1 or cfg.estimator_steps < 1:
+        raise ValueError(f"--steps and --estimator-steps must be >= 1, got {cfg.steps} and {cfg.estimator_steps}")
+    run = start_run(cfg)
+    tracker = Tracker(run)
+    policy, record = train_estimated_state(cfg.data, cfg.estimator_steps, cfg.steps,
+                                           holdout_episodes=int(cfg.extra.get("holdout_episodes", 20)),
+                                           width=int(cfg.extra.get("width", 32)), hidden=int(cfg.extra.get("hidden", 512)),
+                                           layers=int(cfg.extra.get("layers", 3)), seed=cfg.seed, device=cfg.device,
+                                           progress=progress)
+    commit_checkpoint(run / "checkpoints", cfg.estimator_steps + cfg.steps, policy.save)
+    for row in record["estimator"]:
+        tracker.log({"estimator_loss": row["loss"], "estimator_cubes_xy_cm": row["cubes_xy_cm"],
+                     "estimator_zones_xy_cm": row["zones_xy_cm"]}, step=row["step"])
+    result = {**record, "run_dir": str(run), "steps": cfg.estimator_steps + cfg.steps}
+    if cfg.eval_episodes:
+        result["eval"] = evaluate_on_tasks(policy, record["instructions"], cfg.eval_episodes, run / "eval",
+                                           seed=10_000 + cfg.seed, num_envs=cfg.num_envs, progress=progress)
+    tracker.log({"stage": "done", **{k: v for k, v in result.items() if k not in ("eval", "estimator")}})
     tracker.close()
     return result

@@ -19,6 +19,21 @@ def words(text: str) -> list[str]:
     return re.findall(r"[a-z0-9]+", text.lower())
 
 
+def word_presence(tasks, vocab: list[str]) -> "np.ndarray":
+    """(B, V) float32: 1 where word v of `vocab` occurs in instruction b (a fixed, parameter-free bag of words for
+    small state policies; `tasks`: one instruction or B of them)."""
+    import numpy as np
+
+    tasks = [tasks] if isinstance(tasks, str) else [str(t) for t in np.asarray(tasks, dtype=object).reshape(-1)]
+    index = {w: i for i, w in enumerate(vocab)}
+    out = np.zeros((len(tasks), len(vocab)), np.float32)
+    for b, t in enumerate(tasks):
+        for w in words(t):
+            if w in index:
+                out[b, index[w]] = 1.0
+    return out
+
+
 @TEXT_ENCODERS.register("bow")
 class TaskEncoder(nn.Module):
     """Bag-of-words embedding of the instruction over a vocabulary fixed at construction. Unknown words are

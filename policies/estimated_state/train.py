@@ -1,0 +1,153 @@
+"""Training the `estimated-state` policy from LeRobot v3 datasets, in two supervised stages:
+
+1. the `StateEstimator` regresses the recorded `observation.environment_state` from the cameras and the state
+   (MSE on the standardised channel, Adam with warm-up, cosine decay and gradient clipping; the held-out episodes'
+   position error logged);
+2. the actor regresses the clean scripted expert's action at each recorded state (DART labels,
+   `sim.experts.expert_labels`) from [state, the estimator's estimate, the instruction's words], trained on the
+   cached estimates.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from policies.estimated_state.modeling import EstimatedStateConfig, EstimatedStatePolicy, StateEstimator
+from policies.vla.bc import load_replay
+from sim import task_from_instruction
+from wmrl.core.features import ACTION, IS_LAST, OBS_ENV_STATE, OBS_STATE, TASK, image_key
+from wmrl.core.text import words
+
+
+def position_error_cm(pred: np.ndarray, true: np.ndarray) -> dict:
+    """Mean xy error of the cube centres and of the zone centres, in cm (the tabletop's object channel: 3 cubes x
+    xyz, then 2 zones x xy)."""
+    d = np.asarray(pred) - np.asarray(true)
+    return {"cubes_xy_cm": float(np.linalg.norm(d[:, :9].reshape(-1, 3, 3)[..., :2], axis=-1).mean() * 100),
+            "zones_xy_cm": float(np.linalg.norm(d[:, 9:13].reshape(-1, 2, 2), axis=-1).mean() * 100)}
+
+
+def fit(loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], params, X, Y, steps: int, batch: int = 256,
+        lr: float = 1e-3, seed: int = 0) -> None:
+    """Minimise `loss(x, y)` over random batches of (X, Y): Adam, cosine decay to 1e-5 (the regression loop the
+    actor stage and the imitation-ceiling benchmark share)."""
+    torch.manual_seed(seed)
+    X_, Y_ = torch.as_tensor(X), torch.as_tensor(Y)
+    params = list(params)
+    opt = torch.optim.Adam(params, lr=lr)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, max(1, steps), eta_min=1e-5)
+    for _ in range(steps):
+        idx = torch.randint(0, len(X_), (batch,))
+        value = loss(X_[idx], Y_[idx])
+        opt.zero_grad()
+        value.backward()
+        opt.step()
+        sched.step()
+
+
+def fit_estimator(est: StateEstimator, frames: dict, held: dict | None, steps: int, batch: int = 64,
+                  lr: float = 1e-3, seed: int = 0, log_every: int = 500, progress: bool = False) -> list:
+    """Stage 1. `frames`/`held`: {"images": {camera: uint8 (N, H, W, 3)}, observation.state, observation.environment_state}.
+    Returns the held-out position error every `log_every` steps (and at the end)."""
+    torch.manual_seed(seed)
+    imgs = {c: torch.as_tensor(frames["images"][c]) for c in est.cameras}
+    S, E = torch.as_tensor(frames[OBS_STATE]), torch.as_tensor(frames[OBS_ENV_STATE])
+    opt = torch.optim.Adam(est.parameters(), lr=lr)
+    warmup = max(1, min(200, steps // 10))  # an unwarmed, unclipped run spiked (loss 0.01 -> 6.8) mid-training
+    sched = torch.optim.lr_scheduler.SequentialLR(opt, [
+        torch.optim.lr_scheduler.LinearLR(opt, 0.01, 1.0, warmup),
+        torch.optim.lr_scheduler.CosineAnnealingLR(opt, max(1, steps - warmup), eta_min=1e-5)], [warmup])
+    log = []
+    bar = tqdm(range(1, steps + 1), desc="estimator", disable=not progress)
+    for step in bar:
+        est.train()
+        idx = torch.randint(0, len(S), (batch,))
+        loss = est.loss({c: x[idx] for c, x in imgs.items()}, S[idx], E[idx])
+        if not torch.isfinite(loss):
+            raise RuntimeError(f"estimator loss became {loss.item()} at step {step}")
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(est.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        if held is not None and (step % log_every == 0 or step == steps):
+            err = position_error_cm(est.estimate(held["images"], held[OBS_STATE]), held[OBS_ENV_STATE])
+            log.append({"step": step, "loss": loss.item(), **err})
+            bar.set_postfix(cubes_cm=f"{err['cubes_xy_cm']:.2f}")
+    return log
+
+
+def fit_actor(policy: EstimatedStatePolicy, state: np.ndarray, estimate: np.ndarray, tasks, labels: np.ndarray,
+              steps: int, batch: int = 256, seed: int = 0) -> float:
+    """Stage 2: the actor's MSE on the labels from [state, estimate, instruction words]; returns the final training
+    MSE."""
+    X = policy.actor_input(state, estimate, tasks)
+    actor = policy.actor
+    actor.obs_mean.copy_(torch.as_tensor(X.mean(0)))
+    actor.obs_std.copy_(torch.as_tensor(X.std(0) + 1e-3))
+    Y = np.asarray(labels, np.float32)
+    fit(lambda x, y: ((actor.mu(x) - y) ** 2).mean(), actor.parameters(), X, Y, steps, batch, seed=seed)
+    with torch.no_grad():
+        return float(((actor.mu(torch.as_tensor(X)) - torch.as_tensor(Y)) ** 2).mean())
+
+
+def dataset_frames(paths, cameras: tuple[str, ...] | None = None, holdout_episodes: int = 0, seed: int = 0
+                   ) -> tuple[dict, dict | None, list[str]]:
+    """The frames of LeRobot v3 datasets as arrays (images per camera, state, object channel, DART labels, and
+    whether a frame carries a real action), split into training and the last `holdout_episodes` episodes."""
+    dss, replay = load_replay(paths, seed, labels="expert")
+    cameras = tuple(cameras or [k.split(".")[-1] for k in dss[0].camera_keys])
+    tasks = sorted({t for d in dss for t in d.tasks})
+    live = replay.live_frames()
+    episode = replay.frame_episode[live]
+    ids = sorted(set(episode.tolist()), key=lambda e: replay.episodes[e][0])
+    if holdout_episodes >= len(ids):
+        raise ValueError(f"holdout_episodes={holdout_episodes} leaves nothing to train on ({len(ids)} episodes)")
+    held_ids = set(ids[len(ids) - holdout_episodes:]) if holdout_episodes else set()
+
+    def take(mask: np.ndarray) -> dict:
+        idx = live[mask]
+        return {"images": {c: np.asarray(replay.data[image_key(c)][idx]) for c in cameras},
+                OBS_STATE: np.asarray(replay.data[OBS_STATE][idx], np.float32),
+                OBS_ENV_STATE: np.asarray(replay.data[OBS_ENV_STATE][idx], np.float32),
+                ACTION: np.asarray(replay.data[ACTION][idx], np.float32),
+                TASK: replay.decode_strings(TASK, replay.data[TASK][idx]),
+                "has_action": ~np.asarray(replay.data[IS_LAST][idx], bool)}
+
+    is_held = np.isin(episode, list(held_ids))
+    return take(~is_held), (take(is_held) if held_ids else None), tasks
+
+
+def train_estimated_state(data, estimator_steps: int = 6000, actor_steps: int = 30_000,
+                          holdout_episodes: int = 20, width: int = 32, hidden: int = 512, layers: int = 3,
+                          seed: int = 0, device: str = "cpu", progress: bool = True) -> tuple[EstimatedStatePolicy, dict]:
+    """Both stages on the datasets `data`. Returns the policy (in eval mode; `policy.save(folder)` writes it as
+    safetensors + JSON) and its training record."""
+    t0 = time.time()
+    frames, held, tasks = dataset_frames(data, holdout_episodes=holdout_episodes, seed=seed)
+    names = sorted({task_from_instruction(t) for t in tasks})
+    if frames[OBS_ENV_STATE].shape[1] < 13:
+        raise ValueError("estimated-state needs the tabletop's observation.environment_state (cubes and zones)")
+    cfg = EstimatedStateConfig(cameras=tuple(frames["images"]), image_size=int(next(iter(frames["images"].values())).shape[1]),
+                               state_dim=frames[OBS_STATE].shape[1], env_state_dim=frames[OBS_ENV_STATE].shape[1],
+                               action_dim=frames[ACTION].shape[1], width=width, hidden=hidden, layers=layers, tasks=names,
+                               task_vocab=sorted({w for t in tasks for w in words(t)}))
+    torch.manual_seed(seed)
+    policy = EstimatedStatePolicy(cfg).to(device)
+    policy.estimator.set_statistics(frames[OBS_STATE], frames[OBS_ENV_STATE])
+    log = fit_estimator(policy.estimator, frames, held, estimator_steps, seed=seed, progress=progress)
+    t1 = time.time()
+    act = frames["has_action"]
+    estimate = policy.estimator.estimate({c: x[act] for c, x in frames["images"].items()}, frames[OBS_STATE][act])
+    mse = fit_actor(policy, frames[OBS_STATE][act], estimate, frames[TASK][act], frames[ACTION][act], actor_steps,
+                    seed=seed)
+    policy.eval()
+    record = {"frames": int(len(frames[OBS_STATE])), "held_out_frames": 0 if held is None else int(len(held[OBS_STATE])),
+              "estimator": log, "actor_train_mse": mse, "estimator_minutes": (t1 - t0) / 60,
+              "actor_minutes": (time.time() - t1) / 60, "task": names[0], "instructions": tasks}
+    return policy, record

@@ -1,0 +1,99 @@
+"""The two-stage pixel policy: the estimator learns positions from pixels, the actor acts from its estimate only,
+the checkpoint round-trips, `wmrl train-policy --type estimated-state` trains and refuses what it cannot do."""
+
+import numpy as np
+import pytest
+import torch
+
+from policies.estimated_state import EstimatedStateConfig, EstimatedStatePolicy
+from policies.estimated_state.train import dataset_frames, fit_actor, fit_estimator, position_error_cm
+
+
+def _marker_frames(n, rng):
+    """A bright square whose image position is the red cube's xy (everything else zero)."""
+    E = np.zeros((n, 13), np.float32)
+    E[:, :2] = rng.uniform(-0.2, 0.2, (n, 2))
+    img = np.zeros((n, 64, 64, 3), np.uint8)
+    for i, (x, y) in enumerate(E[:, :2]):
+        r, c = int(32 + 120 * y), int(32 + 120 * x)
+        img[i, r - 3 : r + 3, c - 3 : c + 3] = 255
+    return {"images": {"front": img}, "observation.state": rng.normal(size=(n, 8)).astype(np.float32),
+            "observation.environment_state": E}
+
+
+def _tiny(**kw):
+    return EstimatedStatePolicy(EstimatedStateConfig(cameras=("front",), width=8, hidden=32, layers=2, **kw))
+
+
+def test_estimator_reads_positions_from_pixels_and_the_actor_learns_from_its_estimate():
+    rng = np.random.default_rng(0)
+    train, held = _marker_frames(600, rng), _marker_frames(100, rng)
+    torch.manual_seed(0)
+    policy = _tiny()
+    policy.estimator.set_statistics(train["observation.state"], train["observation.environment_state"])
+    log = fit_estimator(policy.estimator, train, held, steps=300, log_every=150)
+    before = position_error_cm(np.zeros((100, 13), np.float32), held["observation.environment_state"])
+    assert [x["step"] for x in log] == [150, 300]
+    assert log[-1]["cubes_xy_cm"] < 0.4 * before["cubes_xy_cm"]  # 3 cubes averaged: only one moves here
+    # the actor: a label that is a function of the cube's position, learned from the estimate
+    est = policy.estimator.estimate(train["images"], train["observation.state"])
+    labels = np.zeros((600, 4), np.float32)
+    labels[:, :2] = np.clip(4 * train["observation.environment_state"][:, :2], -1, 1)
+    mse = fit_actor(policy, train["observation.state"], est, None, labels, steps=400)
+    assert mse < 0.5 * labels.var(0).sum() / 4
+    obs = {"observation.state": held["observation.state"][:3], "observation.images.front": held["images"]["front"][:3]}
+    a = policy.select_action(obs)
+    np.testing.assert_allclose(a, policy.act_from_estimate(obs["observation.state"], policy.estimator.estimate(
+        {"front": held["images"]["front"][:3]}, held["observation.state"][:3]), None), atol=1e-6)
+    # acting never reads the object channel: a wrong one changes nothing
+    np.testing.assert_array_equal(policy.select_action({**obs, "observation.environment_state": np.full((3, 13), 9.0)}), a)
+    assert policy.predict_action_chunk(obs).shape == (3, 1, 4)
+
+
+def test_checkpoint_round_trip_and_bad_input(tmp_path):
+    rng = np.random.default_rng(1)
+    frames = _marker_frames(8, rng)
+    policy = _tiny()
+    policy.estimator.set_statistics(frames["observation.state"], frames["observation.environment_state"])
+    policy.save(tmp_path / "ck")
+    loaded = EstimatedStatePolicy.load(tmp_path / "ck")
+    obs = {"observation.state": frames["observation.state"][:2], "observation.images.front": frames["images"]["front"][:2]}
+    np.testing.assert_allclose(loaded.select_action(obs), policy.eval().select_action(obs), atol=1e-6)
+    torch.testing.assert_close(loaded.estimator.env_std, policy.estimator.env_std)  # the statistics travel in the config
+    with pytest.raises(ValueError, match="observation lacks"):
+        loaded.select_action({"observation.state": obs["observation.state"]})
+    with pytest.raises(ValueError, match="do not match"):
+        import gymnasium as gym
+
+        loaded.check_spaces(gym.spaces.Dict({"observation.state": gym.spaces.Box(-1, 1, (8,))}), gym.spaces.Box(-1, 1, (4,)))
+    with pytest.raises(ValueError, match="camera"):
+        EstimatedStateConfig(cameras=()).validate()
+    (tmp_path / "ck" / "model.safetensors").write_bytes(b"not safetensors")
+    with pytest.raises(ValueError):
+        EstimatedStatePolicy.load(tmp_path / "ck")
+
+
+def test_train_policy_estimated_state_on_a_dataset(tiny_data, tiny_estimated_state, tmp_path):
+    from policies.factory import make_policy
+    from wmrl.commands.train_policy import TrainPolicyConfig, train_policy
+
+    frames, held, tasks = dataset_frames([tiny_data], holdout_episodes=2)
+    assert held is not None and len(held["observation.state"]) > 0 and tasks
+    # DART labels: the clean expert's action at each recorded frame, not the noisy recorded one
+    from sim.experts import expert_action
+
+    i = int(np.flatnonzero(frames["has_action"])[3])
+    want = expert_action(frames["task"][i], frames["observation.state"][i], frames["observation.environment_state"][i], False)
+    np.testing.assert_allclose(frames["action"][i], want, atol=1e-5)
+    import gymnasium as gym
+
+    policy = make_policy("estimated-state", gym.spaces.Box(-1, 1, (4,), np.float32), path=str(tiny_estimated_state))
+    assert policy.cfg.tasks == ["push-red"] and policy.cfg.width == 8
+    assert {"purple", "yellow"} <= set(policy.cfg.task_vocab)  # the words that name the zone reach the actor
+    assert (tiny_estimated_state / "metrics.jsonl").exists()
+    for bad, match in ((dict(successful_only=True), "successful-only"), (dict(estimator_steps=0), "estimator-steps")):
+        with pytest.raises(ValueError, match=match):
+            train_policy(TrainPolicyConfig(data=(tiny_data,), out=tmp_path / "x", type="estimated-state", **bad),
+                         progress=False)
+    with pytest.raises(ValueError, match="--type"):
+        train_policy(TrainPolicyConfig(data=(tiny_data,), out=tmp_path / "y", type="act"), progress=False)
