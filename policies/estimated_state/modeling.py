@@ -26,7 +26,7 @@ from torch import nn
 from policies.state.networks import DeterministicActor
 from policies.vla.modeling import VisionEncoder
 from wmrl.core.checkpoint import load_state, read_config, save_pretrained
-from wmrl.core.features import ACTION, OBS_ENV_STATE, OBS_STATE, TASK, image_key
+from wmrl.core.features import ACTION, OBS_ENV_STATE, OBS_STATE, TASK, check_spaces, image_key
 from wmrl.core.text import word_presence
 
 
@@ -138,13 +138,7 @@ class EstimatedStatePolicy(nn.Module):
         """Refuse, at start, an environment whose cameras, state or actions this policy cannot use; both listed."""
         want = {image_key(c): (self.cfg.image_size, self.cfg.image_size, 3) for c in self.cfg.cameras}
         want[OBS_STATE] = (self.cfg.state_dim,)
-        have = {k: tuple(getattr(v, "shape", None) or ()) for k, v in getattr(observation_space, "spaces", {}).items()}
-        bad = observation_space is not None and any(have.get(k) != s for k, s in want.items())
-        bad |= action_space is not None and tuple(action_space.shape) != (self.cfg.action_dim,)
-        if bad:
-            raise ValueError(f"policy and environment do not match.\n  policy expects observations {want}, actions "
-                             f"({self.cfg.action_dim},)\n  environment gives observations {have}, actions "
-                             f"{None if action_space is None else tuple(action_space.shape)}")
+        check_spaces(want, self.cfg.action_dim, observation_space, action_space)
 
     def actor_input(self, state, env_estimate, tasks) -> np.ndarray:
         """[state, estimated object channel, the instruction's words over `task_vocab`] (B, D)."""

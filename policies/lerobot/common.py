@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from wmrl.core.features import ACTION, OBS_ENV_STATE, OBS_STATE, is_image_key
+from wmrl.core.features import ACTION, OBS_ENV_STATE, OBS_STATE, check_spaces, is_image_key
 
 NORM_MODES = ("IDENTITY", "MEAN_STD", "MIN_MAX", "QUANTILES", "QUANTILE10")
 _MODE_STATS = {"MEAN_STD": ("mean", "std"), "MIN_MAX": ("min", "max"), "QUANTILES": ("q01", "q99"),
@@ -358,13 +358,8 @@ class LeRobotPolicy(nn.Module):
         for k in (self.state_key, self.env_key):
             if k is not None:
                 want[k] = tuple(self.config["input_features"][k]["shape"])
-        have = {k: tuple(getattr(v, "shape", None) or ()) for k, v in getattr(observation_space, "spaces", {}).items()}
-        bad = observation_space is not None and any(have.get(k) != s for k, s in want.items())
-        bad |= action_space is not None and tuple(action_space.shape) != (self.action_dim,)
-        if bad:
-            raise ValueError(f"LeRobot {self.policy_type} checkpoint and environment do not match.\n  checkpoint expects "
-                             f"observations {want}, actions ({self.action_dim},)\n  environment gives observations "
-                             f"{have}, actions {None if action_space is None else tuple(action_space.shape)}")
+        check_spaces(want, self.action_dim, observation_space, action_space, f"LeRobot {self.policy_type} checkpoint",
+                     "checkpoint")
 
     def batch(self, obs: dict) -> dict[str, torch.Tensor]:
         """One step's observations (B, ...) -> LeRobot's normalised batch."""

@@ -29,7 +29,7 @@ from torch import nn
 
 from sim import task_from_instruction
 from wmrl.core.checkpoint import load_state, read_config, save_pretrained
-from wmrl.core.features import ACTION, OBS_ENV_STATE, OBS_STATE, TASK, image_key
+from wmrl.core.features import ACTION, OBS_ENV_STATE, OBS_STATE, TASK, check_spaces, image_key
 from wmrl.core.text import TEXT_ENCODERS, words
 
 
@@ -250,13 +250,7 @@ class VLAPolicy(nn.Module):
         printed."""
         want_obs = {image_key(c): (self.cfg.image_size, self.cfg.image_size, 3) for c in self.cfg.cameras}
         want_obs[OBS_STATE] = (self.cfg.state_dim,)
-        have = {k: tuple(getattr(v, "shape", None) or ()) for k, v in getattr(observation_space, "spaces", {}).items()}
-        bad = observation_space is not None and any(have.get(k) != s for k, s in want_obs.items())
-        bad |= action_space is not None and tuple(action_space.shape) != (self.cfg.action_dim,)
-        if bad:
-            raise ValueError(f"policy and environment do not match.\n  policy expects observations {want_obs}, "
-                             f"actions ({self.cfg.action_dim},)\n  environment gives observations {have}, actions "
-                             f"{None if action_space is None else tuple(action_space.shape)}")
+        check_spaces(want_obs, self.cfg.action_dim, observation_space, action_space)
 
     def features(self, obs: dict, augment: bool = False) -> torch.Tensor:
         """Observation dict (batched, LeRobot names) -> (B, hidden)."""

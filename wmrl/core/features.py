@@ -33,3 +33,16 @@ def camera_of(key: str) -> str:
 
 def is_image_key(key: str) -> bool:
     return key.startswith(OBS_IMAGES + ".")
+
+
+def check_spaces(want: dict, action_dim: int, observation_space, action_space, what: str = "policy",
+                 noun: str = "policy") -> None:
+    """Refuse, at start, an environment (true or imagined) whose observation shapes (`want`: key -> shape) or action
+    size a policy cannot use; both specs are printed. A space given as None is not checked."""
+    have = {k: tuple(getattr(v, "shape", None) or ()) for k, v in getattr(observation_space, "spaces", {}).items()}
+    bad = observation_space is not None and any(have.get(k) != tuple(s) for k, s in want.items())
+    bad |= action_space is not None and tuple(action_space.shape) != (action_dim,)
+    if bad:
+        raise ValueError(f"{what} and environment do not match.\n  {noun} expects observations {want}, actions "
+                         f"({action_dim},)\n  environment gives observations {have}, actions "
+                         f"{None if action_space is None else tuple(action_space.shape)}")
