@@ -110,6 +110,10 @@ def test_policy_specs_are_parsed_and_bad_ones_refused(tmp_path):
     p = parse_policy_spec(f"{tmp_path / 'ck'}:noise=0.5")  # one strong policy at a chosen noise level
     assert (p.type, p.path, p.noise, p.stochastic) == ("vla", tmp_path / "ck", 0.5, False)
     assert parse_policy_spec(f"{tmp_path / 'ck'}:stochastic").stochastic
+    p = parse_policy_spec(f"estimated-state:{tmp_path / 'ck'}")
+    assert (p.type, p.path) == ("estimated-state", tmp_path / "ck")
+    with pytest.raises(ValueError, match="does not exist"):
+        parse_policy_spec(f"estimated-state:{tmp_path / 'nope'}")
     for bad, msg in (("noise=x", "must be a number"), ("noise=-1", ">= 0")):
         with pytest.raises(ValueError, match=msg):
             parse_policy_spec(f"{tmp_path / 'ck'}:{bad}")

@@ -10,8 +10,8 @@ the headline rho.
     wmrl rank --policies RUN_A RUN_B scripted scripted:noise=0.6 random --world-model WM_RUN [--workers ray]
 
 A policy spec is a VLA run or checkpoint folder (`FOLDER:stochastic` samples its actions; `FOLDER:noise=X` adds
-Gaussian action noise of std X: one strong policy degraded to several levels), `scripted[:noise=X,failure_prob=Y]` or
-`random`. Scripted experts
+Gaussian action noise of std X: one strong policy degraded to several levels), `estimated-state:FOLDER`,
+`act:FOLDER`, `diffusion:FOLDER`, `scripted[:noise=X,failure_prob=Y]` or `random`. Scripted experts
 act on privileged simulator state; in imagination they act on the state channel's predicted object state.
 Evaluations of many policies run in parallel on Ray workers with `--workers ray` (the `dist` extra).
 """
@@ -68,8 +68,12 @@ class RankConfig:
 def parse_policy_spec(spec: str):
     """'scripted:noise=0.3,failure_prob=0.5' | 'random' | FOLDER | FOLDER:stochastic | FOLDER:noise=0.5 (the VLA
     with Gaussian action noise: one strong policy at several levels) | act:FOLDER | diffusion:FOLDER (LeRobot
-    checkpoints) -> PolicyConfig."""
+    checkpoints) | estimated-state:FOLDER (the two-stage pixel policy) -> PolicyConfig."""
     name, _, args = spec.partition(":")
+    if name == "estimated-state" and args:
+        if not Path(args).exists():
+            raise ValueError(f"policy spec {spec!r}: {args} does not exist")
+        return PolicyConfig(type=name, path=Path(args))
     if name in ("act", "diffusion") and args:
         if not (Path(args) / "config.json").is_file():
             raise ValueError(f"policy spec {spec!r}: {args} is not a LeRobot checkpoint folder (no config.json)")
