@@ -73,7 +73,7 @@ class TrainPolicyConfig:
     overwrite: bool = False
     resume: bool = False
     extra: dict = field(default_factory=dict)
-    """Further VLAConfig fields (e.g. {"hidden": 512})."""
+    """Further VLAConfig fields (e.g. hidden 512); for estimated-state: width, hidden, layers, holdout_episodes."""
 
 
 POLICY_TYPES = ("vla", "estimated-state")
