@@ -5,7 +5,7 @@ estimates the object channel (`observation.environment_state`: cube and zone cen
 actor maps [state, estimate] to the action. Both learn from supervision the simulator (or a twin, or a tracked
 real cell) records: the estimator from the recorded object channel, the actor from the clean expert's action at
 each recorded state (DART labels), with the *estimator's outputs* as its inputs so that it meets the estimator's
-errors in training (a learner trained on the true state keeps 23% of its 70% under a 5 mm bias:
+errors in training (a learner trained on the true state keeps 40% of its 98% under a 5 mm bias:
 `benchmarks/imitation_ceiling.py`). Acting reads only cameras and proprioception, never the object channel.
 
 Why two stages: the actor then trains on cached estimates at an MLP's speed (tens of thousands of steps in minutes
