@@ -194,10 +194,10 @@ def _features_and_labels(episodes: list[dict], task: str, trim: bool) -> tuple[l
     from sim.experts import expert_labels
     from wmrl.core.features import ACTION
 
-    X, Y = [], []
+    X, Y, vocab = [], [], task_vocab(task)
     for ep in episodes:
         n = _reachable_frames(ep, task) if trim else len(ep[ACTION])
-        X.append(state_features(ep, task_vocab(task))[:n])  # one action per recorded observation
+        X.append(state_features(ep, vocab)[:n])  # one action per recorded observation
         Y.append(expert_labels(ep)[ACTION][:n])
     return X, Y
 
@@ -286,10 +286,14 @@ def _evaluate(policy, task: str, episodes: int, cameras: tuple[str, ...] = ()) -
         env.close()
 
 
+def _learner(v: dict, obs_dim: int) -> PrivilegedStatePolicy:
+    """The variant's untrained learner (size, head, the task's instruction words)."""
+    return PrivilegedStatePolicy(obs_dim, v["hidden"], v["layers"], v.get("head", "mse"), vocab=task_vocab(v["task"])).eval()
+
+
 def _state_learner(v: dict, X, Y, Xv, Yv, episodes: int, quick: bool) -> dict:
     """The variant's learner on the simulator's own state: the reference a perception module is measured against."""
-    policy = PrivilegedStatePolicy(X.shape[1], v["hidden"], v["layers"], v.get("head", "mse"),
-                                   vocab=task_vocab(v["task"])).eval()
+    policy = _learner(v, X.shape[1])
     train_mse = _train(policy, X, Y, 4 if quick else v["steps"])
     return {**_evaluate(policy, v["task"], episodes), "train_mse": train_mse, "heldout_mse": _mse(policy, Xv, Yv)}
 
@@ -350,8 +354,7 @@ def main(quick: bool = False, episodes: int = 150, data_episodes: int = 400, hel
                              **{k: v[k] for k in ("hidden", "layers", "steps", "noise", "perturbed")}}
             minutes[name] = (time.time() - t) / 60
             continue
-        policy = PrivilegedStatePolicy(X.shape[1], v["hidden"], v["layers"], v.get("head", "mse"),
-                                   vocab=task_vocab(v["task"])).eval()
+        policy = _learner(v, X.shape[1])
         train_mse = _train(policy, X, Y, 4 if quick else v["steps"])
         if v.get("dagger_rounds"):
             train_mse, extra["dagger"] = _dagger(policy, v["task"], X, Y, v["dagger_rounds"],

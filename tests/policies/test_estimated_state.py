@@ -48,6 +48,20 @@ def test_estimator_reads_positions_from_pixels_and_the_actor_learns_from_its_est
     # acting never reads the object channel: a wrong one changes nothing
     np.testing.assert_array_equal(policy.select_action({**obs, "observation.environment_state": np.full((3, 13), 9.0)}), a)
     assert policy.predict_action_chunk(obs).shape == (3, 1, 4)
+    # forward: both stages' losses on one batch; the actor's gradient does not reach the estimator through the estimate
+    batch = {**obs, "observation.environment_state": held["observation.environment_state"][:3], "action": labels[:3]}
+    policy.zero_grad()
+    loss, info = policy(batch)
+    assert torch.isclose(loss, torch.tensor(info["estimator_mse"] + info["actor_mse"]), rtol=1e-5)
+    loss.backward()
+    assert all(p.grad is not None for p in policy.actor.parameters())
+    both = [p.grad.clone() for p in policy.estimator.parameters()]
+    policy.zero_grad()
+    policy.estimator.loss({"front": torch.as_tensor(obs["observation.images.front"])},
+                          torch.as_tensor(obs["observation.state"]),
+                          torch.as_tensor(batch["observation.environment_state"])).backward()
+    for a, b in zip(both, (p.grad for p in policy.estimator.parameters())):
+        torch.testing.assert_close(a, b)  # the estimator's gradient is its own loss's alone
 
 
 def test_checkpoint_round_trip_and_bad_input(tmp_path):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import warnings
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -19,11 +20,9 @@ def words(text: str) -> list[str]:
     return re.findall(r"[a-z0-9]+", text.lower())
 
 
-def word_presence(tasks, vocab: list[str]) -> "np.ndarray":
+def word_presence(tasks, vocab: list[str]) -> np.ndarray:
     """(B, V) float32: 1 where word v of `vocab` occurs in instruction b (a fixed, parameter-free bag of words for
     small state policies; `tasks`: one instruction or B of them)."""
-    import numpy as np
-
     tasks = [tasks] if isinstance(tasks, str) else [str(t) for t in np.asarray(tasks, dtype=object).reshape(-1)]
     index = {w: i for i, w in enumerate(vocab)}
     out = np.zeros((len(tasks), len(vocab)), np.float32)
