@@ -14,6 +14,9 @@ imagination unchanged (RLinf's BaseWorldEnv / DIAMOND's WorldModelEnv, with WoVR
   hallucination flag. With `stop_cm` > 0 an episode whose chunk exceeds it is truncated there (`info["flagged"]`),
   and neither that chunk's reward nor a success in it counts: RL and ranking are not taught or scored by what the
   model cannot vouch for (a pessimism in the spirit of MOPO's uncertainty penalty).
+- `object_noise` (std per object-channel dimension, metres): the observed `observation.environment_state` carries
+  Gaussian noise of that size, the model's own state does not: a policy that perceives objects through an estimator
+  meets the estimator's error in imagination as it will at deployment.
 - Images are decoded only when `decode_images` is set (decoding is the costly part); otherwise observations carry
   `observation.state` and `task` only.
 - Autoreset follows gymnasium's NEXT_STEP mode, like the true simulator's vector envs.
@@ -48,7 +51,7 @@ class WorldModelEnv(gym.vector.VectorEnv):
     def __init__(self, model: VideoWorldModel, starts, num_envs: int = 8, keyframe_prob: float = 0.0,
                  reward: str = "relative_success", success_threshold: float = 0.9, max_episode_steps: int = 80,
                  decode_images: bool = True, sampling_steps: int | None = None, action_low: float = -1.0,
-                 action_high: float = 1.0, rules=None, stop_cm: float = 0.0):
+                 action_high: float = 1.0, rules=None, stop_cm: float = 0.0, object_noise=None):
         if reward not in ("relative_success", "head"):
             raise ValueError(f"reward: expected 'relative_success' or 'head', got {reward!r}")
         if not 0.0 <= keyframe_prob <= 1.0:
@@ -61,6 +64,11 @@ class WorldModelEnv(gym.vector.VectorEnv):
             raise ValueError("stop_cm needs a world model whose state channel has 2+ members (their disagreement is "
                              "the flag); pass stop_cm=0")
         self.stop_cm = stop_cm
+        self.object_noise = None if object_noise is None or not len(object_noise) else np.asarray(object_noise, np.float32)
+        if self.object_noise is not None and (self.object_noise.shape != (model.cfg.env_state_dim,)
+                                              or not np.all(self.object_noise >= 0) or model.state_channel is None):
+            raise ValueError(f"object_noise: expected {model.cfg.env_state_dim} stds >= 0 for a world model with a state "
+                             f"channel, got shape {self.object_noise.shape}")
         self.model = model.eval()
         self.rules = rules if model.state_channel is not None else None
         self.success_source = "state" if self.rules is not None else "frames"
@@ -177,6 +185,8 @@ class WorldModelEnv(gym.vector.VectorEnv):
         obs[STATE] = self._state["proprio"].cpu().numpy().astype(np.float32)
         if self.model.cfg.env_state_dim:
             obs[ENV_STATE] = self._env_state.copy()
+            if self.object_noise is not None:
+                obs[ENV_STATE] += (self._rng.standard_normal(obs[ENV_STATE].shape) * self.object_noise).astype(np.float32)
         obs["task"] = tuple(self._state["task"])
         return obs
 
@@ -283,10 +293,11 @@ def require_success_head(model) -> None:
 
 
 def make_imagination_env(model, data: Path, num_envs: int, max_steps: int, keyframe_prob: float = 0.0,
-                         success_threshold: float = 0.9, sampling_steps: int | None = 1, stop_cm: float = 0.0):
+                         success_threshold: float = 0.9, sampling_steps: int | None = 1, stop_cm: float = 0.0,
+                         decode_images: bool = True, object_noise=None):
     require_success_head(model)
     _, train, _ = load_split(data, holdout=0.0)
     return WorldModelEnv(model, train, num_envs=num_envs, keyframe_prob=keyframe_prob, max_episode_steps=max_steps,
-                         success_threshold=success_threshold, sampling_steps=sampling_steps, decode_images=True,
+                         success_threshold=success_threshold, sampling_steps=sampling_steps, decode_images=decode_images,
                          rules=success_and_reward,  # success from the task's rules where the model has a state channel
-                         stop_cm=stop_cm)
+                         stop_cm=stop_cm, object_noise=object_noise)

@@ -9,8 +9,18 @@ errors in training (a learner trained on the true state keeps 40% of its 98% und
 `benchmarks/imitation_ceiling.py`). Acting reads only cameras and proprioception, never the object channel.
 
 Why two stages: the actor then trains on cached estimates at an MLP's speed (tens of thousands of steps in minutes
-on a CPU) where an end-to-end pixel policy pays the convolutions at every step; the price is a deterministic head (no
-likelihood: not a GRPO policy) and a perception supervised by the object channel the data must carry.
+on a CPU) where an end-to-end pixel policy pays the convolutions at every step; the price is a perception
+supervised by the object channel the data must carry.
+
+The actor is a Gaussian pi(a | s, e) = N(mu(s, e), diag(sigma^2)) with a state-independent sigma set, after
+regression, to the per-dimension RMS of the actor's training residual (the maximum-likelihood sigma for that
+mean), so GRPO has an exact log-probability. Acting uses the mean unless `stochastic`.
+
+Without cameras (`cameras=()`) the policy reads the object channel itself (a tracked cell, the simulator). RL in
+imagination sets `read_object_channel`: the actor then reads the world model's state channel (its predicted object
+channel), which the imagination env perturbs with Gaussian noise of the estimator's held-out error per dimension
+(`estimate_noise`, recorded at training), the kind of input the actor meets at deployment; the estimator is left
+untouched.
 """
 
 from __future__ import annotations
@@ -50,10 +60,15 @@ class EstimatedStateConfig:
     state_std: list[float] = field(default_factory=list)
     env_state_mean: list[float] = field(default_factory=list)
     env_state_std: list[float] = field(default_factory=list)
+    log_std_min: float = -4.0
+    log_std_max: float = 0.5
+    estimate_noise: list[float] = field(default_factory=list)
+    """Std of the estimator's held-out error per object-channel dimension (metres): the noise the actor's input gets
+    when it reads a world model's object channel instead of the estimator (`read_object_channel`)."""
+
+    chunk_size = 1  # one action per observation (not a field: the actor plans one step)
 
     def validate(self) -> None:
-        if not self.cameras:
-            raise ValueError("estimated-state needs at least one camera")
         if self.image_size % 16:
             raise ValueError(f"image_size must be a multiple of 16, got {self.image_size}")
         for name, dim in (("state", self.state_dim), ("env_state", self.env_state_dim)):
@@ -61,6 +76,10 @@ class EstimatedStateConfig:
                 v = getattr(self, f"{name}_{s}")
                 if v and len(v) != dim:
                     raise ValueError(f"{name}_{s}: expected {dim} values, got {len(v)}")
+        if self.estimate_noise and len(self.estimate_noise) != self.env_state_dim:
+            raise ValueError(f"estimate_noise: expected {self.env_state_dim} values, got {len(self.estimate_noise)}")
+        if not self.log_std_min < self.log_std_max:
+            raise ValueError(f"log_std_min ({self.log_std_min}) must be below log_std_max ({self.log_std_max})")
 
 
 class StateEstimator(nn.Module):
@@ -113,7 +132,8 @@ class StateEstimator(nn.Module):
 
 
 class EstimatedStatePolicy(nn.Module):
-    """`Policy` (reset / select_action) from cameras and proprioception: estimator, then actor."""
+    """`Policy` (reset / select_action) from cameras and proprioception: estimator, then actor. Also GRPO's
+    interface (`sample`, `log_prob`, `features`, `dist`) over one-action chunks (B, 1, A)."""
 
     def __init__(self, cfg: EstimatedStateConfig):
         super().__init__()
@@ -128,15 +148,30 @@ class EstimatedStatePolicy(nn.Module):
             self.estimator.env_std.copy_(torch.tensor(cfg.env_state_std))
         self.actor = DeterministicActor(cfg.state_dim + cfg.env_state_dim + len(cfg.task_vocab), cfg.action_dim,
                                         cfg.hidden, cfg.layers)
+        self.log_std = nn.Parameter(torch.full((cfg.action_dim,), -1.0))
+        self.read_object_channel = not cfg.cameras
+        self.stochastic = False
+        self.generator: torch.Generator | None = None  # acting/sampling noise (`make_policy(seed=...)`)
 
     chunk_size = 1  # one action per observation (the evaluation loop's contract for non-chunking policies)
+
+    @property
+    def device(self) -> torch.device:
+        return self.log_std.device
 
     def reset(self) -> None:
         pass
 
+    def observation_keys(self) -> list[str]:
+        cams = [] if self.read_object_channel else [image_key(c) for c in self.cfg.cameras]
+        return cams + [OBS_STATE] + ([OBS_ENV_STATE] if self.read_object_channel else [])
+
     def check_spaces(self, observation_space, action_space) -> None:
-        """Refuse, at start, an environment whose cameras, state or actions this policy cannot use; both listed."""
+        """Refuse, at start, an environment whose cameras (or object channel), state or actions this policy cannot
+        use; both listed."""
         want = {image_key(c): (self.cfg.image_size, self.cfg.image_size, 3) for c in self.cfg.cameras}
+        if self.read_object_channel:
+            want = {OBS_ENV_STATE: (self.cfg.env_state_dim,)}
         want[OBS_STATE] = (self.cfg.state_dim,)
         check_spaces(want, self.cfg.action_dim, observation_space, action_space)
 
@@ -149,7 +184,7 @@ class EstimatedStatePolicy(nn.Module):
         return np.concatenate(parts, 1)
 
     def act_from_estimate(self, state: np.ndarray, env_estimate: np.ndarray, tasks) -> np.ndarray:
-        x = torch.as_tensor(self.actor_input(state, env_estimate, tasks), device=self.actor.obs_mean.device)
+        x = torch.as_tensor(self.actor_input(state, env_estimate, tasks), device=self.device)
         with torch.no_grad():
             return self.actor.mu(x).cpu().numpy()
 
@@ -169,19 +204,54 @@ class EstimatedStatePolicy(nn.Module):
         act_loss = ((self.actor.mu(x) - torch.as_tensor(np.asarray(batch[ACTION], np.float32))) ** 2).mean()
         return est_loss + act_loss, {"estimator_mse": est_loss.item(), "actor_mse": act_loss.item()}
 
-    def select_action(self, obs: dict) -> np.ndarray:
-        """Batched or single observation (LeRobot names) -> actions (B, A). Never reads the object channel."""
-        need = [image_key(c) for c in self.cfg.cameras] + [OBS_STATE] + ([TASK] if self.cfg.task_vocab else [])
-        missing = [k for k in need if k not in obs]
+    # ------------------------------------------------------------------ perception, then the Gaussian actor
+    def _estimate(self, obs: dict, state: np.ndarray) -> np.ndarray:
+        if self.read_object_channel:
+            return np.asarray(obs[OBS_ENV_STATE], np.float32).reshape(len(state), self.cfg.env_state_dim)
+        size = (self.cfg.image_size, self.cfg.image_size, 3)
+        images = {c: np.asarray(obs[image_key(c)]).reshape(len(state), *size) for c in self.cfg.cameras}
+        return self.estimator.estimate(images, state)
+
+    def features(self, obs: dict) -> torch.Tensor:
+        """Observation dict (batched or single, LeRobot names) -> the actor's input (B, D). Reads the object channel
+        only when `read_object_channel` is set."""
+        missing = [k for k in self.observation_keys() + ([TASK] if self.cfg.task_vocab else []) if k not in obs]
         if missing:
             raise ValueError(f"observation lacks {missing}; it has {sorted(obs)}")
         state = np.asarray(obs[OBS_STATE], np.float32).reshape(-1, self.cfg.state_dim)
-        size = (self.cfg.image_size, self.cfg.image_size, 3)
-        images = {c: np.asarray(obs[image_key(c)]).reshape(len(state), *size) for c in self.cfg.cameras}
         tasks = obs.get(TASK, "")
         if isinstance(tasks, str):
             tasks = [tasks] * len(state)
-        return self.act_from_estimate(state, self.estimator.estimate(images, state), tasks)
+        return torch.as_tensor(self.actor_input(state, self._estimate(obs, state), tasks), device=self.device)
+
+    def dist(self, feats: torch.Tensor) -> torch.distributions.Normal:
+        """pi(a | o) as a one-action chunk (B, 1, A)."""
+        std = self.log_std.clamp(self.cfg.log_std_min, self.cfg.log_std_max).exp()
+        mu = self.actor.mu(feats)[:, None]
+        return torch.distributions.Normal(mu, std.expand_as(mu))
+
+    def sample(self, obs: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """A sampled one-action chunk (B, 1, A) and its exact log-probability (B,)."""
+        return self._sample(self.features(obs))
+
+    def _sample(self, feats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        d = self.dist(feats)
+        a = d.mean + d.stddev * torch.randn(d.mean.shape, generator=self.generator, device=self.device)
+        return a, d.log_prob(a).sum((-1, -2))
+
+    def log_prob(self, obs: dict, actions: torch.Tensor) -> torch.Tensor:
+        """log pi(a | o) (B,) for one-action chunks (B, 1, A) (or actions (B, A))."""
+        a = torch.as_tensor(actions, dtype=torch.float32, device=self.device)
+        return self.dist(self.features(obs)).log_prob(a.reshape(len(a), 1, -1)).sum((-1, -2))
+
+    @torch.no_grad()
+    def select_action(self, obs: dict) -> np.ndarray:
+        """Batched or single observation (LeRobot names) -> actions (B, A): the actor's mean, or a sample when
+        `stochastic`. Reads the object channel only without cameras or when `read_object_channel` is set."""
+        feats = self.features(obs)
+        if self.stochastic:
+            return self._sample(feats)[0][:, 0].cpu().numpy()
+        return self.actor.mu(feats).cpu().numpy()
 
     def save(self, path: str | Path) -> Path:
         cfg = dataclasses.replace(self.cfg, state_mean=self.estimator.state_mean.tolist(),

@@ -5,7 +5,10 @@
    position error logged);
 2. the actor regresses the clean scripted expert's action at each recorded state (DART labels,
    `sim.experts.expert_labels`) from [state, the estimator's estimate, the instruction's words], trained on the
-   cached estimates.
+   cached estimates; its Gaussian sigma is then the residual's RMS per dimension (the maximum-likelihood sigma for
+   the fitted mean).
+
+With `cameras=()` there is no first stage: the actor reads the recorded object channel (a tracked cell).
 """
 
 from __future__ import annotations
@@ -93,15 +96,18 @@ def fit_actor(policy: EstimatedStatePolicy, state: np.ndarray, estimate: np.ndar
     Y = np.asarray(labels, np.float32)
     fit(lambda x, y: ((actor.mu(x) - y) ** 2).mean(), actor.parameters(), X, Y, steps, batch, seed=seed)
     with torch.no_grad():
-        return float(((actor.mu(torch.as_tensor(X)) - torch.as_tensor(Y)) ** 2).mean())
+        sq = ((actor.mu(torch.as_tensor(X)) - torch.as_tensor(Y)) ** 2).mean(0)
+        policy.log_std.copy_((0.5 * torch.log(sq.clamp(min=1e-8))).clamp(policy.cfg.log_std_min, policy.cfg.log_std_max))
+        return float(sq.mean())
 
 
 def dataset_frames(paths, cameras: tuple[str, ...] | None = None, holdout_episodes: int = 0, seed: int = 0
                    ) -> tuple[dict, dict | None, list[str]]:
     """The frames of LeRobot v3 datasets as arrays (images per camera, state, object channel, DART labels, and
-    whether a frame carries a real action), split into training and the last `holdout_episodes` episodes."""
+    whether a frame carries a real action), split into training and the last `holdout_episodes` episodes.
+    `cameras`: None for all of the dataset's, () for none."""
     dss, replay = load_replay(paths, seed, labels="expert")
-    cameras = tuple(cameras or [k.split(".")[-1] for k in dss[0].camera_keys])
+    cameras = tuple([k.split(".")[-1] for k in dss[0].camera_keys] if cameras is None else cameras)
     tasks = sorted({t for d in dss for t in d.tasks})
     live = replay.live_frames()
     episode = replay.frame_episode[live]
@@ -125,29 +131,39 @@ def dataset_frames(paths, cameras: tuple[str, ...] | None = None, holdout_episod
 
 def train_estimated_state(data, estimator_steps: int = 6000, actor_steps: int = 30_000,
                           holdout_episodes: int = 20, width: int = 32, hidden: int = 512, layers: int = 3,
-                          seed: int = 0, device: str = "cpu", progress: bool = True) -> tuple[EstimatedStatePolicy, dict]:
-    """Both stages on the datasets `data`. Returns the policy (in eval mode; `policy.save(folder)` writes it as
-    safetensors + JSON) and its training record."""
+                          seed: int = 0, device: str = "cpu", progress: bool = True,
+                          cameras: tuple[str, ...] | None = None) -> tuple[EstimatedStatePolicy, dict]:
+    """Both stages on the datasets `data` (`cameras`: None for all of the data's, () for an actor on the recorded
+    object channel). Returns the policy (in eval mode; `policy.save(folder)` writes it as safetensors + JSON) and
+    its training record."""
     t0 = time.time()
-    frames, held, tasks = dataset_frames(data, holdout_episodes=holdout_episodes, seed=seed)
+    frames, held, tasks = dataset_frames(data, cameras, holdout_episodes=holdout_episodes, seed=seed)
     names = sorted({task_from_instruction(t) for t in tasks})
     if frames[OBS_ENV_STATE].shape[1] < 13:
         raise ValueError("estimated-state needs the tabletop's observation.environment_state (cubes and zones)")
-    cfg = EstimatedStateConfig(cameras=tuple(frames["images"]), image_size=int(next(iter(frames["images"].values())).shape[1]),
+    cfg = EstimatedStateConfig(cameras=tuple(frames["images"]), image_size=int(next(iter(frames["images"].values()), np.zeros((0, 64))).shape[1]),
                                state_dim=frames[OBS_STATE].shape[1], env_state_dim=frames[OBS_ENV_STATE].shape[1],
                                action_dim=frames[ACTION].shape[1], width=width, hidden=hidden, layers=layers, tasks=names,
                                task_vocab=sorted({w for t in tasks for w in words(t)}))
     torch.manual_seed(seed)
     policy = EstimatedStatePolicy(cfg).to(device)
     policy.estimator.set_statistics(frames[OBS_STATE], frames[OBS_ENV_STATE])
-    log = fit_estimator(policy.estimator, frames, held, estimator_steps, seed=seed, progress=progress)
-    t1 = time.time()
     act = frames["has_action"]
-    estimate = policy.estimator.estimate({c: x[act] for c, x in frames["images"].items()}, frames[OBS_STATE][act])
+    log = []
+    if cfg.cameras:
+        log = fit_estimator(policy.estimator, frames, held, estimator_steps, seed=seed, progress=progress)
+        if held is not None:  # the error the actor meets when it reads a world model's object channel instead
+            err = policy.estimator.estimate(held["images"], held[OBS_STATE]) - held[OBS_ENV_STATE]
+            policy.cfg.estimate_noise = [float(v) for v in err.std(0)]
+        estimate = policy.estimator.estimate({c: x[act] for c, x in frames["images"].items()}, frames[OBS_STATE][act])
+    else:
+        estimate = frames[OBS_ENV_STATE][act]
+    t1 = time.time()
     mse = fit_actor(policy, frames[OBS_STATE][act], estimate, frames[TASK][act], frames[ACTION][act], actor_steps,
                     seed=seed)
     policy.eval()
     record = {"frames": int(len(frames[OBS_STATE])), "held_out_frames": 0 if held is None else int(len(held[OBS_STATE])),
               "estimator": log, "actor_train_mse": mse, "estimator_minutes": (t1 - t0) / 60,
-              "actor_minutes": (time.time() - t1) / 60, "task": names[0], "instructions": tasks}
+              "actor_minutes": (time.time() - t1) / 60, "task": names[0], "instructions": tasks,
+              "actor_log_std": policy.log_std.tolist(), "estimate_noise": policy.cfg.estimate_noise}
     return policy, record

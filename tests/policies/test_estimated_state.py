@@ -80,8 +80,8 @@ def test_checkpoint_round_trip_and_bad_input(tmp_path):
         import gymnasium as gym
 
         loaded.check_spaces(gym.spaces.Dict({"observation.state": gym.spaces.Box(-1, 1, (8,))}), gym.spaces.Box(-1, 1, (4,)))
-    with pytest.raises(ValueError, match="camera"):
-        EstimatedStateConfig(cameras=()).validate()
+    with pytest.raises(ValueError, match="estimate_noise: expected 13"):
+        EstimatedStateConfig(estimate_noise=[0.01] * 3).validate()
     (tmp_path / "ck" / "model.safetensors").write_bytes(b"not safetensors")
     with pytest.raises(ValueError):
         EstimatedStatePolicy.load(tmp_path / "ck")
@@ -111,3 +111,57 @@ def test_train_policy_estimated_state_on_a_dataset(tiny_data, tiny_estimated_sta
                          progress=False)
     with pytest.raises(ValueError, match="--type"):
         train_policy(TrainPolicyConfig(data=(tiny_data,), out=tmp_path / "y", type="act"), progress=False)
+
+
+def test_gaussian_actor_sigma_is_the_residual_rms_and_log_prob_is_exact():
+    """fit_actor sets sigma to the per-dimension RMS of the residual (labels = a learnable mean + known noise);
+    `sample`'s log-probability equals `log_prob` and the Normal density written out by hand."""
+    rng = np.random.default_rng(0)
+    n = 4000
+    state, env = rng.normal(size=(n, 8)).astype(np.float32), rng.normal(size=(n, 13)).astype(np.float32)
+    noise_std = np.array([0.05, 0.1, 0.2, 0.02], np.float32)
+    labels = (0.3 * np.tanh(state[:, :4]) + rng.normal(size=(n, 4)) * noise_std).astype(np.float32)
+    policy = EstimatedStatePolicy(EstimatedStateConfig(cameras=(), hidden=64, layers=2))
+    fit_actor(policy, state, env, None, labels, steps=1500)
+    with torch.no_grad():
+        resid = policy.actor.mu(torch.as_tensor(policy.actor_input(state, env, None))) - torch.as_tensor(labels)
+    torch.testing.assert_close(policy.log_std.detach(), 0.5 * torch.log((resid**2).mean(0)))
+    # where the noise dominates the fit's own error, sigma recovers it
+    np.testing.assert_allclose(policy.log_std.exp().detach().numpy()[:3], noise_std[:3], rtol=0.25)
+    obs = {"observation.state": state[:5], "observation.environment_state": env[:5]}
+    torch.manual_seed(0)
+    a, lp = policy.sample(obs)
+    assert a.shape == (5, 1, 4) and lp.shape == (5,)
+    torch.testing.assert_close(policy.log_prob(obs, a), lp)
+    mu = torch.as_tensor(policy.select_action(obs))  # acting: the mean
+    sd = policy.log_std.exp()
+    hand = (-0.5 * ((a[:, 0] - mu) / sd) ** 2 - torch.log(sd) - 0.5 * np.log(2 * np.pi)).sum(-1)
+    torch.testing.assert_close(lp.detach(), hand.detach(), atol=1e-4, rtol=1e-5)
+    policy.stochastic = True
+    assert not np.allclose(policy.select_action(obs), mu.numpy())
+
+
+def test_what_the_actor_reads_without_cameras_and_in_imagination():
+    """No cameras: the actor reads the object channel. A camera policy reads its cameras, unless set to act in
+    imagination (`read_object_channel`), where it reads the world model's object channel and needs no images."""
+    import gymnasium as gym
+
+    rng = np.random.default_rng(2)
+    frames = _marker_frames(4, rng)
+    obs = {"observation.state": frames["observation.state"], "observation.images.front": frames["images"]["front"],
+           "observation.environment_state": frames["observation.environment_state"]}
+    moved = {**obs, "observation.environment_state": obs["observation.environment_state"] + 0.5}
+    blind = EstimatedStatePolicy(EstimatedStateConfig(cameras=(), hidden=32, layers=2))
+    assert not np.allclose(blind.select_action(obs), blind.select_action(moved))
+    with pytest.raises(ValueError, match="observation.environment_state"):
+        blind.select_action({"observation.state": obs["observation.state"]})
+    box = gym.spaces.Box(-1, 1, (4,))
+    with pytest.raises(ValueError, match="do not match"):  # a camera-only env lacks what it reads
+        blind.check_spaces(gym.spaces.Dict({"observation.state": gym.spaces.Box(-1, 1, (8,)),
+                                            "observation.images.front": gym.spaces.Box(0, 255, (64, 64, 3), np.uint8)}), box)
+    seeing = _tiny()
+    np.testing.assert_array_equal(seeing.select_action(obs), seeing.select_action(moved))
+    seeing.read_object_channel = True
+    no_images = {k: v for k, v in obs.items() if not k.startswith("observation.images")}
+    assert not np.allclose(seeing.select_action(no_images), seeing.select_action(
+        {**no_images, "observation.environment_state": moved["observation.environment_state"]}))

@@ -209,3 +209,46 @@ def test_rollouts_record_which_episodes_the_hallucination_flag_stopped():
     ro = collect_rollouts(_ConstPolicy(), _FlagEnv(), 1, seed=0)
     assert ro.success.tolist() == [True, False, False] and ro.flagged.tolist() == [False, True, False]
     assert ro.valid.T.tolist() == [[True, True, False], [True, True, False], [True, True, True]]
+
+
+def test_imagine_trains_an_estimated_state_actor_on_the_state_channel(trained, tiny_data, tmp_path, monkeypatch):
+    """An estimated-state policy learns in imagination from the state channel's objects (no frames decoded), with
+    the estimator's error added by the env to what it observes, and is evaluated as deployed (cameras)."""
+    from policies.estimated_state import EstimatedStatePolicy
+    from policies.estimated_state.train import train_estimated_state
+    from world_models.env import make_imagination_env
+    from world_models.factory import make_world_model
+
+    policy, _ = train_estimated_state([tiny_data], estimator_steps=2, actor_steps=20, holdout_episodes=2, width=8,
+                                      hidden=32, layers=2, progress=False)
+    assert len(policy.cfg.estimate_noise) == 13 and all(v > 0 for v in policy.cfg.estimate_noise)
+    policy.save(tmp_path / "pol")
+    seen = []
+    features = EstimatedStatePolicy.features
+
+    def spy(self, obs):
+        seen.append((self.read_object_channel, sorted(obs)))
+        return features(self, obs)
+
+    monkeypatch.setattr(EstimatedStatePolicy, "features", spy)
+    r = imagine(ImagineConfig(policy=tmp_path / "pol", policy_type="estimated-state", world_model=trained, data=tiny_data,
+                              out=tmp_path / "rl", iterations=1, groups=2, group_size=2, max_steps=4, minibatch_rollouts=2,
+                              epochs=1, eval_episodes=1), progress=False)
+    assert r["true_env_steps_during_rl"] == 0
+    imagined = [keys for on, keys in seen if on]
+    true = [keys for on, keys in seen if not on]
+    assert imagined and all("observation.environment_state" in k and not any("images" in x for x in k) for k in imagined)
+    assert true and all("observation.images.front" in k for k in true)  # before and after: the cameras
+    assert EstimatedStatePolicy.load(tmp_path / "rl" / "checkpoints" / "last").read_object_channel is False
+    # the env perturbs what the policy observes by the estimator's error, never the model's own state
+    model = make_world_model("video", str(trained))
+    env = make_imagination_env(model, tiny_data, 4, 8, decode_images=False, object_noise=[0.01] * 13)
+    obs, _ = env.reset(seed=0)
+    diff = obs["observation.environment_state"] - env._env_state
+    assert 0.005 < diff.std() < 0.02 and "observation.images.front" not in obs
+    with pytest.raises(ValueError, match="object_noise: expected 13"):
+        make_imagination_env(model, tiny_data, 4, 8, object_noise=[0.01] * 3)
+    with pytest.raises(ValueError, match="policy_type"):
+        imagine(ImagineConfig(policy=tmp_path / "pol", policy_type="act", world_model=trained, out=tmp_path / "x"),
+                progress=False)
+    assert not (tmp_path / "x").exists()

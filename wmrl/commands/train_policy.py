@@ -73,7 +73,8 @@ class TrainPolicyConfig:
     overwrite: bool = False
     resume: bool = False
     extra: dict = field(default_factory=dict)
-    """Further VLAConfig fields (e.g. hidden 512); for estimated-state: width, hidden, layers, holdout_episodes."""
+    """Further VLAConfig fields (e.g. hidden 512); for estimated-state: width, hidden, layers, holdout_episodes,
+    cameras (a comma list, or none: the actor reads the recorded object channel, as from a tracked cell)."""
 
 
 POLICY_TYPES = ("vla", "estimated-state")
@@ -132,6 +133,13 @@ def train_policy(cfg: TrainPolicyConfig, progress: bool = True) -> dict:
     return result
 
 
+def _cameras(value) -> tuple[str, ...] | None:
+    """--extra cameras front,wrist | none (an actor on the recorded object channel, no perception); default: all."""
+    if value is None:
+        return None
+    return () if str(value).lower() == "none" else tuple(c for c in str(value).split(",") if c)
+
+
 def _train_estimated_state(cfg: TrainPolicyConfig, progress: bool) -> dict:
     """Both supervised stages, the policy committed as the run's checkpoint, then the true-simulator evaluation."""
     from policies.estimated_state.train import train_estimated_state
@@ -150,7 +158,7 @@ def _train_estimated_state(cfg: TrainPolicyConfig, progress: bool) -> dict:
                                            holdout_episodes=int(cfg.extra.get("holdout_episodes", 20)),
                                            width=int(cfg.extra.get("width", 32)), hidden=int(cfg.extra.get("hidden", 512)),
                                            layers=int(cfg.extra.get("layers", 3)), seed=cfg.seed, device=cfg.device,
-                                           progress=progress)
+                                           progress=progress, cameras=_cameras(cfg.extra.get("cameras")))
     commit_checkpoint(run / "checkpoints", cfg.estimator_steps + cfg.steps, policy.save)
     for row in record["estimator"]:
         tracker.log({"estimator_loss": row["loss"], "estimator_cubes_xy_cm": row["cubes_xy_cm"],

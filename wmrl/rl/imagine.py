@@ -1,6 +1,11 @@
-"""RL in imagination: a VLA policy improved inside the video world model, with zero true-simulator steps.
+"""RL in imagination: a policy improved inside the video world model, with zero true-simulator steps.
 
-    wmrl imagine --policy BC_RUN --world-model WM_RUN --out RUN [--algo grpo|ppo]
+    wmrl imagine --policy BC_RUN --world-model WM_RUN --out RUN [--algo grpo|ppo] [--policy-type vla|estimated-state]
+
+Two kinds of policy learn here. A VLA (Gaussian head) acts on the generated frames. An `estimated-state` policy's
+actor acts on the world model's state channel (the predicted object channel, with the perception's measured error
+added as noise by the env), while its estimator, which reads the cameras at deployment, is left as trained: RL
+improves the control, not the perception, and the frames are not generated into pixels at all.
 
 The loop: each iteration rolls the policy out in a `WorldModelEnv` (`wmrl.rl.rollouts`; groups of G rollouts share
 a start, a real first frame or, with probability `keyframe_prob`, a real keyframe: WoVR's KIR), then runs `epochs`
@@ -21,6 +26,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from policies.estimated_state import EstimatedStatePolicy
 from policies.lerobot.common import lerobot_policy_type
 from policies.vla import VLAPolicy
 import sim
@@ -41,12 +47,15 @@ from world_models.video.train import check_world_model_task, world_model_data
 
 
 ALGOS = {"grpo": grpo, "ppo": ppo}  # each module: prepare(policy, rollouts, cfg) and loss(...)
+POLICY_TYPES = ("vla", "estimated-state")
 
 
 @dataclass
 class ImagineConfig:
     policy: Path = Path("runs/policy")
-    """A `wmrl train-policy` run (or checkpoint) of a VLA policy with the gaussian head."""
+    """A `wmrl train-policy` run (or checkpoint): a VLA with the gaussian head, or an estimated-state policy."""
+    policy_type: str = "vla"
+    """vla (acts on generated frames) or estimated-state (its actor acts on the state channel's objects)."""
     world_model: Path = Path("runs/wm")
     """A `wmrl train-wm` run (or checkpoint)."""
     data: Optional[Path] = None
@@ -131,6 +140,27 @@ def update(policy, opt, ro: Rollouts, cfg: ImagineConfig, ref=None, seed: int | 
 
 
 # ---------------------------------------------------------------------------------------------- the command
+def load_rl_policy(kind: str, path: Path, device: str = "cpu"):
+    """A policy with an exact action log-probability, set to act in imagination."""
+    if kind not in POLICY_TYPES:
+        raise ValueError(f"policy_type: expected one of {POLICY_TYPES}, got {kind!r}")
+    if kind == "vla":
+        policy = VLAPolicy.load(path, device=device)
+        if policy.cfg.head != "gaussian":
+            raise ValueError(f"RL needs the gaussian head's exact log-probability; {path} has the {policy.cfg.head} head")
+        return policy
+    policy = EstimatedStatePolicy.load(path, device=device)
+    policy.read_object_channel = True  # the actor reads the world model's objects; the estimator is not trained here
+    return policy
+
+
+def in_true_world(policy):
+    """The same policy acting as deployed (an estimated-state policy reads its cameras again)."""
+    if isinstance(policy, EstimatedStatePolicy):
+        policy.read_object_channel = not policy.cfg.cameras
+    return policy
+
+
 def imagined_horizon(data: Path, max_steps: int | None = None) -> int:
     """Control steps per imagined episode: `max_steps`, else the longest own episode length of the dataset's tasks,
     the horizon the policy is evaluated and ranked on (a shorter one leaves slower successes unrewarded)."""
@@ -140,6 +170,8 @@ def imagined_horizon(data: Path, max_steps: int | None = None) -> int:
 def imagine(cfg: ImagineConfig, progress: bool = True) -> dict:
     if cfg.algo not in ALGOS:
         raise ValueError(f"algo: expected one of {tuple(ALGOS)}, got {cfg.algo!r}")
+    if cfg.policy_type not in POLICY_TYPES:
+        raise ValueError(f"policy_type: expected one of {POLICY_TYPES}, got {cfg.policy_type!r}")
     if cfg.reward not in grpo.REWARDS:
         raise ValueError(f"reward: expected one of {grpo.REWARDS}, got {cfg.reward!r}")
     if cfg.max_steps is not None and cfg.max_steps <= 0:
@@ -153,15 +185,18 @@ def imagine(cfg: ImagineConfig, progress: bool = True) -> dict:
     torch.manual_seed(cfg.seed)
     ck, _ = resume_checkpoint(run / "checkpoints") if cfg.resume else (None, 0)
     resuming = ck is not None
-    policy = VLAPolicy.load(ck if resuming else resolve_checkpoint(cfg.policy), device=cfg.device)
-    if policy.cfg.head != "gaussian":
-        raise ValueError(f"{cfg.algo} needs the gaussian head's exact log-probability; {cfg.policy} has the "
-                         f"{policy.cfg.head} head")
+    policy = load_rl_policy(cfg.policy_type, ck if resuming else resolve_checkpoint(cfg.policy), cfg.device)
     model = make_world_model("video", str(cfg.world_model), device=cfg.device)
     data = cfg.data or world_model_data(cfg.world_model)
     check_world_model_task(cfg.world_model, data, policy.cfg.tasks, f"policy {cfg.policy}")
+    on_objects = cfg.policy_type == "estimated-state"
+    if on_objects and model.state_channel is None:
+        raise ValueError(f"an estimated-state policy acts in imagination on the state channel's objects; "
+                         f"{cfg.world_model} has no state channel (trained with --no-state-channel or on data without "
+                         "observation.environment_state)")
     env = make_imagination_env(model, data, cfg.groups * cfg.group_size, imagined_horizon(data, cfg.max_steps), cfg.keyframe_prob,
-                               cfg.success_threshold, cfg.sampling_steps, stop_cm=cfg.stop_cm)
+                               cfg.success_threshold, cfg.sampling_steps, stop_cm=cfg.stop_cm, decode_images=not on_objects,
+                               object_noise=policy.cfg.estimate_noise if on_objects else None)
     policy.check_spaces(env.single_observation_space, env.single_action_space)
     if policy.cfg.chunk_size > model.cfg.chunk:
         raise ValueError(f"policy chunk {policy.cfg.chunk_size} exceeds the world model's chunk {model.cfg.chunk}")
@@ -173,8 +208,8 @@ def imagine(cfg: ImagineConfig, progress: bool = True) -> dict:
     tracker = Tracker(run)
     tasks = sorted(set(env.starts.vocab[TASK]))
     if cfg.eval_episodes and not resuming:
-        result["eval_before"] = evaluate_on_tasks(policy, tasks, cfg.eval_episodes, run / "eval_before",
-                                                  seed=20_000 + cfg.seed, progress=progress)
+        result["eval_before"] = evaluate_on_tasks(in_true_world(copy.deepcopy(policy)), tasks, cfg.eval_episodes,
+                                                  run / "eval_before", seed=20_000 + cfg.seed, progress=progress)
         tracker.log({"stage": "eval_before", **{f"{t}/{k}": v for t, m in result["eval_before"].items() for k, v in m.items()}})
     true_steps0 = sim.true_steps_taken()
     t0 = time.time()
@@ -200,8 +235,8 @@ def imagine(cfg: ImagineConfig, progress: bool = True) -> dict:
     plot_curves(run / "metrics.jsonl", run / "learning_curves.png", ["imagined_success", "imagined_return", "log_std", "approx_kl", "clip_frac"],
                 title=f"{cfg.algo} in imagination")
     if cfg.eval_episodes:
-        result["eval_after"] = evaluate_on_tasks(policy, tasks, cfg.eval_episodes, run / "eval_after",
-                                                 seed=20_000 + cfg.seed, progress=progress)
+        result["eval_after"] = evaluate_on_tasks(in_true_world(copy.deepcopy(policy)), tasks, cfg.eval_episodes,
+                                                 run / "eval_after", seed=20_000 + cfg.seed, progress=progress)
     tracker.log({"stage": "done", **{k: v for k, v in result.items() if not isinstance(v, dict)}})
     tracker.close()
     return result
