@@ -401,3 +401,18 @@ def test_privileged_learner_reads_which_zone_the_instruction_names():
     assert x.shape == (2, 21 + len(vocab))
     assert x[0, 21 + vocab.index("yellow")] == 1 and x[0, 21 + vocab.index("purple")] == 0
     assert x[1, 21 + vocab.index("purple")] == 1 and x[1, 21 + vocab.index("yellow")] == 0
+
+
+def test_imagination_estimated_state_benchmark_pairs_its_evaluations():
+    import runpy as _runpy
+
+    mod = _runpy.run_path(str(BENCH / "imagination_estimated_state.py"), run_name="bench")
+    # the paired gain on a hand example: 3 layouts won, 1 lost, 6 unchanged
+    g = mod["paired_gain"]([0, 0, 0, 1, 1, 0, 0, 0, 1, 1], [1, 1, 1, 0, 1, 0, 0, 0, 1, 1])
+    assert g["gain"] == pytest.approx(0.2) and (g["layouts_won"], g["layouts_lost"]) == (3, 1)
+    assert g["ci"][0] <= 0.2 <= g["ci"][1]
+    r = mod["main"](quick=True)
+    assert r["true_env_steps_during_rl"] == 0 and r["episodes_per_evaluation"] == 3
+    assert r["success_gain_points"] == pytest.approx(100 * (r["success_rl"] - r["success_rl_start"]))
+    assert r["paired"]["gain"] == pytest.approx(r["success_rl"] - r["success_rl_start"])  # the same layouts
+    assert [c["iteration"] for c in r["curve"]] == [1] and r["cameras"].startswith("none")

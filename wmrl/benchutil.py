@@ -83,16 +83,18 @@ def finish(name: str, result: dict, quick: bool, command: str | None = None) -> 
 def success_over_seeds(policy, env, episodes: int, seeds: int = 3) -> dict:
     """True success of `policy` in `env` over `seeds` evaluation seeds (10000 + 100000 k; the policy benchmarks'
     shared layouts), pooled with a 95% Wilson interval, per seed, and the share of *stalled* episodes: failed with
-    the hand frozen (< 2 mm of end-effector motion, `observation.state[5:8]`, over the last 20 steps)."""
+    the hand frozen (< 2 mm of end-effector motion, `observation.state[5:8]`, over the last 20 steps). `outcomes`:
+    each episode's success in layout order (the same layouts for any policy: paired comparisons)."""
     import numpy as np
 
     from wmrl.eval import evaluate, wilson_interval
 
-    stalled, per = [], []
+    stalled, per, outcomes = [], [], []
 
     def stall(ep: dict) -> None:
         ee = np.asarray(ep["observation.state"])[-20:, 5:8]
-        stalled.append(not np.asarray(ep["next.success"]).any() and np.linalg.norm(ee[-1] - ee[0]) < 0.002)
+        outcomes.append(bool(np.asarray(ep["next.success"]).any()))
+        stalled.append(not outcomes[-1] and np.linalg.norm(ee[-1] - ee[0]) < 0.002)
 
     seeds = min(seeds, episodes)  # fewer episodes than evaluation seeds: one episode per seed
     for k in range(seeds):
@@ -101,4 +103,4 @@ def success_over_seeds(policy, env, episodes: int, seeds: int = 3) -> dict:
         per.append((round(r.pc_success * n / 100), n))
     s, n = sum(p[0] for p in per), sum(p[1] for p in per)
     return {"success": s / n, "ci": list(wilson_interval(s, n)), "per_seed": [a / b for a, b in per], "episodes": n,
-            "stalled": float(np.mean(stalled))}
+            "stalled": float(np.mean(stalled)), "outcomes": outcomes}

@@ -1,0 +1,210 @@
+"""GRPO in imagination that is measured in the true simulator: the estimated-state actor on the world model's state
+channel (push-red).
+
+The demo's RL (`benchmarks/imagination.py`) trains a pixel VLA on generated frames and has not moved its true success
+(7% -> 7%): the frames are the weak part of the world model, and a 7% policy rarely succeeds anywhere. The world
+model's state channel is its strong part (success AUROC 0.97 on matched pairs). Here the policy that learns is the
+`estimated-state` actor (`policies/estimated_state`): in imagination it reads the state channel's predicted object
+channel (with the perception's measured error added by the env when the policy has cameras), so GRPO improves the
+control and leaves the perception as trained; evaluated, it acts as deployed.
+
+Stages (each cached under the work folder, so a rerun measures again without retraining what exists):
+
+1. world-model data: push-red, the world-model benchmark's mix (300 episodes: 30% near-success failures, 25%
+   perturbed, noise 0.05), and `wmrl train-wm` with its defaults (the world-model benchmark's recipe);
+2. BC data: `bc_episodes` clean expert episodes (noise 0.1, DART labels) on other layouts; the actor (256 x 2,
+   `bc_steps` steps): a starting point in the issue's 25-45% range; `cameras=none` reads the simulator's object
+   channel (a tracked cell), `cameras=front,wrist` puts the estimator in front (the pixel policy);
+3. GRPO in imagination (`wmrl imagine --policy-type estimated-state`): `groups` starts x `group_size` per
+   iteration, binary success within the task's 80 steps, zero true-simulator steps (counted by the simulator);
+4. true evaluation before and after on the same 3 x 100 layouts (the policy benchmarks' seeds): Wilson intervals,
+   per seed, and the paired difference with a bootstrap interval over layouts;
+5. the perfect-model ceiling (`ceiling=true`): the same GRPO, same starting policy, iterations and batch, with the
+   true simulator in place of the world model (`TrueGroupEnv`; its steps are counted and reported, this is not RL in
+   imagination). If GRPO cannot move true success with a perfect model, the recipe is the limit, not the model.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from wmrl.benchutil import finish, success_over_seeds
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _evaluate(policy, episodes: int, cameras: tuple[str, ...]) -> dict:
+    import sim
+
+    env = sim.make_env("push-red", cameras=cameras)
+    try:
+        return success_over_seeds(policy, env, episodes)
+    finally:
+        env.close()
+
+
+class TrueGroupEnv:
+    """The true simulator behind the interface `wmrl.rl.rollouts.collect_rollouts` uses for imagination: N envs in
+    one process, `reset(seed, options={"group_size": G})` gives each group of G one layout (seeded; training seeds
+    start at 500,000, away from the evaluation's 10,000 + 100,000 k), one-action chunks (N, 1, A)."""
+
+    def __init__(self, task: str, num_envs: int):
+        import sim
+
+        self.venv = sim.make_vector_env(task, num_envs, asynchronous=False, cameras=())
+        self.num_envs, self.max_episode_steps = num_envs, sim.episode_horizon(task)
+
+    def reset(self, seed: int, options: dict | None = None):
+        G = (options or {}).get("group_size", 1)
+        seeds = [500_000 + seed * 1000 + i // G for i in range(self.num_envs)]
+        return self.venv.reset(seed=seeds)
+
+    def step(self, actions):
+        obs, r, term, trunc, info = self.venv.step(np.asarray(actions, np.float32)[:, 0])
+        return obs, r, term, trunc, {"success": np.asarray(info.get("success", np.zeros(self.num_envs)), bool)}
+
+    def close(self) -> None:
+        self.venv.close()
+
+
+def grpo_in_true_simulator(policy, iterations: int, groups: int, group_size: int, lr: float, seed: int = 0) -> list:
+    """GRPO exactly as `wmrl imagine` runs it (`collect_rollouts`, `update`), in the true simulator. Returns the
+    per-iteration record."""
+    import torch
+
+    import sim
+    from wmrl.rl.imagine import ImagineConfig, update
+    from wmrl.rl.rollouts import collect_rollouts
+
+    cfg = ImagineConfig(groups=groups, group_size=group_size, lr=lr, minibatch_rollouts=group_size * 2, seed=seed)
+    env = TrueGroupEnv("push-red", groups * group_size)
+    opt = torch.optim.AdamW(policy.parameters(), lr, weight_decay=0.0)
+    torch.manual_seed(seed)
+    curve, steps0 = [], sim.true_steps_taken()
+    try:
+        for it in range(iterations):
+            policy.eval()
+            ro = collect_rollouts(policy, env, group_size, seed=seed * 100_003 + it)
+            policy.train()
+            info = update(policy, opt, ro, cfg, seed=seed * 100_003 + it)
+            policy.eval()
+            curve.append({"iteration": it + 1, "success": float(ro.success.float().mean()),
+                          "true_env_steps": sim.true_steps_taken() - steps0, **info})
+    finally:
+        env.close()
+    return curve
+
+
+def paired_gain(before: list[bool], after: list[bool], n_boot: int = 2000, seed: int = 0) -> dict:
+    """Mean of after - before over the same layouts, with a 95% bootstrap interval over layouts."""
+    d = np.asarray(after, float) - np.asarray(before, float)
+    rng = np.random.default_rng(seed)
+    boots = d[rng.integers(0, len(d), (n_boot, len(d)))].mean(1)
+    return {"gain": float(d.mean()), "ci": [float(np.quantile(boots, 0.025)), float(np.quantile(boots, 0.975))],
+            "layouts_won": int((d > 0).sum()), "layouts_lost": int((d < 0).sum())}
+
+
+def main(quick: bool = False, cameras: str = "none", wm_episodes: int = 300, bc_episodes: int = 200,
+         bc_steps: int = 4000, estimator_steps: int = 3000, iterations: int = 30, groups: int = 16,
+         group_size: int = 8, lr: float = 3e-5, eval_episodes: int = 300, work: str = "", ceiling: bool = False) -> dict:
+    import torch
+
+    from policies.estimated_state import EstimatedStatePolicy
+    from policies.estimated_state.train import train_estimated_state
+    from wmrl.commands.collect import CollectConfig, collect
+    from wmrl.rl.imagine import ImagineConfig, imagine, in_true_world
+    from world_models.video.train import TrainWMConfig, train_world_model
+
+    cams = () if cameras == "none" else tuple(c for c in str(cameras).split(",") if c)
+    wm_episodes, bc_episodes, bc_steps = int(wm_episodes), int(bc_episodes), int(bc_steps)
+    iterations, groups, group_size, eval_episodes = int(iterations), int(groups), int(group_size), int(eval_episodes)
+    estimator_steps, lr = int(estimator_steps), float(lr)
+    ceiling = str(ceiling).lower() in ("1", "true", "yes")
+    if quick:
+        wm_episodes, bc_episodes, bc_steps, estimator_steps = 6, 6, 20, 4
+        iterations, groups, group_size, eval_episodes = 1, 2, 2, 3
+    torch.set_num_threads(2)
+    name = "imagination-estimated-state" + ("" if not cams else "-" + "-".join(cams)) + ("" if lr == 3e-5 else f"-lr{lr:g}")
+    base = Path(work) if work else (Path(tempfile.mkdtemp(prefix="wmrl-bench-ies-")) if quick
+                                    else ROOT / "runs" / "bench-imagination-estimated-state")
+    minutes: dict = {}
+
+    def stage(key: str, fn):
+        t = time.time()
+        out = fn()
+        minutes[key] = (time.time() - t) / 60
+        return out
+
+    wm_data, wm_run = base / "wm-data", base / "wm"
+    if not (wm_data / "meta" / "info.json").exists():
+        stage("collect_wm", lambda: collect(CollectConfig(task="push-red", episodes=wm_episodes, out=wm_data, failures=0.3,
+                                                          perturbed=0.25, noise=0.05, seed=0, overwrite=True), progress=False))
+    if not (wm_run / "checkpoints" / "last" / "model.safetensors").exists():
+        tiny = dict(size="tiny", ae_steps=30, state_steps=20, dyn_steps=30, unroll_steps=6, batch_size=8, videos=0) if quick else {}
+        cfg = TrainWMConfig(data=wm_data, out=wm_run, overwrite=True, **tiny)
+        stage("world_model", lambda: train_world_model(cfg, progress=False))
+    bc_data, bc_dir = base / "bc-data", base / ("bc-" + ("-".join(cams) or "objects"))
+    if not (bc_data / "meta" / "info.json").exists():
+        stage("collect_bc", lambda: collect(CollectConfig(task="push-red", episodes=bc_episodes, out=bc_data, noise=0.1,
+                                                          seed=1, overwrite=True), progress=False))
+    if not (bc_dir / "model.safetensors").exists():
+        policy, record = stage("bc", lambda: train_estimated_state([bc_data], estimator_steps, bc_steps,
+                                                                    holdout_episodes=max(1, bc_episodes // 10) if cams else 0,
+                                                                    hidden=256, layers=2, progress=False, cameras=cams))
+        policy.save(bc_dir)
+        (bc_dir / "record.json").write_text(json.dumps(record, indent=1))
+    record = json.loads((bc_dir / "record.json").read_text())
+    start = in_true_world(EstimatedStatePolicy.load(bc_dir))
+    before = stage("eval_before", lambda: _evaluate(start, eval_episodes, cams))
+    rl_dir = base / f"rl-{'-'.join(cams) or 'objects'}-it{iterations}-g{groups}x{group_size}-lr{lr:g}"
+    if (rl_dir / "result.json").exists():  # finished before: measured again, not retrained
+        rl = json.loads((rl_dir / "result.json").read_text())
+    else:
+        rl = stage("rl", lambda: imagine(ImagineConfig(
+            policy=bc_dir, policy_type="estimated-state", world_model=wm_run, data=wm_data, out=rl_dir,
+            iterations=iterations, groups=groups, group_size=group_size, lr=lr, minibatch_rollouts=group_size * 2,
+            ckpt_every=max(1, iterations // 3), overwrite=True), progress=False))
+        (rl_dir / "result.json").write_text(json.dumps(rl))
+    trained = in_true_world(EstimatedStatePolicy.load(rl_dir / "checkpoints" / "last"))
+    after = stage("eval_after", lambda: _evaluate(trained, eval_episodes, cams))
+    extra = {}
+    if ceiling:  # the same GRPO from the same start, the true simulator as a perfect model
+        perfect = EstimatedStatePolicy.load(bc_dir)
+        perfect.read_object_channel = True  # the simulator's object channel with the perception's error, as imagined
+        if cams:
+            raise ValueError("ceiling=true is measured for cameras=none (the actor on the object channel)")
+        true_curve = stage("ceiling_rl", lambda: grpo_in_true_simulator(perfect, iterations, groups, group_size, lr))
+        r = stage("ceiling_eval", lambda: _evaluate(in_true_world(perfect), eval_episodes, cams))
+        extra = {"ceiling_success_rl": r["success"], "ceiling_success_rl_ci": r["ci"], "ceiling_per_seed": r["per_seed"],
+                 "ceiling_paired": paired_gain(before["outcomes"], r["outcomes"]),
+                 "ceiling_true_env_steps": true_curve[-1]["true_env_steps"] if true_curve else 0,
+                 "ceiling_curve": [{k: c.get(k) for k in ("iteration", "success", "kept_groups", "approx_kl", "clip_frac")}
+                                   for c in true_curve]}
+    curve = [json.loads(l) for l in (rl_dir / "metrics.jsonl").read_text().splitlines()]
+    curve = [{k: r.get(k) for k in ("iteration", "imagined_success", "kept_groups", "approx_kl", "clip_frac", "log_std",
+                                    "true_env_steps")} for r in curve if "iteration" in r]
+    out = {
+        "task": "push-red", "cameras": list(cams) or "none (the object channel)",
+        "success_rl_start": before["success"], "success_rl_start_ci": before["ci"], "success_rl_start_per_seed": before["per_seed"],
+        "success_rl": after["success"], "success_rl_ci": after["ci"], "success_rl_per_seed": after["per_seed"],
+        "success_gain_points": 100 * (after["success"] - before["success"]),
+        "paired": paired_gain(before["outcomes"], after["outcomes"]),
+        "cis_overlap": not (after["ci"][0] > before["ci"][1] or before["ci"][0] > after["ci"][1]),
+        "stalled_before": before["stalled"], "stalled_after": after["stalled"],
+        "true_env_steps_during_rl": rl["true_env_steps_during_rl"], "episodes_per_evaluation": before["episodes"],
+        "imagined_success_first_iteration": curve[0]["imagined_success"] if curve else None,
+        "imagined_success_last_iteration": curve[-1]["imagined_success"] if curve else None,
+        "curve": curve, "bc": {k: record.get(k) for k in ("frames", "actor_train_mse", "actor_log_std", "estimate_noise")},
+        "budgets": {"wm_episodes": wm_episodes, "bc_episodes": bc_episodes, "bc_steps": bc_steps,
+                    "estimator_steps": estimator_steps if cams else 0, "iterations": iterations, "groups": groups,
+                    "group_size": group_size, "lr": lr, "training_seeds": 1},
+        **extra, "minutes": minutes, "work": str(base),
+    }
+    opts = [f"cameras={cameras}"] * bool(cams) + [f"lr={lr:g}"] * (lr != 3e-5) + ["ceiling=true"] * ceiling
+    return finish(name, out, quick, command="wmrl bench imagination-estimated-state --json" + (" --quick" if quick else "")
+                  + (" --options " + " ".join(opts) if opts else ""))
