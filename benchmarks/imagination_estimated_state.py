@@ -65,23 +65,26 @@ class TrueGroupEnv:
         return self.venv.reset(seed=seeds)
 
     def step(self, actions):
-        obs, r, term, trunc, info = self.venv.step(np.asarray(actions, np.float32)[:, 0])
-        return obs, r, term, trunc, {"success": np.asarray(info.get("success", np.zeros(self.num_envs)), bool)}
+        obs, _, term, trunc, info = self.venv.step(np.asarray(actions, np.float32)[:, 0])
+        success = np.asarray(info.get("success", np.zeros(self.num_envs)), bool)
+        # the imagination env's reward on the state path: relative success, 1 at the step that succeeds
+        return obs, success.astype(np.float64), term, trunc, {"success": success}
 
     def close(self) -> None:
         self.venv.close()
 
 
-def grpo_in_true_simulator(policy, iterations: int, groups: int, group_size: int, lr: float, seed: int = 0) -> list:
-    """GRPO exactly as `wmrl imagine` runs it (`collect_rollouts`, `update`), in the true simulator. Returns the
-    per-iteration record."""
+def rl_in_true_simulator(policy, iterations: int, groups: int, group_size: int, lr: float, algo: str = "grpo",
+                         seed: int = 0) -> list:
+    """GRPO (or PPO) exactly as `wmrl imagine` runs it (`collect_rollouts`, `update`), in the true simulator.
+    Returns the per-iteration record."""
     import torch
 
     import sim
     from wmrl.rl.imagine import ImagineConfig, update
     from wmrl.rl.rollouts import collect_rollouts
 
-    cfg = ImagineConfig(groups=groups, group_size=group_size, lr=lr, minibatch_rollouts=group_size * 2, seed=seed)
+    cfg = ImagineConfig(groups=groups, group_size=group_size, lr=lr, minibatch_rollouts=group_size * 2, seed=seed, algo=algo)
     env = TrueGroupEnv("push-red", groups * group_size)
     opt = torch.optim.AdamW(policy.parameters(), lr, weight_decay=0.0)
     torch.manual_seed(seed)
@@ -89,7 +92,7 @@ def grpo_in_true_simulator(policy, iterations: int, groups: int, group_size: int
     try:
         for it in range(iterations):
             policy.eval()
-            ro = collect_rollouts(policy, env, group_size, seed=seed * 100_003 + it)
+            ro = collect_rollouts(policy, env, group_size if algo == "grpo" else 1, seed=seed * 100_003 + it)
             policy.train()
             info = update(policy, opt, ro, cfg, seed=seed * 100_003 + it)
             policy.eval()
@@ -111,7 +114,10 @@ def paired_gain(before: list[bool], after: list[bool], n_boot: int = 2000, seed:
 
 def main(quick: bool = False, cameras: str = "none", wm_episodes: int = 300, bc_episodes: int = 200,
          bc_steps: int = 4000, estimator_steps: int = 3000, iterations: int = 30, groups: int = 16,
-         group_size: int = 8, lr: float = 3e-5, eval_episodes: int = 300, work: str = "", ceiling: bool = False) -> dict:
+         group_size: int = 8, lr: float = 3e-5, eval_episodes: int = 300, work: str = "", ceiling: str = "false",
+         min_std: float = 0.0, threads: int = 2, algo: str = "grpo") -> dict:
+    """`ceiling`: false, true (also the perfect-model run) or only (the perfect-model run alone). `min_std`: a floor
+    on the actor's sigma (0: the residual's RMS as fitted)."""
     import torch
 
     from policies.estimated_state import EstimatedStatePolicy
@@ -124,12 +130,17 @@ def main(quick: bool = False, cameras: str = "none", wm_episodes: int = 300, bc_
     wm_episodes, bc_episodes, bc_steps = int(wm_episodes), int(bc_episodes), int(bc_steps)
     iterations, groups, group_size, eval_episodes = int(iterations), int(groups), int(group_size), int(eval_episodes)
     estimator_steps, lr = int(estimator_steps), float(lr)
-    ceiling = str(ceiling).lower() in ("1", "true", "yes")
+    ceiling = str(ceiling).lower()
+    if ceiling not in ("false", "true", "only"):
+        raise ValueError(f"ceiling: expected false, true or only, got {ceiling!r}")
+    min_std = float(min_std)
     if quick:
         wm_episodes, bc_episodes, bc_steps, estimator_steps = 6, 6, 20, 4
         iterations, groups, group_size, eval_episodes = 1, 2, 2, 3
-    torch.set_num_threads(2)
-    name = "imagination-estimated-state" + ("" if not cams else "-" + "-".join(cams)) + ("" if lr == 3e-5 else f"-lr{lr:g}")
+    torch.set_num_threads(int(threads))
+    suffix = "".join([f"-{'-'.join(cams)}"] * bool(cams) + [f"-{algo}"] * (algo != "grpo") + [f"-lr{lr:g}"] * (lr != 3e-5) + [f"-minstd{min_std:g}"] * (min_std > 0)
+                     + ["-ceiling"] * (ceiling == "only"))
+    name = "imagination-estimated-state" + suffix
     base = Path(work) if work else (Path(tempfile.mkdtemp(prefix="wmrl-bench-ies-")) if quick
                                     else ROOT / "runs" / "bench-imagination-estimated-state")
     minutes: dict = {}
@@ -148,63 +159,65 @@ def main(quick: bool = False, cameras: str = "none", wm_episodes: int = 300, bc_
         tiny = dict(size="tiny", ae_steps=30, state_steps=20, dyn_steps=30, unroll_steps=6, batch_size=8, videos=0) if quick else {}
         cfg = TrainWMConfig(data=wm_data, out=wm_run, overwrite=True, **tiny)
         stage("world_model", lambda: train_world_model(cfg, progress=False))
-    bc_data, bc_dir = base / "bc-data", base / ("bc-" + ("-".join(cams) or "objects"))
+    bc_data, bc_dir = base / "bc-data", base / ("bc-" + ("-".join(cams) or "objects") + (f"-minstd{min_std:g}" if min_std else ""))
     if not (bc_data / "meta" / "info.json").exists():
         stage("collect_bc", lambda: collect(CollectConfig(task="push-red", episodes=bc_episodes, out=bc_data, noise=0.1,
                                                           seed=1, overwrite=True), progress=False))
     if not (bc_dir / "model.safetensors").exists():
         policy, record = stage("bc", lambda: train_estimated_state([bc_data], estimator_steps, bc_steps,
                                                                     holdout_episodes=max(1, bc_episodes // 10) if cams else 0,
-                                                                    hidden=256, layers=2, progress=False, cameras=cams))
+                                                                    hidden=256, layers=2, progress=False, cameras=cams,
+                                                                    min_std=min_std))
         policy.save(bc_dir)
         (bc_dir / "record.json").write_text(json.dumps(record, indent=1))
     record = json.loads((bc_dir / "record.json").read_text())
     start = in_true_world(EstimatedStatePolicy.load(bc_dir))
     before = stage("eval_before", lambda: _evaluate(start, eval_episodes, cams))
-    rl_dir = base / f"rl-{'-'.join(cams) or 'objects'}-it{iterations}-g{groups}x{group_size}-lr{lr:g}"
-    if (rl_dir / "result.json").exists():  # finished before: measured again, not retrained
-        rl = json.loads((rl_dir / "result.json").read_text())
-    else:
-        rl = stage("rl", lambda: imagine(ImagineConfig(
-            policy=bc_dir, policy_type="estimated-state", world_model=wm_run, data=wm_data, out=rl_dir,
-            iterations=iterations, groups=groups, group_size=group_size, lr=lr, minibatch_rollouts=group_size * 2,
-            ckpt_every=max(1, iterations // 3), overwrite=True), progress=False))
-        (rl_dir / "result.json").write_text(json.dumps(rl))
-    trained = in_true_world(EstimatedStatePolicy.load(rl_dir / "checkpoints" / "last"))
-    after = stage("eval_after", lambda: _evaluate(trained, eval_episodes, cams))
-    extra = {}
-    if ceiling:  # the same GRPO from the same start, the true simulator as a perfect model
-        perfect = EstimatedStatePolicy.load(bc_dir)
-        perfect.read_object_channel = True  # the simulator's object channel with the perception's error, as imagined
+    rl_dir = base / (f"rl-{bc_dir.name[3:]}-it{iterations}-g{groups}x{group_size}-lr{lr:g}" + ("" if algo == "grpo" else f"-{algo}"))
+    out = {"task": "push-red", "cameras": list(cams) or "none (the object channel)",
+           "success_rl_start": before["success"], "success_rl_start_ci": before["ci"],
+           "success_rl_start_per_seed": before["per_seed"], "stalled_before": before["stalled"],
+           "episodes_per_evaluation": before["episodes"],
+           "bc": {k: record.get(k) for k in ("frames", "actor_train_mse", "actor_log_std", "estimate_noise")},
+           "budgets": {"wm_episodes": wm_episodes, "bc_episodes": bc_episodes, "bc_steps": bc_steps, "min_std": min_std,
+                       "estimator_steps": estimator_steps if cams else 0, "iterations": iterations, "groups": groups,
+                       "group_size": group_size, "lr": lr, "algo": algo, "training_seeds": 1}}
+    if ceiling != "only":
+        if (rl_dir / "result.json").exists():  # finished before: measured again, not retrained
+            rl = json.loads((rl_dir / "result.json").read_text())
+        else:
+            rl = stage("rl", lambda: imagine(ImagineConfig(
+                policy=bc_dir, policy_type="estimated-state", world_model=wm_run, data=wm_data, out=rl_dir,
+                iterations=iterations, groups=groups, group_size=group_size, lr=lr, minibatch_rollouts=group_size * 2, algo=algo,
+                ckpt_every=max(1, iterations // 3), overwrite=True), progress=False))
+            (rl_dir / "result.json").write_text(json.dumps(rl))
+        trained = in_true_world(EstimatedStatePolicy.load(rl_dir / "checkpoints" / "last"))
+        after = stage("eval_after", lambda: _evaluate(trained, eval_episodes, cams))
+        curve = [json.loads(l) for l in (rl_dir / "metrics.jsonl").read_text().splitlines()]
+        curve = [{k: r.get(k) for k in ("iteration", "imagined_success", "kept_groups", "approx_kl", "clip_frac",
+                                        "log_std", "true_env_steps")} for r in curve if "iteration" in r]
+        out.update({
+            "success_rl": after["success"], "success_rl_ci": after["ci"], "success_rl_per_seed": after["per_seed"],
+            "success_gain_points": 100 * (after["success"] - before["success"]),
+            "paired": paired_gain(before["outcomes"], after["outcomes"]),
+            "cis_overlap": not (after["ci"][0] > before["ci"][1] or before["ci"][0] > after["ci"][1]),
+            "stalled_after": after["stalled"], "true_env_steps_during_rl": rl["true_env_steps_during_rl"],
+            "imagined_success_first_iteration": curve[0]["imagined_success"] if curve else None,
+            "imagined_success_last_iteration": curve[-1]["imagined_success"] if curve else None, "curve": curve})
+    if ceiling != "false":  # the same GRPO from the same start, the true simulator as a perfect model
         if cams:
-            raise ValueError("ceiling=true is measured for cameras=none (the actor on the object channel)")
-        true_curve = stage("ceiling_rl", lambda: grpo_in_true_simulator(perfect, iterations, groups, group_size, lr))
+            raise ValueError("the perfect-model ceiling is measured for cameras=none (the actor on the object channel)")
+        perfect = EstimatedStatePolicy.load(bc_dir)
+        perfect.read_object_channel = True
+        true_curve = stage("ceiling_rl", lambda: rl_in_true_simulator(perfect, iterations, groups, group_size, lr, algo))
         r = stage("ceiling_eval", lambda: _evaluate(in_true_world(perfect), eval_episodes, cams))
-        extra = {"ceiling_success_rl": r["success"], "ceiling_success_rl_ci": r["ci"], "ceiling_per_seed": r["per_seed"],
-                 "ceiling_paired": paired_gain(before["outcomes"], r["outcomes"]),
-                 "ceiling_true_env_steps": true_curve[-1]["true_env_steps"] if true_curve else 0,
-                 "ceiling_curve": [{k: c.get(k) for k in ("iteration", "success", "kept_groups", "approx_kl", "clip_frac")}
-                                   for c in true_curve]}
-    curve = [json.loads(l) for l in (rl_dir / "metrics.jsonl").read_text().splitlines()]
-    curve = [{k: r.get(k) for k in ("iteration", "imagined_success", "kept_groups", "approx_kl", "clip_frac", "log_std",
-                                    "true_env_steps")} for r in curve if "iteration" in r]
-    out = {
-        "task": "push-red", "cameras": list(cams) or "none (the object channel)",
-        "success_rl_start": before["success"], "success_rl_start_ci": before["ci"], "success_rl_start_per_seed": before["per_seed"],
-        "success_rl": after["success"], "success_rl_ci": after["ci"], "success_rl_per_seed": after["per_seed"],
-        "success_gain_points": 100 * (after["success"] - before["success"]),
-        "paired": paired_gain(before["outcomes"], after["outcomes"]),
-        "cis_overlap": not (after["ci"][0] > before["ci"][1] or before["ci"][0] > after["ci"][1]),
-        "stalled_before": before["stalled"], "stalled_after": after["stalled"],
-        "true_env_steps_during_rl": rl["true_env_steps_during_rl"], "episodes_per_evaluation": before["episodes"],
-        "imagined_success_first_iteration": curve[0]["imagined_success"] if curve else None,
-        "imagined_success_last_iteration": curve[-1]["imagined_success"] if curve else None,
-        "curve": curve, "bc": {k: record.get(k) for k in ("frames", "actor_train_mse", "actor_log_std", "estimate_noise")},
-        "budgets": {"wm_episodes": wm_episodes, "bc_episodes": bc_episodes, "bc_steps": bc_steps,
-                    "estimator_steps": estimator_steps if cams else 0, "iterations": iterations, "groups": groups,
-                    "group_size": group_size, "lr": lr, "training_seeds": 1},
-        **extra, "minutes": minutes, "work": str(base),
-    }
-    opts = [f"cameras={cameras}"] * bool(cams) + [f"lr={lr:g}"] * (lr != 3e-5) + ["ceiling=true"] * ceiling
+        out.update({"ceiling_success_rl": r["success"], "ceiling_success_rl_ci": r["ci"], "ceiling_per_seed": r["per_seed"],
+                    "ceiling_stalled": r["stalled"], "ceiling_paired": paired_gain(before["outcomes"], r["outcomes"]),
+                    "ceiling_true_env_steps": true_curve[-1]["true_env_steps"] if true_curve else 0,
+                    "ceiling_curve": [{k: c.get(k) for k in ("iteration", "success", "kept_groups", "approx_kl", "clip_frac")}
+                                      for c in true_curve]})
+    out.update({"minutes": minutes, "work": str(base)})
+    opts = ([f"cameras={cameras}"] * bool(cams) + [f"lr={lr:g}"] * (lr != 3e-5) + [f"min_std={min_std:g}"] * (min_std > 0)
+            + [f"ceiling={ceiling}"] * (ceiling != "false") + [f"algo={algo}"] * (algo != "grpo"))
     return finish(name, out, quick, command="wmrl bench imagination-estimated-state --json" + (" --quick" if quick else "")
                   + (" --options " + " ".join(opts) if opts else ""))

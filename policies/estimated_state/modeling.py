@@ -149,6 +149,9 @@ class EstimatedStatePolicy(nn.Module):
         self.actor = DeterministicActor(cfg.state_dim + cfg.env_state_dim + len(cfg.task_vocab), cfg.action_dim,
                                         cfg.hidden, cfg.layers)
         self.log_std = nn.Parameter(torch.full((cfg.action_dim,), -1.0))
+        # V(s) for PPO's GAE (`wmrl imagine --algo ppo`): the actor's normalised input, its own MLP
+        D = cfg.state_dim + cfg.env_state_dim + len(cfg.task_vocab)
+        self.critic = nn.Sequential(nn.Linear(D, 256), nn.Tanh(), nn.Linear(256, 256), nn.Tanh(), nn.Linear(256, 1))
         self.read_object_channel = not cfg.cameras
         self.stochastic = False
         self.generator: torch.Generator | None = None  # acting/sampling noise (`make_policy(seed=...)`)
@@ -238,6 +241,10 @@ class EstimatedStatePolicy(nn.Module):
         d = self.dist(feats)
         a = d.mean + d.stddev * torch.randn(d.mean.shape, generator=self.generator, device=self.device)
         return a, d.log_prob(a).sum((-1, -2))
+
+    def value(self, obs: dict) -> torch.Tensor:
+        """V(o) (B,): PPO's baseline (not used when acting)."""
+        return self.critic((self.features(obs) - self.actor.obs_mean) / self.actor.obs_std).squeeze(-1)
 
     def log_prob(self, obs: dict, actions: torch.Tensor) -> torch.Tensor:
         """log pi(a | o) (B,) for one-action chunks (B, 1, A) (or actions (B, A))."""

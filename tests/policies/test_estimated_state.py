@@ -139,6 +139,11 @@ def test_gaussian_actor_sigma_is_the_residual_rms_and_log_prob_is_exact():
     torch.testing.assert_close(lp.detach(), hand.detach(), atol=1e-4, rtol=1e-5)
     policy.stochastic = True
     assert not np.allclose(policy.select_action(obs), mu.numpy())
+    policy.zero_grad(set_to_none=True)
+    v = policy.value(obs)  # PPO's baseline: one value per observation, trained through its own parameters only
+    v.sum().backward()
+    assert v.shape == (5,) and all(p.grad is not None for p in policy.critic.parameters())
+    assert all(p.grad is None for p in policy.actor.parameters())
 
 
 def test_what_the_actor_reads_without_cameras_and_in_imagination():
