@@ -138,7 +138,9 @@ def main(quick: bool = False, cameras: str = "none", wm_episodes: int = 300, bc_
         wm_episodes, bc_episodes, bc_steps, estimator_steps = 6, 6, 20, 4
         iterations, groups, group_size, eval_episodes = 1, 2, 2, 3
     torch.set_num_threads(int(threads))
-    suffix = "".join([f"-{'-'.join(cams)}"] * bool(cams) + [f"-{algo}"] * (algo != "grpo") + [f"-lr{lr:g}"] * (lr != 3e-5) + [f"-minstd{min_std:g}"] * (min_std > 0)
+    # the default run is the committed result; any other is written beside it, named by what differs
+    suffix = "".join([f"-{'-'.join(cams)}"] * bool(cams) + [f"-{algo}"] * (algo != "grpo") + [f"-lr{lr:g}"] * (lr != 3e-5)
+                     + [f"-minstd{min_std:g}"] * (min_std > 0) + [f"-it{iterations}"] * (iterations != 30)
                      + ["-ceiling"] * (ceiling == "only"))
     name = "imagination-estimated-state" + suffix
     base = Path(work) if work else (Path(tempfile.mkdtemp(prefix="wmrl-bench-ies-")) if quick
@@ -218,6 +220,7 @@ def main(quick: bool = False, cameras: str = "none", wm_episodes: int = 300, bc_
                                       for c in true_curve]})
     out.update({"minutes": minutes, "work": str(base)})
     opts = ([f"cameras={cameras}"] * bool(cams) + [f"lr={lr:g}"] * (lr != 3e-5) + [f"min_std={min_std:g}"] * (min_std > 0)
-            + [f"ceiling={ceiling}"] * (ceiling != "false") + [f"algo={algo}"] * (algo != "grpo"))
+            + [f"ceiling={ceiling}"] * (ceiling != "false") + [f"algo={algo}"] * (algo != "grpo")
+            + [f"iterations={iterations}"] * (iterations != 30))
     return finish(name, out, quick, command="wmrl bench imagination-estimated-state --json" + (" --quick" if quick else "")
                   + (" --options " + " ".join(opts) if opts else ""))
