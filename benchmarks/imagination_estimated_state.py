@@ -33,19 +33,9 @@ from pathlib import Path
 
 import numpy as np
 
-from wmrl.benchutil import finish, success_over_seeds
+from wmrl.benchutil import finish, success_in_task
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def _evaluate(policy, episodes: int, cameras: tuple[str, ...]) -> dict:
-    import sim
-
-    env = sim.make_env("push-red", cameras=cameras)
-    try:
-        return success_over_seeds(policy, env, episodes)
-    finally:
-        env.close()
 
 
 class TrueGroupEnv:
@@ -174,7 +164,7 @@ def main(quick: bool = False, cameras: str = "none", wm_episodes: int = 300, bc_
         (bc_dir / "record.json").write_text(json.dumps(record, indent=1))
     record = json.loads((bc_dir / "record.json").read_text())
     start = in_true_world(EstimatedStatePolicy.load(bc_dir))
-    before = stage("eval_before", lambda: _evaluate(start, eval_episodes, cams))
+    before = stage("eval_before", lambda: success_in_task(start, "push-red", eval_episodes, cams))
     rl_dir = base / (f"rl-{bc_dir.name[3:]}-it{iterations}-g{groups}x{group_size}-lr{lr:g}" + ("" if algo == "grpo" else f"-{algo}"))
     out = {"task": "push-red", "cameras": list(cams) or "none (the object channel)",
            "success_rl_start": before["success"], "success_rl_start_ci": before["ci"],
@@ -194,7 +184,7 @@ def main(quick: bool = False, cameras: str = "none", wm_episodes: int = 300, bc_
                 ckpt_every=max(1, iterations // 3), overwrite=True), progress=False))
             (rl_dir / "result.json").write_text(json.dumps(rl))
         trained = in_true_world(EstimatedStatePolicy.load(rl_dir / "checkpoints" / "last"))
-        after = stage("eval_after", lambda: _evaluate(trained, eval_episodes, cams))
+        after = stage("eval_after", lambda: success_in_task(trained, "push-red", eval_episodes, cams))
         curve = [json.loads(l) for l in (rl_dir / "metrics.jsonl").read_text().splitlines()]
         curve = [{k: r.get(k) for k in ("iteration", "imagined_success", "kept_groups", "approx_kl", "clip_frac",
                                         "log_std", "true_env_steps")} for r in curve if "iteration" in r]
@@ -209,10 +199,9 @@ def main(quick: bool = False, cameras: str = "none", wm_episodes: int = 300, bc_
     if ceiling != "false":  # the same GRPO from the same start, the true simulator as a perfect model
         if cams:
             raise ValueError("the perfect-model ceiling is measured for cameras=none (the actor on the object channel)")
-        perfect = EstimatedStatePolicy.load(bc_dir)
-        perfect.read_object_channel = True
+        perfect = EstimatedStatePolicy.load(bc_dir)  # no cameras: it reads the object channel
         true_curve = stage("ceiling_rl", lambda: rl_in_true_simulator(perfect, iterations, groups, group_size, lr, algo))
-        r = stage("ceiling_eval", lambda: _evaluate(in_true_world(perfect), eval_episodes, cams))
+        r = stage("ceiling_eval", lambda: success_in_task(in_true_world(perfect), "push-red", eval_episodes, cams))
         out.update({"ceiling_success_rl": r["success"], "ceiling_success_rl_ci": r["ci"], "ceiling_per_seed": r["per_seed"],
                     "ceiling_stalled": r["stalled"], "ceiling_paired": paired_gain(before["outcomes"], r["outcomes"]),
                     "ceiling_true_env_steps": true_curve[-1]["true_env_steps"] if true_curve else 0,

@@ -44,7 +44,7 @@ import time
 import numpy as np
 import torch
 
-from wmrl.benchutil import finish, success_over_seeds
+from wmrl.benchutil import finish, success_in_task
 
 VARIANTS = {
     "reach_small": dict(task="reach-red", hidden=256, layers=2, steps=4000, noise=0.1, perturbed=0.0),
@@ -275,17 +275,6 @@ def _dagger(policy, task: str, X: np.ndarray, Y: np.ndarray, rounds: int, episod
     return mse, log
 
 
-def _evaluate(policy, task: str, episodes: int, cameras: tuple[str, ...] = ()) -> dict:
-    """As `policy.py` evaluates: the same layouts, Wilson interval, per seed, stalls."""
-    import sim
-
-    env = sim.make_env(task, cameras=tuple(cameras))
-    try:
-        return success_over_seeds(policy, env, episodes)
-    finally:
-        env.close()
-
-
 def _learner(v: dict, obs_dim: int) -> PrivilegedStatePolicy:
     """The variant's untrained learner (size, head, the task's instruction words)."""
     return PrivilegedStatePolicy(obs_dim, v["hidden"], v["layers"], v.get("head", "mse"), vocab=task_vocab(v["task"])).eval()
@@ -295,7 +284,7 @@ def _state_learner(v: dict, X, Y, Xv, Yv, episodes: int, quick: bool) -> dict:
     """The variant's learner on the simulator's own state: the reference a perception module is measured against."""
     policy = _learner(v, X.shape[1])
     train_mse = _train(policy, X, Y, 4 if quick else v["steps"])
-    return {**_evaluate(policy, v["task"], episodes), "train_mse": train_mse, "heldout_mse": _mse(policy, Xv, Yv)}
+    return {**success_in_task(policy, v["task"], episodes), "train_mse": train_mse, "heldout_mse": _mse(policy, Xv, Yv)}
 
 
 def _pixel_learner(v: dict, pixels: dict, held: dict, Y, Yv, episodes: int, quick: bool) -> dict:
@@ -315,7 +304,7 @@ def _pixel_learner(v: dict, pixels: dict, held: dict, Y, Yv, episodes: int, quic
     train_mse = fit_actor(policy, pixels[OBS_STATE], estimate, pixels[TASK], Y, 4 if quick else v["steps"])
     held_out = policy.act_from_estimate(held[OBS_STATE], policy.estimator.estimate(held["images"], held[OBS_STATE]),
                                         held[TASK])
-    return {**_evaluate(policy.eval(), v["task"], episodes, tuple(v["cameras"])), "estimator": log,
+    return {**success_in_task(policy.eval(), v["task"], episodes, tuple(v["cameras"])), "estimator": log,
             "train_mse": train_mse, "heldout_mse": float(((held_out - Yv) ** 2).mean()), "head": "mse"}
 
 
@@ -362,15 +351,15 @@ def main(quick: bool = False, episodes: int = 150, data_episodes: int = 400, hel
             extra["total_steps"] = v["steps"] + v["dagger_rounds"] * v["dagger_steps"]
         for sigma in v.get("state_noise", ()):
             for mode, per_episode in (("offset", True), ("jitter", False)):
-                r = _evaluate(StateNoise(policy, sigma, per_episode), v["task"], episodes)
+                r = success_in_task(StateNoise(policy, sigma, per_episode), v["task"], episodes)
                 extra.setdefault("state_noise", []).append({"sigma_m": sigma, "mode": mode, **r})
-        results[name] = {**_evaluate(policy, v["task"], episodes), "train_mse": train_mse, **extra,
+        results[name] = {**success_in_task(policy, v["task"], episodes), "train_mse": train_mse, **extra,
                          "heldout_mse": _mse(policy, Xv, Yv), **{f"data_{k}": x for k, x in info.items()},
                          "data_episodes": n_data, "trim": trim, "head": policy.head,
                          **{k: v[k] for k in ("hidden", "layers", "steps", "noise", "perturbed")}}
         minutes[name] = (time.time() - t) / 60
     for task in sorted({VARIANTS[n]["task"] for n in names}):
-        results[f"scripted_expert_{task}"] = _evaluate(make_policy("scripted", gym.spaces.Box(-1, 1, (4,), np.float32)),
+        results[f"scripted_expert_{task}"] = success_in_task(make_policy("scripted", gym.spaces.Box(-1, 1, (4,), np.float32)),
                                                        task, episodes)
     minutes["total"] = (time.time() - t0) / 60
     out = {"results": results, "minutes": minutes,

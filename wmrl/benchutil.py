@@ -104,3 +104,14 @@ def success_over_seeds(policy, env, episodes: int, seeds: int = 3) -> dict:
     s, n = sum(p[0] for p in per), sum(p[1] for p in per)
     return {"success": s / n, "ci": list(wilson_interval(s, n)), "per_seed": [a / b for a, b in per], "episodes": n,
             "stalled": float(np.mean(stalled)), "outcomes": outcomes}
+
+
+def success_in_task(policy, task: str, episodes: int, cameras: tuple[str, ...] = ()) -> dict:
+    """`success_over_seeds` in a fresh single env of `task` rendering `cameras` (none: state only), closed after."""
+    import sim
+
+    env = sim.make_env(task, cameras=tuple(cameras))
+    try:
+        return success_over_seeds(policy, env, episodes)
+    finally:
+        env.close()
