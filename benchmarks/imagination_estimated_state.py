@@ -41,24 +41,37 @@ ROOT = Path(__file__).resolve().parent.parent
 class TrueGroupEnv:
     """The true simulator behind the interface `wmrl.rl.rollouts.collect_rollouts` uses for imagination: N envs in
     one process, `reset(seed, options={"group_size": G})` gives each group of G one layout (seeded; training seeds
-    start at 500,000, away from the evaluation's 10,000 + 100,000 k), one-action chunks (N, 1, A)."""
+    start at 500,000, away from the evaluation's 10,000 + 100,000 k), one-action chunks (N, 1, A).
 
-    def __init__(self, task: str, num_envs: int):
+    `reward`: "success" (1 at the step that succeeds, as the imagination env's state path gives) or "shaped": that
+    plus potential-based shaping (Ng et al., 1999) with the task's dense reward as the potential,
+    coef * (gamma * phi(s') - phi(s)), which leaves the optimal policy unchanged."""
+
+    def __init__(self, task: str, num_envs: int, reward: str = "success", gamma: float = 0.99, coef: float = 1.0):
         import sim
 
+        if reward not in ("success", "shaped"):
+            raise ValueError(f"reward: expected success or shaped, got {reward!r}")
         self.venv = sim.make_vector_env(task, num_envs, asynchronous=False, cameras=())
         self.num_envs, self.max_episode_steps = num_envs, sim.episode_horizon(task)
+        self.reward, self.gamma, self.coef = reward, gamma, coef
+        self._phi: np.ndarray | None = None
 
     def reset(self, seed: int, options: dict | None = None):
         G = (options or {}).get("group_size", 1)
         seeds = [500_000 + seed * 1000 + i // G for i in range(self.num_envs)]
+        self._phi = None
         return self.venv.reset(seed=seeds)
 
     def step(self, actions):
-        obs, _, term, trunc, info = self.venv.step(np.asarray(actions, np.float32)[:, 0])
+        obs, dense, term, trunc, info = self.venv.step(np.asarray(actions, np.float32)[:, 0])
         success = np.asarray(info.get("success", np.zeros(self.num_envs)), bool)
-        # the imagination env's reward on the state path: relative success, 1 at the step that succeeds
-        return obs, success.astype(np.float64), term, trunc, {"success": success}
+        reward = success.astype(np.float64)
+        if self.reward == "shaped":  # the first step's potential difference is taken as zero
+            phi = np.asarray(dense, np.float64)
+            reward = reward + self.coef * (self.gamma * phi - (phi if self._phi is None else self._phi))
+            self._phi = phi
+        return obs, reward, term, trunc, {"success": success}
 
     def close(self) -> None:
         self.venv.close()
@@ -102,6 +115,27 @@ def paired_gain(before: list[bool], after: list[bool], n_boot: int = 2000, seed:
             "layouts_won": int((d > 0).sum()), "layouts_lost": int((d < 0).sum())}
 
 
+def bc_stage(base: Path, cams: tuple[str, ...], bc_episodes: int = 200, bc_steps: int = 4000, estimator_steps: int = 3000,
+             min_std: float = 0.0, stage=lambda key, fn: fn()) -> Path:
+    """Stage 2 (cached under `base`): the BC data and the starting actor; returns the actor's folder."""
+    from policies.estimated_state.train import train_estimated_state
+    from wmrl.commands.collect import CollectConfig, collect
+
+    bc_data, bc_dir = base / "bc-data", base / ("bc-" + ("-".join(cams) or "objects") + (f"-minstd{min_std:g}" if min_std else ""))
+    if (bc_dir / "model.safetensors").exists():
+        return bc_dir
+    if not (bc_data / "meta" / "info.json").exists():
+        stage("collect_bc", lambda: collect(CollectConfig(task="push-red", episodes=bc_episodes, out=bc_data, noise=0.1,
+                                                          seed=1, overwrite=True), progress=False))
+    policy, record = stage("bc", lambda: train_estimated_state([bc_data], estimator_steps, bc_steps,
+                                                                holdout_episodes=max(1, bc_episodes // 10) if cams else 0,
+                                                                hidden=256, layers=2, progress=False, cameras=cams,
+                                                                min_std=min_std))
+    policy.save(bc_dir)
+    (bc_dir / "record.json").write_text(json.dumps(record, indent=1))
+    return bc_dir
+
+
 def main(quick: bool = False, cameras: str = "none", wm_episodes: int = 300, bc_episodes: int = 200,
          bc_steps: int = 4000, estimator_steps: int = 3000, iterations: int = 30, groups: int = 16,
          group_size: int = 8, lr: float = 3e-5, eval_episodes: int = 300, work: str = "", ceiling: str = "false",
@@ -111,7 +145,6 @@ def main(quick: bool = False, cameras: str = "none", wm_episodes: int = 300, bc_
     import torch
 
     from policies.estimated_state import EstimatedStatePolicy
-    from policies.estimated_state.train import train_estimated_state
     from wmrl.commands.collect import CollectConfig, collect
     from wmrl.rl.imagine import ImagineConfig, imagine, in_true_world
     from world_models.video.train import TrainWMConfig, train_world_model
@@ -151,17 +184,7 @@ def main(quick: bool = False, cameras: str = "none", wm_episodes: int = 300, bc_
         tiny = dict(size="tiny", ae_steps=30, state_steps=20, dyn_steps=30, unroll_steps=6, batch_size=8, videos=0) if quick else {}
         cfg = TrainWMConfig(data=wm_data, out=wm_run, overwrite=True, **tiny)
         stage("world_model", lambda: train_world_model(cfg, progress=False))
-    bc_data, bc_dir = base / "bc-data", base / ("bc-" + ("-".join(cams) or "objects") + (f"-minstd{min_std:g}" if min_std else ""))
-    if not (bc_data / "meta" / "info.json").exists():
-        stage("collect_bc", lambda: collect(CollectConfig(task="push-red", episodes=bc_episodes, out=bc_data, noise=0.1,
-                                                          seed=1, overwrite=True), progress=False))
-    if not (bc_dir / "model.safetensors").exists():
-        policy, record = stage("bc", lambda: train_estimated_state([bc_data], estimator_steps, bc_steps,
-                                                                    holdout_episodes=max(1, bc_episodes // 10) if cams else 0,
-                                                                    hidden=256, layers=2, progress=False, cameras=cams,
-                                                                    min_std=min_std))
-        policy.save(bc_dir)
-        (bc_dir / "record.json").write_text(json.dumps(record, indent=1))
+    bc_dir = bc_stage(base, cams, bc_episodes, bc_steps, estimator_steps, min_std, stage)
     record = json.loads((bc_dir / "record.json").read_text())
     start = in_true_world(EstimatedStatePolicy.load(bc_dir))
     before = stage("eval_before", lambda: success_in_task(start, "push-red", eval_episodes, cams))

@@ -416,3 +416,43 @@ def test_imagination_estimated_state_benchmark_pairs_its_evaluations():
     assert r["success_gain_points"] == pytest.approx(100 * (r["success_rl"] - r["success_rl_start"]))
     assert r["paired"]["gain"] == pytest.approx(r["success_rl"] - r["success_rl_start"])  # the same layouts
     assert [c["iteration"] for c in r["curve"]] == [1] and r["cameras"].startswith("none")
+
+
+def test_perfect_model_shaping_is_potential_based_and_telescopes():
+    """TrueGroupEnv's shaped reward = success + (phi(s') - phi(s)) with the task's dense reward as phi (gamma 1): over
+    an episode the shaping sums to phi(last) - phi(first), so it cannot change which policy is optimal."""
+    import runpy as _runpy
+
+    import sim
+
+    env = _runpy.run_path(str(BENCH / "imagination_estimated_state.py"), run_name="bench")["TrueGroupEnv"]
+    shaped, plain = env("push-red", 2, reward="shaped", gamma=1.0), env("push-red", 2)
+    raw = sim.make_vector_env("push-red", 2, asynchronous=False, cameras=())
+    try:
+        shaped.reset(seed=3)
+        plain.reset(seed=3)
+        raw.reset(seed=[500_000 + 3000, 500_000 + 3001])
+        rng = np.random.default_rng(0)
+        dense, diff = [], []
+        for _ in range(6):
+            a = rng.uniform(-1, 1, (2, 1, 4)).astype(np.float32)
+            r_s = shaped.step(a)[1]
+            r_p = plain.step(a)[1]
+            dense.append(raw.step(a[:, 0])[1])
+            diff.append(r_s - r_p)
+        assert np.allclose(np.sum(diff, 0), dense[-1] - dense[0]) and not np.allclose(dense[-1], dense[0])
+        with pytest.raises(ValueError, match="reward"):
+            env("push-red", 1, reward="dense")
+    finally:
+        for e in (shaped, plain, raw):
+            e.close()
+
+
+def test_rl_recipe_sweep_pairs_every_variant_with_the_start():
+    r = _run("rl_recipe_sweep")
+    assert set(r["variants"]) == {"ppo-shaped-minstd0.05-tkl", "grpo", "filtered-bc"}
+    for v in r["variants"].values():
+        for m in ("mean", "sample"):  # the same 3 layouts as the start: the paired gain is the difference of rates
+            assert v[m]["paired"]["gain"] == pytest.approx(v[m]["success"] - r["start"][m]["success"])
+    assert r["variants"]["ppo-shaped-minstd0.05-tkl"]["curve"][0]["critic_warmup"] is True
+    assert r["variants"]["filtered-bc"]["curve"][0]["approx_kl"] is None

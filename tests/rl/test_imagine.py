@@ -129,6 +129,28 @@ def test_grpo_update_learns_only_from_groups_with_mixed_outcomes():
     assert any(not torch.equal(a, b) for a, b in zip(before, pol.parameters()))
 
 
+def test_target_kl_stops_an_iterations_updates_once_the_policy_has_moved_too_far():
+    from tests.helpers import tiny_vla as _policy
+    from wmrl.rl.imagine import update
+
+    ro_args = ([True, False, True, False, True, False, True, False],)
+    # without a target every minibatch of every epoch steps: 3 epochs x 2 minibatches
+    pol = _policy()
+    info = update(pol, torch.optim.SGD(pol.parameters(), lr=1.0), _toy_rollouts(*ro_args, pol),
+                  ImagineConfig(group_size=2, epochs=3, minibatch_rollouts=4))
+    assert info["updates"] == 6 and info["kl_stopped"] is False
+    # with one: the first minibatch starts at KL 0 and steps; a step of lr 1 moves the policy far past 1.5 x 1e-3,
+    # so the next minibatch is refused and the iteration ends
+    pol = _policy()
+    cfg = ImagineConfig(group_size=2, epochs=3, minibatch_rollouts=4, target_kl=1e-3)
+    info = update(pol, torch.optim.SGD(pol.parameters(), lr=1.0), _toy_rollouts(*ro_args, pol), cfg)
+    assert info["updates"] == 1 and info["kl_stopped"] is True
+    # a tiny step stays inside the target: every minibatch runs
+    pol = _policy()
+    info = update(pol, torch.optim.SGD(pol.parameters(), lr=1e-9), _toy_rollouts(*ro_args, pol), cfg)
+    assert info["updates"] == 6 and info["kl_stopped"] is False
+
+
 def test_a_world_model_without_success_head_is_refused():
     with pytest.raises(ValueError, match="no success head"):
         require_success_head(object())

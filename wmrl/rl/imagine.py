@@ -87,6 +87,10 @@ class ImagineConfig:
     clip_high: float = 0.28
     kl_coef: float = 0.0
     """Weight of KL(pi || pi_BC) (0: none, as WoVR)."""
+    target_kl: Optional[float] = None
+    """Stop an iteration's updates once a minibatch's approx-KL to the rollout policy exceeds 1.5x this (the
+    early stop of Stable-Baselines3's PPO): one Adam step moves every weight by about lr, which can shift a small
+    sigma's log-probability by tens of nats. None: off."""
     gamma: float = 0.99
     gae_lambda: float = 0.95
     vf_coef: float = 0.5
@@ -118,12 +122,20 @@ def update(policy, opt, ro: Rollouts, cfg: ImagineConfig, ref=None, seed: int | 
         return {**info, "updates": 0}
     rng = np.random.default_rng(seed)
     stats = {"loss": [], "approx_kl": [], "clip_frac": []}
+    stopped = False
     for _ in range(cfg.epochs):
         perm = rng.permutation(ids_all)
         for i in range(0, len(perm), cfg.minibatch_rollouts):
             ids = perm[i : i + cfg.minibatch_rollouts]
             logp = step_logp(policy, ro, ids)
             old, valid = ro.logp[:, ids], ro.valid[:, ids]
+            if cfg.target_kl is not None:
+                with torch.no_grad():
+                    log_ratio = (logp - old)[valid]
+                    kl = float(((torch.exp(log_ratio) - 1) - log_ratio).mean())
+                if not kl <= 1.5 * cfg.target_kl:  # also stops on a non-finite KL
+                    stopped = True
+                    break
             loss = algo.loss(policy, ro, ids, logp, targets, cfg)
             if ref is not None and cfg.kl_coef > 0:
                 loss = loss + cfg.kl_coef * _kl_to_ref(policy, ref, ro, ids)
@@ -136,7 +148,10 @@ def update(policy, opt, ro: Rollouts, cfg: ImagineConfig, ref=None, seed: int | 
                 stats["loss"].append(loss.item())
                 stats["approx_kl"].append(((ratio - 1) - torch.log(ratio)).mean().item())
                 stats["clip_frac"].append(clipped_fraction(ratio, targets["adv"][:, ids][valid], *algo.clip_range(cfg)).item())
-    return {**info, **{k: float(np.mean(v)) for k, v in stats.items()}, "updates": len(stats["loss"])}
+        if stopped:
+            break
+    return {**info, **{k: float(np.mean(v)) if v else 0.0 for k, v in stats.items()}, "updates": len(stats["loss"]),
+            "kl_stopped": stopped}
 
 
 # ---------------------------------------------------------------------------------------------- the command
@@ -174,6 +189,8 @@ def imagine(cfg: ImagineConfig, progress: bool = True) -> dict:
         raise ValueError(f"policy_type: expected one of {POLICY_TYPES}, got {cfg.policy_type!r}")
     if cfg.reward not in grpo.REWARDS:
         raise ValueError(f"reward: expected one of {grpo.REWARDS}, got {cfg.reward!r}")
+    if cfg.target_kl is not None and not cfg.target_kl > 0:
+        raise ValueError(f"target_kl must be positive (or unset: no early stop), got {cfg.target_kl}")
     if cfg.max_steps is not None and cfg.max_steps <= 0:
         raise ValueError(f"max_steps must be positive (or unset: the task's episode length), got {cfg.max_steps}")
     kind = lerobot_policy_type(cfg.policy)
