@@ -147,10 +147,44 @@ def evaluate_both(policy, episodes: int) -> dict:
     return out
 
 
+def per_layout_success(start: str, layouts: int, group_size: int = 8, seed: int = 777) -> dict:
+    """Where the sampled actor's outcomes vary: `group_size` sampled rollouts on each of `layouts` layouts (perfect
+    model). Per-layout success rates, their histogram, and the share of their variance that lies between layouts:
+    (observed variance - the binomial variance if every layout had the pooled rate) / observed variance (0: layouts
+    do not matter, only the per-step noise does; 1 - 1/G: the layout decides)."""
+    from policies.estimated_state import EstimatedStatePolicy
+    from wmrl.rl.rollouts import collect_rollouts
+
+    policy = EstimatedStatePolicy.load(start).eval()
+    env = SIBLING["TrueGroupEnv"]("push-red", layouts * group_size)
+    try:
+        ok = collect_rollouts(policy, env, group_size, seed=seed).success.numpy().reshape(layouts, group_size)
+    finally:
+        env.close()
+    p = ok.mean(1)
+    edges = [0.0, 1e-9, 0.25, 0.5, 0.75, 1 - 1e-9, 1.0 + 1e-9]
+    return {"layouts": layouts, "group_size": group_size, "pooled_success": float(p.mean()), "per_layout": p.tolist(),
+            "never": int((p == 0).sum()), "always": int((p == 1).sum()), "mixed": int(((p > 0) & (p < 1)).sum()),
+            "histogram_edges": ["0", "(0, .25)", "[.25, .5)", "[.5, .75)", "[.75, 1)", "1"],
+            "histogram": np.histogram(p, bins=edges)[0].tolist(),
+            "between_layout_variance_share": between_layout_share(ok)}
+
+
+def between_layout_share(ok: np.ndarray) -> float | None:
+    """Outcomes (layouts, G) -> the share of the per-layout rates' variance beyond the binomial variance that a
+    pooled rate alone would give: about 0 when every layout has the same rate, 1 - 1/G when each layout's outcome is
+    fixed."""
+    p = ok.mean(1)
+    observed, pooled = float(p.var()), float(p.mean())
+    return (observed - pooled * (1 - pooled) / ok.shape[1]) / observed if observed > 0 else None
+
+
 def _worker(job: dict) -> dict:
     import torch
 
     torch.set_num_threads(1)
+    if job["name"] == "layouts":
+        return per_layout_success(job["start"], job["layouts"])
     if job["name"] == "start":
         from policies.estimated_state import EstimatedStatePolicy
 
@@ -186,28 +220,31 @@ def run_jobs(jobs: list[dict], workers: int) -> dict:
 
 
 def main(quick: bool = False, variants: str = "all", budget_s: float = 380.0, eval_episodes: int = 300,
-         workers: int = 2, work: str = "") -> dict:
-    """`variants`: comma-separated names of `VARIANTS` (or all); `work`: the imagination benchmark's work folder
-    (its `bc-objects` stage is the starting actor)."""
+         workers: int = 2, work: str = "", layouts: int = 48) -> dict:
+    """`variants`: comma-separated names of `VARIANTS`, all, or none (the start and the layout diagnostic only,
+    written to rl-recipe-sweep-layouts.json); `work`: the imagination benchmark's work folder (its `bc-objects`
+    stage is the starting actor); `layouts`: layouts of `per_layout_success` (0: off)."""
     bc_stage, paired_gain = SIBLING["bc_stage"], SIBLING["paired_gain"]
-    names = list(VARIANTS) if variants == "all" else [v for v in str(variants).split(",") if v]
+    names = list(VARIANTS) if variants == "all" else [] if variants == "none" else [v for v in str(variants).split(",") if v]
     unknown = [v for v in names if v not in VARIANTS]
     if unknown:
         raise ValueError(f"variants: unknown {unknown}; known: {list(VARIANTS)}")
     budget_s, eval_episodes, workers = float(budget_s), int(eval_episodes), int(workers)
     base = Path(work) if work else ROOT / "runs" / "bench-imagination-estimated-state"
     if quick:
-        names, budget_s, eval_episodes = ["ppo-shaped-minstd0.05-tkl", "grpo", "filtered-bc"], 1.0, 3
+        names, budget_s, eval_episodes, layouts = ["ppo-shaped-minstd0.05-tkl", "grpo", "filtered-bc"], 1.0, 3, 2
         base = Path(tempfile.mkdtemp(prefix="wmrl-bench-rl-sweep-"))
     start = bc_stage(base, (), **(dict(bc_episodes=6, bc_steps=20) if quick else {}))  # cached in its work folder
     small = dict(groups=2, group_size=2, iterations=1) if quick else {}
     jobs = [{"name": n, "start": str(start), "budget_s": budget_s, "episodes": eval_episodes,
-             "options": {**VARIANTS[n], **small} if n != "start" else {}} for n in ["start"] + names]
+             "options": {**VARIANTS[n], **small} if n in VARIANTS else {}, "layouts": int(layouts)}
+            for n in ["start"] + ["layouts"] * (int(layouts) > 0) + names]
     t0 = time.time()
     done = run_jobs(jobs, workers)
     before = done.pop("start")["eval"]
     out = {"task": "push-red", "start": {m: {k: v for k, v in r.items() if k != "outcomes"} for m, r in before.items()},
-           "budget_s_per_variant": budget_s, "episodes_per_evaluation": eval_episodes, "variants": {}}
+           "start_per_layout": done.get("layouts"), "budget_s_per_variant": budget_s,
+           "episodes_per_evaluation": eval_episodes, "variants": {}}
     for n in names:
         r = done[n]
         out["variants"][n] = {
@@ -217,11 +254,11 @@ def main(quick: bool = False, variants: str = "all", budget_s: float = 380.0, ev
             **{m: {"success": r["eval"][m]["success"], "ci": r["eval"][m]["ci"], "stalled": r["eval"][m]["stalled"],
                    "paired": paired_gain(before[m]["outcomes"], r["eval"][m]["outcomes"])} for m in ("mean", "sample")},
             "curve": r["curve"]}
-    out["best_paired_gain_mean"] = max((v["mean"]["paired"]["gain"], n) for n, v in out["variants"].items())
+    out["best_paired_gain_mean"] = max(((v["mean"]["paired"]["gain"], n) for n, v in out["variants"].items()), default=None)
     out["minutes"] = (time.time() - t0) / 60
     opts = ([f"budget_s={budget_s:g}", f"workers={workers}"] + [f"variants={variants}"] * (variants != "all")
-            + [f"work={work}"] * bool(work))
-    return finish("rl-recipe-sweep", out, quick, command="wmrl bench rl-recipe-sweep --json" + (" --quick" if quick else "")
+            + [f"work={work}"] * bool(work) + [f"layouts={layouts}"] * (int(layouts) != 48))
+    return finish("rl-recipe-sweep" + "-layouts" * (not names), out, quick, command="wmrl bench rl-recipe-sweep --json" + (" --quick" if quick else "")
                   + " --options " + " ".join(opts))
 
 

@@ -456,3 +456,13 @@ def test_rl_recipe_sweep_pairs_every_variant_with_the_start():
             assert v[m]["paired"]["gain"] == pytest.approx(v[m]["success"] - r["start"][m]["success"])
     assert r["variants"]["ppo-shaped-minstd0.05-tkl"]["curve"][0]["critic_warmup"] is True
     assert r["variants"]["filtered-bc"]["curve"][0]["approx_kl"] is None
+    assert r["start_per_layout"]["layouts"] == 2 and len(r["start_per_layout"]["per_layout"]) == 2
+
+
+def test_between_layout_share_separates_layout_from_noise():
+    share = runpy.run_path(str(BENCH / "rl_recipe_sweep.py"), run_name="bench")["between_layout_share"]
+    rng = np.random.default_rng(0)
+    assert abs(share(rng.random((4000, 8)) < 0.4)) < 0.05  # one rate everywhere: only noise
+    fixed = np.repeat(rng.random((4000, 1)) < 0.4, 8, axis=1)  # each layout always or never
+    assert share(fixed) == pytest.approx(1 - 1 / 8, abs=1e-9)
+    assert share(np.ones((5, 8), bool)) is None
