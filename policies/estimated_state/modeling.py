@@ -62,6 +62,11 @@ class EstimatedStateConfig:
     env_state_std: list[float] = field(default_factory=list)
     log_std_min: float = -4.0
     log_std_max: float = 0.5
+    actor_state_dims: list[int] = field(default_factory=list)
+    """The `observation.state` dimensions the actor reads (empty: all); the others are masked to 0. In imagination a
+    world model's state channel predicts the end-effector and gripper, while other proprioception (the tabletop's
+    joint angles, dims 0-3) is read back from generated frames, and an actor that reads them acts on their error
+    (the issue notes of 2026-11-25 measure what that does to imagined success)."""
     estimate_noise: list[float] = field(default_factory=list)
     """Std of the estimator's held-out error per object-channel dimension (metres): the noise the actor's input gets
     when it reads a world model's object channel instead of the estimator (`read_object_channel`)."""
@@ -78,6 +83,9 @@ class EstimatedStateConfig:
                     raise ValueError(f"{name}_{s}: expected {dim} values, got {len(v)}")
         if self.estimate_noise and len(self.estimate_noise) != self.env_state_dim:
             raise ValueError(f"estimate_noise: expected {self.env_state_dim} values, got {len(self.estimate_noise)}")
+        bad = [d for d in self.actor_state_dims if not 0 <= d < self.state_dim]
+        if bad:
+            raise ValueError(f"actor_state_dims: {bad} outside observation.state's {self.state_dim} dimensions")
         if not self.log_std_min < self.log_std_max:
             raise ValueError(f"log_std_min ({self.log_std_min}) must be below log_std_max ({self.log_std_max})")
 
@@ -179,8 +187,13 @@ class EstimatedStatePolicy(nn.Module):
         check_spaces(want, self.cfg.action_dim, observation_space, action_space)
 
     def actor_input(self, state, env_estimate, tasks) -> np.ndarray:
-        """[state, estimated object channel, the instruction's words over `task_vocab`] (B, D)."""
+        """[state (dimensions outside `actor_state_dims` masked to 0), estimated object channel, the instruction's
+        words over `task_vocab`] (B, D)."""
         state = np.asarray(state, np.float32)
+        if self.cfg.actor_state_dims:
+            keep = np.zeros(state.shape[-1], bool)
+            keep[list(self.cfg.actor_state_dims)] = True
+            state = np.where(keep, state, 0.0).astype(np.float32)
         parts = [state, np.asarray(env_estimate, np.float32)]
         if self.cfg.task_vocab:
             parts.append(word_presence(tasks, self.cfg.task_vocab).reshape(len(state), -1))

@@ -133,11 +133,13 @@ def dataset_frames(paths, cameras: tuple[str, ...] | None = None, holdout_episod
 def train_estimated_state(data, estimator_steps: int = 6000, actor_steps: int = 30_000,
                           holdout_episodes: int = 20, width: int = 32, hidden: int = 512, layers: int = 3,
                           seed: int = 0, device: str = "cpu", progress: bool = True,
-                          cameras: tuple[str, ...] | None = None, min_std: float = 0.0
-                          ) -> tuple[EstimatedStatePolicy, dict]:
+                          cameras: tuple[str, ...] | None = None, min_std: float = 0.0,
+                          actor_state_dims: tuple[int, ...] = ()) -> tuple[EstimatedStatePolicy, dict]:
     """Both stages on the datasets `data` (`cameras`: None for all of the data's, () for an actor on the recorded
     object channel). `min_std`: a floor on the actor's sigma (the residual's RMS can be tiny on a dimension the
-    expert holds constant, e.g. the gripper while pushing, and then dominates a policy gradient). Returns the policy (in eval mode; `policy.save(folder)` writes it as safetensors + JSON) and
+    expert holds constant, e.g. the gripper while pushing, and then dominates a policy gradient). `actor_state_dims`:
+    the proprioceptive dimensions the actor reads (empty: all; for RL in imagination, those the world model's state
+    channel predicts, e.g. (4, 5, 6, 7), the tabletop's gripper opening and end-effector). Returns the policy (in eval mode; `policy.save(folder)` writes it as safetensors + JSON) and
     its training record."""
     t0 = time.time()
     frames, held, tasks = dataset_frames(data, cameras, holdout_episodes=holdout_episodes, seed=seed)
@@ -148,6 +150,7 @@ def train_estimated_state(data, estimator_steps: int = 6000, actor_steps: int = 
                                state_dim=frames[OBS_STATE].shape[1], env_state_dim=frames[OBS_ENV_STATE].shape[1],
                                action_dim=frames[ACTION].shape[1], width=width, hidden=hidden, layers=layers, tasks=names,
                                log_std_min=max(-4.0, math.log(min_std)) if min_std > 0 else -4.0,
+                               actor_state_dims=list(actor_state_dims),
                                task_vocab=sorted({w for t in tasks for w in words(t)}))
     torch.manual_seed(seed)
     policy = EstimatedStatePolicy(cfg).to(device)

@@ -170,3 +170,26 @@ def test_what_the_actor_reads_without_cameras_and_in_imagination():
     no_images = {k: v for k, v in obs.items() if not k.startswith("observation.images")}
     assert not np.allclose(seeing.select_action(no_images), seeing.select_action(
         {**no_images, "observation.environment_state": moved["observation.environment_state"]}))
+
+
+def test_actor_reads_only_its_state_dims_and_the_checkpoint_keeps_them(tmp_path):
+    """With `actor_state_dims` the actor ignores the other proprioceptive dimensions (the joint angles a world model
+    reads back from generated frames) and still reacts to the ones it keeps; bad indices are refused."""
+    rng = np.random.default_rng(3)
+    obs = {"observation.state": rng.normal(size=(4, 8)).astype(np.float32),
+           "observation.environment_state": rng.normal(size=(4, 13)).astype(np.float32)}
+    joints = {**obs, "observation.state": obs["observation.state"] + np.r_[np.ones(4), np.zeros(4)].astype(np.float32)}
+    ee = {**obs, "observation.state": obs["observation.state"] + np.r_[np.zeros(5), np.ones(3)].astype(np.float32)}
+    torch.manual_seed(0)
+    ee_only = EstimatedStatePolicy(EstimatedStateConfig(cameras=(), hidden=32, layers=2, actor_state_dims=[4, 5, 6, 7]))
+    np.testing.assert_array_equal(ee_only.select_action(obs), ee_only.select_action(joints))
+    assert not np.allclose(ee_only.select_action(obs), ee_only.select_action(ee))
+    torch.manual_seed(0)
+    every = EstimatedStatePolicy(EstimatedStateConfig(cameras=(), hidden=32, layers=2))
+    assert not np.allclose(every.select_action(obs), every.select_action(joints))
+    ee_only.save(tmp_path / "p")
+    back = EstimatedStatePolicy.load(tmp_path / "p")
+    assert back.cfg.actor_state_dims == [4, 5, 6, 7]
+    np.testing.assert_array_equal(back.select_action(joints), ee_only.select_action(obs))
+    with pytest.raises(ValueError, match="actor_state_dims"):
+        EstimatedStateConfig(actor_state_dims=[8]).validate()

@@ -74,7 +74,8 @@ class TrainPolicyConfig:
     resume: bool = False
     extra: dict = field(default_factory=dict)
     """Further VLAConfig fields (e.g. hidden 512); for estimated-state: width, hidden, layers, holdout_episodes,
-    cameras (a comma list, or none: the actor reads the recorded object channel, as from a tracked cell)."""
+    cameras (a comma list, or none: the actor reads the recorded object channel, as from a tracked cell),
+    actor_state_dims (e.g. 4,5,6,7: the proprioception a world model's state channel predicts; for RL in imagination)."""
 
 
 POLICY_TYPES = ("vla", "estimated-state")
@@ -133,6 +134,17 @@ def train_policy(cfg: TrainPolicyConfig, progress: bool = True) -> dict:
     return result
 
 
+def _dims(value) -> tuple[int, ...]:
+    """--extra actor_state_dims 4,5,6,7 (the observation.state dimensions the actor reads); default: all."""
+    if value is None or value == "" or value == "all":
+        return ()
+    items = value if isinstance(value, (list, tuple)) else str(value).split(",")
+    try:
+        return tuple(int(v) for v in items)
+    except ValueError:
+        raise ValueError(f"--extra actor_state_dims: expected comma-separated integers, got {value!r}") from None
+
+
 def _cameras(value) -> tuple[str, ...] | None:
     """--extra cameras front,wrist | none (an actor on the recorded object channel, no perception); default: all."""
     if value is None:
@@ -158,7 +170,8 @@ def _train_estimated_state(cfg: TrainPolicyConfig, progress: bool) -> dict:
                                            holdout_episodes=int(cfg.extra.get("holdout_episodes", 20)),
                                            width=int(cfg.extra.get("width", 32)), hidden=int(cfg.extra.get("hidden", 512)),
                                            layers=int(cfg.extra.get("layers", 3)), seed=cfg.seed, device=cfg.device,
-                                           progress=progress, cameras=_cameras(cfg.extra.get("cameras")))
+                                           progress=progress, cameras=_cameras(cfg.extra.get("cameras")),
+                                           actor_state_dims=_dims(cfg.extra.get("actor_state_dims")))
     commit_checkpoint(run / "checkpoints", cfg.estimator_steps + cfg.steps, policy.save)
     for row in record["estimator"]:
         tracker.log({"estimator_loss": row["loss"], "estimator_cubes_xy_cm": row["cubes_xy_cm"],
