@@ -116,12 +116,13 @@ def paired_gain(before: list[bool], after: list[bool], n_boot: int = 2000, seed:
 
 
 def bc_stage(base: Path, cams: tuple[str, ...], bc_episodes: int = 200, bc_steps: int = 4000, estimator_steps: int = 3000,
-             min_std: float = 0.0, stage=lambda key, fn: fn()) -> Path:
+             min_std: float = 0.0, stage=lambda key, fn: fn(), actor_state_dims: tuple[int, ...] = ()) -> Path:
     """Stage 2 (cached under `base`): the BC data and the starting actor; returns the actor's folder."""
     from policies.estimated_state.train import train_estimated_state
     from wmrl.commands.collect import CollectConfig, collect
 
-    bc_data, bc_dir = base / "bc-data", base / ("bc-" + ("-".join(cams) or "objects") + (f"-minstd{min_std:g}" if min_std else ""))
+    bc_data, bc_dir = base / "bc-data", base / ("bc-" + ("-".join(cams) or "objects") + (f"-minstd{min_std:g}" if min_std else "")
+                                                + ("-state" + "".join(map(str, actor_state_dims)) if actor_state_dims else ""))
     if (bc_dir / "model.safetensors").exists():
         return bc_dir
     if not (bc_data / "meta" / "info.json").exists():
@@ -130,7 +131,7 @@ def bc_stage(base: Path, cams: tuple[str, ...], bc_episodes: int = 200, bc_steps
     policy, record = stage("bc", lambda: train_estimated_state([bc_data], estimator_steps, bc_steps,
                                                                 holdout_episodes=max(1, bc_episodes // 10) if cams else 0,
                                                                 hidden=256, layers=2, progress=False, cameras=cams,
-                                                                min_std=min_std))
+                                                                min_std=min_std, actor_state_dims=actor_state_dims))
     policy.save(bc_dir)
     (bc_dir / "record.json").write_text(json.dumps(record, indent=1))
     return bc_dir
@@ -139,9 +140,10 @@ def bc_stage(base: Path, cams: tuple[str, ...], bc_episodes: int = 200, bc_steps
 def main(quick: bool = False, cameras: str = "none", wm_episodes: int = 300, bc_episodes: int = 200,
          bc_steps: int = 4000, estimator_steps: int = 3000, iterations: int = 30, groups: int = 16,
          group_size: int = 8, lr: float = 3e-5, eval_episodes: int = 300, work: str = "", ceiling: str = "false",
-         min_std: float = 0.0, threads: int = 2, algo: str = "grpo") -> dict:
+         min_std: float = 0.0, threads: int = 2, algo: str = "grpo", actor_state_dims: str = "") -> dict:
     """`ceiling`: false, true (also the perfect-model run) or only (the perfect-model run alone). `min_std`: a floor
-    on the actor's sigma (0: the residual's RMS as fitted)."""
+    on the actor's sigma (0: the residual's RMS as fitted). `actor_state_dims`: e.g. 4,5,6,7 (the proprioception the
+    world model's state channel predicts; default: all of observation.state)."""
     import torch
 
     from policies.estimated_state import EstimatedStatePolicy
@@ -149,6 +151,7 @@ def main(quick: bool = False, cameras: str = "none", wm_episodes: int = 300, bc_
     from wmrl.rl.imagine import ImagineConfig, imagine, in_true_world
     from world_models.video.train import TrainWMConfig, train_world_model
 
+    dims = tuple(int(d) for d in str(actor_state_dims).split(",") if str(d).strip())
     cams = () if cameras == "none" else tuple(c for c in str(cameras).split(",") if c)
     wm_episodes, bc_episodes, bc_steps = int(wm_episodes), int(bc_episodes), int(bc_steps)
     iterations, groups, group_size, eval_episodes = int(iterations), int(groups), int(group_size), int(eval_episodes)
@@ -164,6 +167,7 @@ def main(quick: bool = False, cameras: str = "none", wm_episodes: int = 300, bc_
     # the default run is the committed result; any other is written beside it, named by what differs
     suffix = "".join([f"-{'-'.join(cams)}"] * bool(cams) + [f"-{algo}"] * (algo != "grpo") + [f"-lr{lr:g}"] * (lr != 3e-5)
                      + [f"-minstd{min_std:g}"] * (min_std > 0) + [f"-it{iterations}"] * (iterations != 30)
+                     + [f"-state{''.join(map(str, dims))}"] * bool(dims)
                      + ["-ceiling"] * (ceiling == "only"))
     name = "imagination-estimated-state" + suffix
     base = Path(work) if work else (Path(tempfile.mkdtemp(prefix="wmrl-bench-ies-")) if quick
@@ -184,7 +188,7 @@ def main(quick: bool = False, cameras: str = "none", wm_episodes: int = 300, bc_
         tiny = dict(size="tiny", ae_steps=30, state_steps=20, dyn_steps=30, unroll_steps=6, batch_size=8, videos=0) if quick else {}
         cfg = TrainWMConfig(data=wm_data, out=wm_run, overwrite=True, **tiny)
         stage("world_model", lambda: train_world_model(cfg, progress=False))
-    bc_dir = bc_stage(base, cams, bc_episodes, bc_steps, estimator_steps, min_std, stage)
+    bc_dir = bc_stage(base, cams, bc_episodes, bc_steps, estimator_steps, min_std, stage, dims)
     record = json.loads((bc_dir / "record.json").read_text())
     start = in_true_world(EstimatedStatePolicy.load(bc_dir))
     before = stage("eval_before", lambda: success_in_task(start, "push-red", eval_episodes, cams))
@@ -196,7 +200,8 @@ def main(quick: bool = False, cameras: str = "none", wm_episodes: int = 300, bc_
            "bc": {k: record.get(k) for k in ("frames", "actor_train_mse", "actor_log_std", "estimate_noise")},
            "budgets": {"wm_episodes": wm_episodes, "bc_episodes": bc_episodes, "bc_steps": bc_steps, "min_std": min_std,
                        "estimator_steps": estimator_steps if cams else 0, "iterations": iterations, "groups": groups,
-                       "group_size": group_size, "lr": lr, "algo": algo, "training_seeds": 1}}
+                       "group_size": group_size, "lr": lr, "algo": algo, "training_seeds": 1,
+                       "actor_state_dims": list(dims) or "all"}}
     if ceiling != "only":
         if (rl_dir / "result.json").exists():  # finished before: measured again, not retrained
             rl = json.loads((rl_dir / "result.json").read_text())
@@ -233,6 +238,6 @@ def main(quick: bool = False, cameras: str = "none", wm_episodes: int = 300, bc_
     out.update({"minutes": minutes, "work": str(base)})
     opts = ([f"cameras={cameras}"] * bool(cams) + [f"lr={lr:g}"] * (lr != 3e-5) + [f"min_std={min_std:g}"] * (min_std > 0)
             + [f"ceiling={ceiling}"] * (ceiling != "false") + [f"algo={algo}"] * (algo != "grpo")
-            + [f"iterations={iterations}"] * (iterations != 30))
+            + [f"iterations={iterations}"] * (iterations != 30) + [f"actor_state_dims={actor_state_dims}"] * bool(dims))
     return finish(name, out, quick, command="wmrl bench imagination-estimated-state --json" + (" --quick" if quick else "")
                   + (" --options " + " ".join(opts) if opts else ""))
