@@ -129,13 +129,13 @@ def update(policy, opt, ro: Rollouts, cfg: ImagineConfig, ref=None, seed: int | 
             ids = perm[i : i + cfg.minibatch_rollouts]
             logp = step_logp(policy, ro, ids)
             old, valid = ro.logp[:, ids], ro.valid[:, ids]
-            if cfg.target_kl is not None:
-                with torch.no_grad():
-                    log_ratio = (logp - old)[valid]
-                    kl = float(((torch.exp(log_ratio) - 1) - log_ratio).mean())
-                if not kl <= 1.5 * cfg.target_kl:  # also stops on a non-finite KL
-                    stopped = True
-                    break
+            with torch.no_grad():  # the minibatch's approx-KL to the rollout policy, before this step (Schulman's k3)
+                log_ratio = (logp - old)[valid]
+                ratio = torch.exp(log_ratio)
+                kl = float(((ratio - 1) - log_ratio).mean())
+            if cfg.target_kl is not None and not kl <= 1.5 * cfg.target_kl:  # also stops on a non-finite KL
+                stopped = True
+                break
             loss = algo.loss(policy, ro, ids, logp, targets, cfg)
             if ref is not None and cfg.kl_coef > 0:
                 loss = loss + cfg.kl_coef * _kl_to_ref(policy, ref, ro, ids)
@@ -143,11 +143,9 @@ def update(policy, opt, ro: Rollouts, cfg: ImagineConfig, ref=None, seed: int | 
             loss.backward()
             torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
             opt.step()
-            with torch.no_grad():
-                ratio = torch.exp(logp - old)[valid]
-                stats["loss"].append(loss.item())
-                stats["approx_kl"].append(((ratio - 1) - torch.log(ratio)).mean().item())
-                stats["clip_frac"].append(clipped_fraction(ratio, targets["adv"][:, ids][valid], *algo.clip_range(cfg)).item())
+            stats["loss"].append(loss.item())
+            stats["approx_kl"].append(kl)
+            stats["clip_frac"].append(clipped_fraction(ratio, targets["adv"][:, ids][valid], *algo.clip_range(cfg)).item())
         if stopped:
             break
     return {**info, **{k: float(np.mean(v)) if v else 0.0 for k, v in stats.items()}, "updates": len(stats["loss"]),
