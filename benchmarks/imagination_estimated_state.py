@@ -115,6 +115,45 @@ def paired_gain(before: list[bool], after: list[bool], n_boot: int = 2000, seed:
             "layouts_won": int((d > 0).sum()), "layouts_lost": int((d < 0).sum())}
 
 
+def closed_loop_fidelity(policy, model_run: Path, n: int = 48, seed0: int = 60_000, max_steps: int = 80) -> dict:
+    """Does imagination see the world the actor acts in? The actor with sampled actions (as RL runs it), from the
+    same n true-simulator starts: closed loop in the true simulator and closed loop in the world model (reading
+    what the model predicts, as in RL). Per start: success in both, in the simulator only, in imagination only."""
+    import torch
+
+    import sim
+    from wmrl.rl.coevolve import _true_starts, imagine_from
+    from world_models.video.model import VideoWorldModel
+
+    seeds = [seed0 + i for i in range(n)]
+    policy.eval()
+    policy.stochastic = True
+    true = []
+    env = sim.make_env("push-red", cameras=(), max_episode_steps=max_steps)
+    try:
+        for s in seeds:
+            policy.generator, done, ok = torch.Generator().manual_seed(s), False, False
+            policy.reset()
+            o, _ = env.reset(seed=s)
+            while not done:
+                o, _, term, trunc, info = env.step(policy.select_action(o)[0])
+                ok |= bool(info.get("success", False))
+                done = term or trunc
+            true.append(ok)
+    finally:
+        env.close()
+    model = VideoWorldModel.load(Path(model_run) / "checkpoints" / "last")
+    policy.read_object_channel = True  # in imagination: the state channel's predicted objects
+    policy.generator = torch.Generator().manual_seed(seed0)
+    policy.reset()
+    imagined = imagine_from(policy, model, _true_starts("push-red", seeds)[0], max_steps, seed=seed0)["success"]
+    policy.stochastic = False
+    t, i = np.asarray(true), np.asarray(imagined, bool)
+    return {"episodes": n, "true_success": float(t.mean()), "imagined_success": float(i.mean()),
+            "both": int((t & i).sum()), "true_only": int((t & ~i).sum()), "imagined_only": int((~t & i).sum()),
+            "agreement": float((t == i).mean()), "state_rest": bool(model.cfg.state_rest)}
+
+
 def bc_stage(base: Path, cams: tuple[str, ...], bc_episodes: int = 200, bc_steps: int = 4000, estimator_steps: int = 3000,
              min_std: float = 0.0, stage=lambda key, fn: fn(), actor_state_dims: tuple[int, ...] = ()) -> Path:
     """Stage 2 (cached under `base`): the BC data and the starting actor; returns the actor's folder."""
@@ -140,10 +179,13 @@ def bc_stage(base: Path, cams: tuple[str, ...], bc_episodes: int = 200, bc_steps
 def main(quick: bool = False, cameras: str = "none", wm_episodes: int = 300, bc_episodes: int = 200,
          bc_steps: int = 4000, estimator_steps: int = 3000, iterations: int = 30, groups: int = 16,
          group_size: int = 8, lr: float = 3e-5, eval_episodes: int = 300, work: str = "", ceiling: str = "false",
-         min_std: float = 0.0, threads: int = 2, algo: str = "grpo", actor_state_dims: str = "") -> dict:
+         min_std: float = 0.0, threads: int = 2, algo: str = "grpo", actor_state_dims: str = "",
+         world_model: str = "", fidelity: int = 48) -> dict:
     """`ceiling`: false, true (also the perfect-model run) or only (the perfect-model run alone). `min_std`: a floor
     on the actor's sigma (0: the residual's RMS as fitted). `actor_state_dims`: e.g. 4,5,6,7 (the proprioception the
-    world model's state channel predicts; default: all of observation.state)."""
+    world model's state channel predicts; default: all of observation.state). `world_model`: a trained world-model
+    run to use instead of the work folder's `wm` (named in the result). `fidelity`: true starts on which the start
+    actor's closed-loop success in imagination is compared with the simulator's (0: skip)."""
     import torch
 
     from policies.estimated_state import EstimatedStatePolicy
@@ -162,12 +204,13 @@ def main(quick: bool = False, cameras: str = "none", wm_episodes: int = 300, bc_
     min_std = float(min_std)
     if quick:
         wm_episodes, bc_episodes, bc_steps, estimator_steps = 6, 6, 20, 4
-        iterations, groups, group_size, eval_episodes = 1, 2, 2, 3
+        iterations, groups, group_size, eval_episodes, fidelity = 1, 2, 2, 3, 2
     torch.set_num_threads(int(threads))
     # the default run is the committed result; any other is written beside it, named by what differs
     suffix = "".join([f"-{'-'.join(cams)}"] * bool(cams) + [f"-{algo}"] * (algo != "grpo") + [f"-lr{lr:g}"] * (lr != 3e-5)
                      + [f"-minstd{min_std:g}"] * (min_std > 0) + [f"-it{iterations}"] * (iterations != 30)
                      + [f"-state{''.join(map(str, dims))}"] * bool(dims)
+                     + [f"-wm-{Path(world_model).name}"] * bool(world_model)
                      + ["-ceiling"] * (ceiling == "only"))
     name = "imagination-estimated-state" + suffix
     base = Path(work) if work else (Path(tempfile.mkdtemp(prefix="wmrl-bench-ies-")) if quick
@@ -180,7 +223,9 @@ def main(quick: bool = False, cameras: str = "none", wm_episodes: int = 300, bc_
         minutes[key] = (time.time() - t) / 60
         return out
 
-    wm_data, wm_run = base / "wm-data", base / "wm"
+    wm_data, wm_run = base / "wm-data", (Path(world_model) if world_model else base / "wm")
+    if world_model and not (wm_run / "checkpoints" / "last" / "model.safetensors").exists():
+        raise FileNotFoundError(f"world_model={world_model}: no checkpoints/last/model.safetensors there")
     if not (wm_data / "meta" / "info.json").exists():
         stage("collect_wm", lambda: collect(CollectConfig(task="push-red", episodes=wm_episodes, out=wm_data, failures=0.3,
                                                           perturbed=0.25, noise=0.05, seed=0, overwrite=True), progress=False))
@@ -192,7 +237,8 @@ def main(quick: bool = False, cameras: str = "none", wm_episodes: int = 300, bc_
     record = json.loads((bc_dir / "record.json").read_text())
     start = in_true_world(EstimatedStatePolicy.load(bc_dir))
     before = stage("eval_before", lambda: success_in_task(start, "push-red", eval_episodes, cams))
-    rl_dir = base / (f"rl-{bc_dir.name[3:]}-it{iterations}-g{groups}x{group_size}-lr{lr:g}" + ("" if algo == "grpo" else f"-{algo}"))
+    rl_dir = base / (f"rl-{bc_dir.name[3:]}-it{iterations}-g{groups}x{group_size}-lr{lr:g}" + ("" if algo == "grpo" else f"-{algo}")
+                     + (f"-wm-{wm_run.name}" if world_model else ""))
     out = {"task": "push-red", "cameras": list(cams) or "none (the object channel)",
            "success_rl_start": before["success"], "success_rl_start_ci": before["ci"],
            "success_rl_start_per_seed": before["per_seed"], "stalled_before": before["stalled"],
@@ -201,7 +247,10 @@ def main(quick: bool = False, cameras: str = "none", wm_episodes: int = 300, bc_
            "budgets": {"wm_episodes": wm_episodes, "bc_episodes": bc_episodes, "bc_steps": bc_steps, "min_std": min_std,
                        "estimator_steps": estimator_steps if cams else 0, "iterations": iterations, "groups": groups,
                        "group_size": group_size, "lr": lr, "algo": algo, "training_seeds": 1,
-                       "actor_state_dims": list(dims) or "all"}}
+                       "actor_state_dims": list(dims) or "all"}, "world_model": str(wm_run)}
+    if int(fidelity) and ceiling != "only":
+        out["closed_loop_fidelity"] = stage("fidelity", lambda: closed_loop_fidelity(
+            EstimatedStatePolicy.load(bc_dir), wm_run, int(fidelity)))
     if ceiling != "only":
         if (rl_dir / "result.json").exists():  # finished before: measured again, not retrained
             rl = json.loads((rl_dir / "result.json").read_text())
@@ -238,6 +287,7 @@ def main(quick: bool = False, cameras: str = "none", wm_episodes: int = 300, bc_
     out.update({"minutes": minutes, "work": str(base)})
     opts = ([f"cameras={cameras}"] * bool(cams) + [f"lr={lr:g}"] * (lr != 3e-5) + [f"min_std={min_std:g}"] * (min_std > 0)
             + [f"ceiling={ceiling}"] * (ceiling != "false") + [f"algo={algo}"] * (algo != "grpo")
-            + [f"iterations={iterations}"] * (iterations != 30) + [f"actor_state_dims={actor_state_dims}"] * bool(dims))
+            + [f"iterations={iterations}"] * (iterations != 30) + [f"actor_state_dims={actor_state_dims}"] * bool(dims)
+            + [f"world_model={world_model}"] * bool(world_model))
     return finish(name, out, quick, command="wmrl bench imagination-estimated-state --json" + (" --quick" if quick else "")
                   + (" --options " + " ".join(opts) if opts else ""))

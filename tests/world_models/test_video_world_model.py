@@ -245,19 +245,21 @@ def test_state_channel_learns_multi_step_dynamics_and_keeps_untouched_cubes_stil
     _, train, _ = load_split(tiny_data, 0.25)
     cfg = WorldModelConfig(task_vocab=VOCAB)
     s = WindowSampler(train, "cpu", cfg)
-    sc = StateChannel(StateChannelConfig(members=3, hidden=64))
+    sc = StateChannel(StateChannelConfig(members=3, hidden=64, n_rest=len(cfg.rest_index)))
     opt = torch.optim.Adam(sc.parameters(), 3e-3)
     g = torch.Generator().manual_seed(0)
     xs, a, m = s.state_sequences(3, 256, 8, torch.Generator().manual_seed(99))
-    first, _ = sc.unrolled_loss(xs, a, m)
+    _, first_info = sc.unrolled_loss(xs, a, m)
     for _ in range(150):
         loss, _ = sc.unrolled_loss(*s.state_sequences(3, 64, 8, g))
         opt.zero_grad()
         loss.backward()
         opt.step()
     with torch.no_grad():
-        last, _ = sc.unrolled_loss(xs, a, m)
-    assert last < 0.25 * first
+        last, info = sc.unrolled_loss(xs, a, m)
+    arm_objects = lambda d: d["state_huber_cm"] + d["gate_bce"]
+    assert arm_objects(info) < 0.25 * arm_objects(first_info)
+    assert info["rest_huber"] < 0.6 * first_info["rest_huber"]  # the joint angles are learned too
     far = xs[:, :, 0].clone()  # hard gate: a cube far from the gripper does not move at all
     far[..., 4:7] = far[..., :3] + torch.tensor([0.2, 0.2, 0.0])
     far[..., 6] = 0.02  # resting on the table
@@ -265,8 +267,8 @@ def test_state_channel_learns_multi_step_dynamics_and_keeps_untouched_cubes_stil
     still = (nxt[..., 4:7] == far[..., 4:7]).all(-1)
     assert torch.equal(still, logit[..., 0] <= 0)  # gate closed <=> exactly unchanged, not drifting a little
     assert still.float().mean() > 0.5
-    mean, dis = StateChannel.summary(nxt)
-    assert mean.shape == (256, 13) and dis.shape == (256,) and (dis >= 0).all()
+    mean, dis = sc.summary(nxt)
+    assert mean.shape == (256, 13 + 4) and dis.shape == (256,) and (dis >= 0).all()
 
 
 def test_matched_length_auroc_is_one_half_for_a_random_scorer_on_expert_pairs():
@@ -466,3 +468,48 @@ def test_autoencoder_weights_favour_pixels_that_differ_from_the_mean_frame():
     assert abs(w.mean().item() - 1.0) < 1e-6
     assert w[1, 0, 2, 3] > 3 * w[1, 0, 0, 0]
     assert torch.allclose(w[4:], w[4, 0, 0, 0].expand_as(w[4:]))  # the other camera is all background
+
+
+def test_inside_a_rollout_all_proprioception_comes_from_the_state_channel(trained, tiny_data, monkeypatch):
+    """The policy's observation.state in imagination is the state channel's (ee, opening and the joint angles), not
+    read back from frame heads on generated latents; a checkpoint from before the rest head keeps the heads' joints."""
+    model = VideoWorldModel.load(trained / "checkpoints/last")
+    assert model.cfg.state_rest and model.cfg.rest_index == [0, 1, 2, 3]
+    _, _, held = load_split(tiny_data, 0.25)
+    lo, _ = next(iter(held.episodes.values()))
+    obs = {k: held.data[k][lo : lo + 1] for k in ("observation.images.front", "observation.images.wrist",
+                                                 "observation.state", "observation.environment_state")}
+    obs["task"] = [held.vocab["task"][held.data["task"][lo]]]
+    orig = model.heads.forward
+
+    def garbage_state(*a, **k):  # frame heads that read proprioception wrongly by a mile
+        out = dict(orig(*a, **k))
+        out["state"] = torch.full_like(out["state"], 1e3)
+        return out
+
+    monkeypatch.setattr(model.heads, "forward", garbage_state)
+    state = model.encode(obs)
+    x0 = state["x"].mean(0)
+    _, preds = model.step(state, torch.zeros(1, 2, 4))
+    s = preds["observation.state"]
+    assert (s.abs() < 10).all()  # nothing of the heads' state got through
+    assert torch.allclose(s[..., model.cfg.rest_index], preds["rest"])
+    assert torch.allclose(s[:, 0, :4], x0[:, -4:], atol=0.5)  # joint angles (rad) near the start's after one step
+    old = VideoWorldModel(dataclasses.replace(model.cfg, state_rest=False))
+    old.load_state_dict({k: v for k, v in model.state_dict().items() if not k.startswith("state_channel.rest.")})
+    monkeypatch.setattr(old.heads, "forward", garbage_state)
+    _, preds = old.step(old.encode(obs), torch.zeros(1, 2, 4))
+    assert (preds["observation.state"][..., :4] == 1e3).all() and (preds["observation.state"][..., 4:] < 10).all()
+
+
+def test_init_from_keeps_the_frames_model_and_trains_a_new_state_channel(trained, tiny_data, tmp_path):
+    """A new state channel on an existing world model: every weight but the channel's comes from the source."""
+    src = VideoWorldModel.load(trained / "checkpoints/last")
+    train_world_model(tiny_wm_config(tiny_data, tmp_path / "new", init_from=trained, ae_steps=0, dyn_steps=0,
+                                     unroll_steps=0, state_steps=3, state_members=2), progress=False)
+    new = VideoWorldModel.load(tmp_path / "new/checkpoints/last")
+    assert new.cfg.state_members == 2 and new.state_channel.rest is not None
+    theirs, ours = src.state_dict(), new.state_dict()
+    kept = [k for k in ours if not k.startswith("state_channel.")]
+    assert kept and all(torch.equal(ours[k], theirs[k]) for k in kept)
+    assert ours["state_channel.arm.l1.weight"].shape[0] == 2

@@ -77,6 +77,9 @@ class WorldModelConfig:
     workspace_low: tuple[float, float, float] = (0.2, -0.28, 0.015)
     workspace_high: tuple[float, float, float] = (0.62, 0.28, 0.3)
     state_members: int = 5  # ensemble members of the state channel (used when env_state_dim > 0)
+    # the state channel also predicts the rest of observation.state (joint angles): inside a rollout no
+    # proprioception is read back from generated frames (False: checkpoints from before it existed)
+    state_rest: bool = True
     n_objects: int = 3  # objects the state channel predicts (len(object_xyz))
     # the layout of observation.environment_state (the dataset's `EEDeltaControl`): where each object's centre starts,
     # where [ee, opening] repeat (-1: nowhere), (start, n) of the previous frame's first n entries; the rest is static
@@ -87,6 +90,11 @@ class WorldModelConfig:
     @property
     def latent_size(self) -> int:
         return self.image_size // 4
+
+    @property
+    def rest_index(self) -> list[int]:
+        """observation.state entries besides the end-effector and the gripper (joint angles), in order."""
+        return [i for i in range(self.state_dim) if i not in self.ee_index and i != self.gripper_index]
 
     @property
     def frame_channels(self) -> int:
@@ -110,6 +118,16 @@ def integrate_poses(ee0: torch.Tensor, actions: torch.Tensor, cfg: WorldModelCon
         out.append(p)
         ee = p[:, :3]
     return torch.stack(out, 1)
+
+
+def channel_state(cfg: WorldModelConfig, proprio: torch.Tensor, env: torch.Tensor) -> torch.Tensor:
+    """The state channel's x (..., D) = [ee, opening, object centres(, rest)] of observation.state (..., S) and
+    observation.environment_state (..., E)."""
+    parts = [proprio[..., list(cfg.ee_index)], proprio[..., cfg.gripper_index : cfg.gripper_index + 1],
+             env[..., [o + k for o in cfg.object_xyz for k in range(3)]]]
+    if cfg.state_rest:
+        parts.append(proprio[..., cfg.rest_index])
+    return torch.cat(parts, -1)
 
 
 class VideoWorldModel(nn.Module):
@@ -144,7 +162,8 @@ class VideoWorldModel(nn.Module):
         self.task = TaskEncoder(cfg.task_vocab, cfg.task_dim)
         self.heads = FrameHeads(C, cfg.state_dim, cfg.task_dim, cfg.latent_size)
         self.state_channel = (StateChannel(StateChannelConfig(cfg.n_objects, cfg.action_dim, cfg.state_members,
-                                                              ee_step=cfg.ee_step))
+                                                              ee_step=cfg.ee_step,
+                                                              n_rest=len(cfg.rest_index) if cfg.state_rest else 0))
                               if cfg.env_state_dim and cfg.state_members else None)
         self.scheduler = EDMEulerScheduler(sigma_min=cfg.sigma_min, sigma_max=cfg.sigma_max,
                                            sigma_data=cfg.sigma_data, prediction_type="epsilon")
@@ -207,20 +226,16 @@ class VideoWorldModel(nn.Module):
         return torch.cat([ee, g.clamp(-1, 1)], -1)
 
     # ------------------------------------------------------------------ environment state <-> state channel
-    def objects_of(self, env: torch.Tensor) -> torch.Tensor:
-        """(..., E) environment state -> (..., 3 n_objects) the object centres the state channel predicts."""
-        return env[..., [o + k for o in self.cfg.object_xyz for k in range(3)]]
-
     def env_frame(self, prev: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """The environment state (B, E) of a predicted frame from the previous frame's (B, E) and the state channel's
-        x (B, 4 + 3 n) = [ee, opening, object centres]: objects (and the arm, where the layout repeats it) written
+        x (B, 4 + 3 n [+ rest]) = [ee, opening, object centres, rest]: objects (and the arm, where the layout repeats it) written
         in, the previous-frame entries taken from `prev`, everything else (zones, goals, orientations) carried."""
         c = self.cfg
         e = prev.clone()
         start, n = c.env_previous
         if n:
             e[:, start : start + n] = prev[:, :n]
-        e[:, [o + k for o in c.object_xyz for k in range(3)]] = x[:, 4:]
+        e[:, [o + k for o in c.object_xyz for k in range(3)]] = x[:, 4 : 4 + 3 * c.n_objects]
         if c.env_arm >= 0:
             e[:, c.env_arm : c.env_arm + 4] = x[:, :4]
         return e
@@ -364,8 +379,7 @@ class VideoWorldModel(nn.Module):
             if key not in obs:
                 raise ValueError(f"this world model has a state channel and needs {key!r} in the start observation")
             env = torch.as_tensor(np.asarray(obs[key]), dtype=torch.float32, device=self.device)
-            x = torch.cat([proprio[:, list(self.cfg.ee_index)], proprio[:, self.cfg.gripper_index : self.cfg.gripper_index + 1],
-                           self.objects_of(env)], -1)
+            x = channel_state(self.cfg, proprio, env)
             state["x"] = x[None].repeat(self.cfg.state_members, 1, 1)
             state["env"] = env  # the last frame's whole environment state (what the channel does not predict is kept)
         return state
@@ -398,9 +412,11 @@ class VideoWorldModel(nn.Module):
                 if j == h - 1:
                     new["x"] = x
             poses = torch.stack(poses, 1)
-            summ = [StateChannel.summary(x_) for x_ in xs[:h]]
+            summ = [self.state_channel.summary(x_) for x_ in xs[:h]]
             mean = torch.stack([m for m, _ in summ], 1)  # (B, h, D)
             preds["ee"], preds["gripper_opening"] = mean[..., :3], mean[..., 3]
+            if self.cfg.state_rest:
+                preds["rest"] = mean[..., 4 + 3 * self.cfg.n_objects :]
             envs, e = [], state["env"]
             for j in range(h):
                 e = self.env_frame(e, mean[:, j])
@@ -412,10 +428,12 @@ class VideoWorldModel(nn.Module):
         fut = self.sample_future(state["ctx"], state["anchor"], state["pose"], poses, steps, generator)[:, :h]
         out = self.heads(fut.flatten(0, 1), self.task(state["task"]).repeat_interleave(h, dim=0))
         proprio = out["state"].reshape(B, h, -1)
-        if self.state_channel is not None:  # the policy sees the state channel's arm where it has one
+        if self.state_channel is not None:  # the policy sees the state channel's proprioception where it has one
             proprio = proprio.clone()
             proprio[..., list(self.cfg.ee_index)] = preds["ee"]
             proprio[..., self.cfg.gripper_index] = preds["gripper_opening"]
+            if "rest" in preds:
+                proprio[..., self.cfg.rest_index] = preds["rest"]
         preds.update({"latents": fut, "pose": poses[:, :h], OBS_STATE: proprio,
                       "success": torch.sigmoid(out["success_logit"]).reshape(B, h),
                       "reward": out["reward"].reshape(B, h), "done": torch.sigmoid(out["done_logit"]).reshape(B, h)})
@@ -440,7 +458,8 @@ class VideoWorldModel(nn.Module):
     @classmethod
     def load(cls, path: str | Path, expect: WorldModelConfig | None = None, device: str = "cpu") -> "VideoWorldModel":
         # saved before the one-step path existed: it never trained it
-        cfg = read_config(path, WorldModelConfig, expect, what="world-model checkpoint", absent={"mean_share": 0.0})
+        cfg = read_config(path, WorldModelConfig, expect, what="world-model checkpoint",
+                          absent={"mean_share": 0.0, "state_rest": False})
         return load_state(cls(cfg), path, device)
 
 

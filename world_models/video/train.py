@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional
 
@@ -32,7 +32,7 @@ from wmrl.core.features import ACTION, OBS_ENV_STATE, OBS_STATE, REWARD, SUCCESS
 from wmrl.core.run import Tracker, start_run
 from wmrl.replay import EpisodeReplay
 from wmrl.replay.buffer import BOOKKEEPING
-from world_models.video.model import VideoWorldModel, WorldModelConfig, commanded_pose
+from world_models.video.model import VideoWorldModel, WorldModelConfig, channel_state, commanded_pose
 from world_models.video.networks import TaskEncoder
 
 
@@ -71,11 +71,15 @@ class TrainWMConfig:
     state_channel: bool = True
     """Learn object-state dynamics when the dataset has observation.environment_state (success from the task's rules)."""
     state_members: int = 5
+    state_rest: bool = True
+    """The state channel also predicts the proprioception besides the arm's pose (joint angles), so a policy reading
+    all of observation.state sees none read back from generated frames (--no-state-rest: the frame heads')."""
     extra_data: tuple[Path, ...] = ()
     """More datasets to train on (all episodes to training), e.g. true rollouts of an evolved policy (co-evolution)."""
     init_from: Optional[Path] = None
-    """Start from another run's checkpoint: all weights if its config matches (fine-tuning), else the autoencoder and
-    latent statistics only (e.g. a deterministic baseline on the same latents); use with --ae-steps 0."""
+    """Start from another run's checkpoint: all weights if its config matches (fine-tuning), all but the state channel's
+    if only the channel differs (e.g. a new channel on an existing model: --ae-steps 0 --dyn-steps 0 --unroll-steps 0),
+    else the autoencoder and latent statistics only (e.g. a deterministic baseline on the same latents); use with --ae-steps 0."""
     fg_weight: float = 3.0
     """Extra autoencoder-loss weight on pixels that differ from the batch's mean frame of their camera (arm, cubes):
     plain MSE spends the latent on the static background."""
@@ -118,6 +122,7 @@ def model_config(cfg: TrainWMConfig, ds) -> WorldModelConfig:
                             context=cfg.context, chunk=cfg.chunk, size=cfg.size, sampling_steps=cfg.sampling_steps, mean_share=cfg.mean_share,
                             deterministic=cfg.deterministic, task_vocab=vocab, latent_channels=cfg.latent_channels,
                             ae_width=cfg.ae_width, state_members=cfg.state_members if cfg.state_channel else 0,
+                            state_rest=cfg.state_rest,
                             action_dim=int(ds.features[ACTION]["shape"][0]), state_dim=int(ds.features[STATE]["shape"][0]),
                             env_state_dim=int(ds.features[ENV_STATE]["shape"][0]) if ENV_STATE in ds.features else 0)
 
@@ -218,15 +223,13 @@ class WindowSampler:
         return out
 
     def state_sequences(self, M: int, B: int, L: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """For the state channel: x (M, B, L+1, D) = [ee, opening, object centres], actions (M, B, L, A), mask (M, B, L)."""
+        """For the state channel: x (M, B, L+1, D) = [ee, opening, object centres(, rest)], actions (M, B, L, A),
+        mask (M, B, L)."""
         i = self.starts[torch.randint(len(self.starts), (M * B,), generator=gen, device=self.device)]
         idx = i[:, None] + torch.arange(L + 1, device=self.device)
         mask = (idx[:, 1:] <= self.last[i][:, None]).float()
         idx = torch.minimum(idx, self.last[i][:, None])
-        c = self.mcfg
-        s = self.state[idx]
-        objects = self.env[idx][..., [o + k for o in c.object_xyz for k in range(3)]]
-        x = torch.cat([s[..., list(c.ee_index)], s[..., c.gripper_index : c.gripper_index + 1], objects], -1)
+        x = channel_state(self.mcfg, self.state[idx], self.env[idx])
         return x.reshape(M, B, L + 1, -1), self.action[idx[:, :-1]].reshape(M, B, L, -1), mask.reshape(M, B, L)
 
 
@@ -288,6 +291,10 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
         src = VideoWorldModel.load(resolve_checkpoint(cfg.init_from), device=cfg.device)
         if src.cfg == mcfg:  # the same model: fine-tune every weight
             model.load_state_dict(src.state_dict())
+        elif replace(src.cfg, state_rest=mcfg.state_rest, state_members=mcfg.state_members) == mcfg:
+            # the same frames model with another state channel: keep every weight but the channel's (trained anew)
+            model.load_state_dict({k: v for k, v in src.state_dict().items() if not k.startswith("state_channel.")},
+                                  strict=False)
         model.ae.load_state_dict(src.ae.state_dict())
         for b in ("lat_mean", "lat_std", "res_std"):
             getattr(model, b).copy_(getattr(src, b))
