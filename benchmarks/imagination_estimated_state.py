@@ -19,7 +19,10 @@ Stages (each cached under the work folder, so a rerun measures again without ret
    iteration, binary success within the task's 80 steps, zero true-simulator steps (counted by the simulator);
 4. true evaluation before and after on the same 3 x 100 layouts (the policy benchmarks' seeds): Wilson intervals,
    per seed, and the paired difference with a bootstrap interval over layouts;
-5. the perfect-model ceiling (`ceiling=true`): the same GRPO, same starting policy, iterations and batch, with the
+5. closed-loop fidelity (`fidelity=48`): the start actor with sampled actions from the same true starts, closed loop
+   in the simulator and in the world model; per start, where both, only the simulator or only imagination succeed
+   (what RL in imagination can learn from is bounded by this agreement);
+6. the perfect-model ceiling (`ceiling=true`): the same GRPO, same starting policy, iterations and batch, with the
    true simulator in place of the world model (`TrueGroupEnv`; its steps are counted and reported, this is not RL in
    imagination). If GRPO cannot move true success with a perfect model, the recipe is the limit, not the model.
 """

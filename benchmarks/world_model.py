@@ -106,6 +106,8 @@ def main(quick: bool = False, size: str = "small", device: str = "cpu", steps_sc
     dfid = window_fidelity(det, held, "push-red", 12 if quick else 240, H16, seed=0)
     for k in IMAGINATION_KEYS:
         out[f"deterministic_{k}"] = dfid[k]
+    if "joint_error_rad_h16" in dfid:  # the baseline has no state channel: its joint angles are its frame heads'
+        out["joint_error_rad_h16_frame_heads"] = dfid["joint_error_rad_h16"]
     if model.state_channel is not None:
         cube = cube_error_at_episode_end(model, held)
         out["cube_error_cm_end"], out["cube_error_cm_end_p90"] = float(np.median(cube)), float(np.percentile(cube, 90))

@@ -41,8 +41,10 @@ def test_world_model_benchmark_reports_every_result_key():
     for k in ("motion_psnr_gain_h16", "masked_psnr_gain_h16", "static_psnr_gap_to_ceiling", "delta_t_psnr_h8_motion",
               "cube_error_cm_end", "ee_error_cm_h16", "success_auroc_matched_state", "success_auroc_matched_frames",
               "success_auroc_80step", "success_auroc_real_ceiling", "hallucinated_success_expert",
-              "random_policy_imagined_minus_true", "train_minutes", "train_steps_per_s", "n_windows", "n_pairs"):
+              "random_policy_imagined_minus_true", "train_minutes", "train_steps_per_s", "n_windows", "n_pairs",
+              "joint_error_rad_h16"):
         assert k in r and r[k] == r[k], k  # present and not NaN
+    assert r["joint_source"] == "state channel"  # no proprioception read back from generated frames
     lo, hi = r["motion_psnr_gain_h16_ci"]
     assert lo <= r["motion_psnr_gain_h16"] <= hi
     assert len(r["windows"]) == r["n_windows"] and r["success_auroc_real_ceiling"] > 0.9

@@ -103,6 +103,11 @@ def window_fidelity(model, held, task: str, n_windows: int = 240, horizon: int =
     if "ee" in r:
         err = np.linalg.norm(r["ee"] - r["real_state"][..., list(model.cfg.ee_index)], axis=-1) * 100
         out["ee_error_cm_h4"], out[f"ee_error_cm_h{h}"] = float(np.median(err[:, 3])), float(np.median(err[:, h - 1]))
+    rest = model.cfg.rest_index  # joint angles: from the state channel when it predicts them, else frame heads
+    if rest:
+        jerr = np.abs(r["pred_state"][..., rest] - r["real_state"][..., rest]).max(-1)
+        out[f"joint_error_rad_h{h}"] = float(np.median(jerr[:, h - 1]))
+        out["joint_source"] = "state channel" if model.state_channel is not None and model.cfg.state_rest else "frame heads"
     out["per_window"] = {"gain": gain, "masked_gain": mgain, "motion": motion}
     return out
 
