@@ -121,7 +121,8 @@ def paired_gain(before: list[bool], after: list[bool], n_boot: int = 2000, seed:
 def closed_loop_fidelity(policy, model_run: Path, n: int = 48, seed0: int = 60_000, max_steps: int = 80) -> dict:
     """Does imagination see the world the actor acts in? The actor with sampled actions (as RL runs it), from the
     same n true-simulator starts: closed loop in the true simulator and closed loop in the world model (reading
-    what the model predicts, as in RL). Per start: success in both, in the simulator only, in imagination only."""
+    what the model predicts, as in RL). Per start: success in both, in the simulator only, in imagination only; and
+    the agreement of two true runs under different action noise (what a perfect model would reach)."""
     import torch
 
     import sim
@@ -131,30 +132,37 @@ def closed_loop_fidelity(policy, model_run: Path, n: int = 48, seed0: int = 60_0
     seeds = [seed0 + i for i in range(n)]
     policy.eval()
     policy.stochastic = True
-    true = []
-    env = sim.make_env("push-red", cameras=(), max_episode_steps=max_steps)
-    try:
-        for s in seeds:
-            policy.generator, done, ok = torch.Generator().manual_seed(s), False, False
-            policy.reset()
-            o, _ = env.reset(seed=s)
-            while not done:
-                o, _, term, trunc, info = env.step(policy.select_action(o)[0])
-                ok |= bool(info.get("success", False))
-                done = term or trunc
-            true.append(ok)
-    finally:
-        env.close()
+
+    def true_run(noise_seed: int) -> list[bool]:
+        out = []
+        env = sim.make_env("push-red", cameras=(), max_episode_steps=max_steps)
+        try:
+            for s in seeds:
+                policy.generator, done, ok = torch.Generator().manual_seed(s + noise_seed), False, False
+                policy.reset()
+                o, _ = env.reset(seed=s)
+                while not done:
+                    o, _, term, trunc, info = env.step(policy.select_action(o)[0])
+                    ok |= bool(info.get("success", False))
+                    done = term or trunc
+                out.append(ok)
+        finally:
+            env.close()
+        return out
+
+    # the ceiling of per-start agreement: a second true run with other action noise (a perfect model's agreement)
+    true, again = true_run(0), true_run(1_000_003)
     model = VideoWorldModel.load(Path(model_run) / "checkpoints" / "last")
     policy.read_object_channel = True  # in imagination: the state channel's predicted objects
     policy.generator = torch.Generator().manual_seed(seed0)
     policy.reset()
     imagined = imagine_from(policy, model, _true_starts("push-red", seeds)[0], max_steps, seed=seed0)["success"]
     policy.stochastic = False
-    t, i = np.asarray(true), np.asarray(imagined, bool)
+    t, i, t2 = np.asarray(true), np.asarray(imagined, bool), np.asarray(again)
     return {"episodes": n, "true_success": float(t.mean()), "imagined_success": float(i.mean()),
             "both": int((t & i).sum()), "true_only": int((t & ~i).sum()), "imagined_only": int((~t & i).sum()),
-            "agreement": float((t == i).mean()), "state_rest": bool(model.cfg.state_rest)}
+            "agreement": float((t == i).mean()), "true_success_rerun": float(t2.mean()),
+            "agreement_true_rerun": float((t == t2).mean()), "state_rest": bool(model.cfg.state_rest)}
 
 
 def bc_stage(base: Path, cams: tuple[str, ...], bc_episodes: int = 200, bc_steps: int = 4000, estimator_steps: int = 3000,
