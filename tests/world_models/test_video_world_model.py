@@ -513,3 +513,15 @@ def test_init_from_keeps_the_frames_model_and_trains_a_new_state_channel(trained
     kept = [k for k in ours if not k.startswith("state_channel.")]
     assert kept and all(torch.equal(ours[k], theirs[k]) for k in kept)
     assert ours["state_channel.arm.l1.weight"].shape[0] == 2
+
+
+def test_the_rest_head_leaves_the_arm_and_cube_training_unchanged(tiny_data, tmp_path):
+    """The joints' head reads the arm detached and is clipped apart: the arm and cube heads train exactly as without it."""
+    runs = {}
+    for rest in (False, True):
+        train_world_model(tiny_wm_config(tiny_data, tmp_path / str(rest), ae_steps=0, dyn_steps=0, unroll_steps=0,
+                                         state_steps=30, state_rest=rest), progress=False)
+        runs[rest] = VideoWorldModel.load(tmp_path / str(rest) / "checkpoints/last").state_channel.state_dict()
+    shared = [k for k in runs[False]]
+    assert shared and all(torch.allclose(runs[True][k], runs[False][k], atol=1e-6) for k in shared)
+    assert any(k.startswith("rest.") for k in runs[True])

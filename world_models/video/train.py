@@ -362,7 +362,13 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
         nonfinite |= ~torch.isfinite(loss.detach())
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_([p for g in opt.param_groups for p in g["params"]], 1.0)
+        if phase == 1:  # the rest head apart: the joints' larger loss must not shrink the arm's and the cubes' steps
+            sc = model.state_channel
+            torch.nn.utils.clip_grad_norm_([*sc.arm.parameters(), *sc.cube.parameters()], 1.0)
+            if sc.rest is not None:
+                torch.nn.utils.clip_grad_norm_(sc.rest.parameters(), 1.0)
+        else:
+            torch.nn.utils.clip_grad_norm_([p for g in opt.param_groups for p in g["params"]], 1.0)
         opt.step()
         step += 1
         bar.update(1)
