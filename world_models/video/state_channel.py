@@ -119,7 +119,8 @@ class StateChannel(nn.Module):
             nxt, logit = self.next(cur, a[:, :, t], hard_gate=False)
             m = mask[:, :, t]
             # Huber in cm: quadratic below 1 cm, linear above, so rare violent contacts do not dominate
-            err = err + (F.huber_loss(nxt[..., :P] * OUT_SCALE, x[:, :, t + 1, :P] * OUT_SCALE, reduction="none", delta=1.0).mean(-1) * m).sum()
+            err = err + (F.huber_loss(nxt[..., :P] * OUT_SCALE, x[:, :, t + 1, :P] * OUT_SCALE, reduction="none",
+                                      delta=1.0).mean(-1) * m).sum()
             if self.rest is not None:
                 rest = rest + (F.huber_loss(nxt[..., P:] * REST_SCALE, x[:, :, t + 1, P:] * REST_SCALE, reduction="none",
                                             delta=1.0).mean(-1) * m).sum()
