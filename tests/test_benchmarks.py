@@ -418,6 +418,10 @@ def test_imagination_estimated_state_benchmark_pairs_its_evaluations():
     assert r["success_gain_points"] == pytest.approx(100 * (r["success_rl"] - r["success_rl_start"]))
     assert r["paired"]["gain"] == pytest.approx(r["success_rl"] - r["success_rl_start"])  # the same layouts
     assert [c["iteration"] for c in r["curve"]] == [1] and r["cameras"].startswith("none")
+    f = r["closed_loop_fidelity"]  # the counts are a partition of the same starts
+    n = f["episodes"]
+    assert f["both"] + f["true_only"] == round(f["true_success"] * n) and f["both"] + f["imagined_only"] == round(f["imagined_success"] * n)
+    assert f["agreement"] == pytest.approx(1 - (f["true_only"] + f["imagined_only"]) / n) and f["state_rest"]
 
 
 def test_perfect_model_shaping_is_potential_based_and_telescopes():
