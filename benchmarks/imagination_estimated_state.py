@@ -126,6 +126,7 @@ def closed_loop_fidelity(policy, model_run: Path, n: int = 48, seed0: int = 60_0
     import torch
 
     import sim
+    from wmrl.eval import evaluate
     from wmrl.rl.coevolve import _true_starts, imagine_from
     from world_models.video.model import VideoWorldModel
 
@@ -137,15 +138,9 @@ def closed_loop_fidelity(policy, model_run: Path, n: int = 48, seed0: int = 60_0
         out = []
         env = sim.make_env("push-red", cameras=(), max_episode_steps=max_steps)
         try:
-            for s in seeds:
-                policy.generator, done, ok = torch.Generator().manual_seed(s + noise_seed), False, False
-                policy.reset()
-                o, _ = env.reset(seed=s)
-                while not done:
-                    o, _, term, trunc, info = env.step(policy.select_action(o)[0])
-                    ok |= bool(info.get("success", False))
-                    done = term or trunc
-                out.append(ok)
+            for s in seeds:  # one start at a time: each start's action noise seeded by the start
+                policy.generator = torch.Generator().manual_seed(s + noise_seed)
+                out.append(evaluate(policy, env, 1, seed=s, progress=False).per_episode[0]["success"])
         finally:
             env.close()
         return out
