@@ -27,13 +27,16 @@ def tiny_wm_config(data, out, **kw):
     return TrainWMConfig(**{**base, **kw})
 
 
-def tiny_vla(head="gaussian", **kw):
+def tiny_vla(head="gaussian", seed=0, **kw):
+    """A small VLA with the same weights on every machine and in every test order (the global RNG is left alone)."""
     from policies.vla import VLAConfig, VLAPolicy
 
     cfg = VLAConfig(head=head, vision_width=8, hidden=32, text_dim=8, task_vocab=["push", "the", "red", "cube"],
                     state_mean=[0.5] * 8, state_std=[2.0] * 8, action_mean=[0.1, 0.0, 0.0, 0.0],
                     action_std=[0.5, 0.5, 0.5, 1.0], **kw)
-    return VLAPolicy(cfg)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        return VLAPolicy(cfg)
 
 
 def vla_obs(B=3, seed=0):
