@@ -50,13 +50,18 @@ def _vla(action_space: gym.spaces.Box, path: str | None = None, device: str = "c
 
 @POLICIES.register("estimated-state")
 def _estimated_state(action_space: gym.spaces.Box, path: str | None = None, device: str = "cpu",
-                     observation_space: gym.spaces.Dict | None = None, **_):
+                     observation_space: gym.spaces.Dict | None = None, stochastic: bool = False, noise: float = 0.0,
+                     seed: int = 0, **_):
     """A two-stage pixel policy (object positions estimated from the cameras, then an MLP actor) from a
-    `wmrl train-policy --type estimated-state` run folder or checkpoint folder."""
+    `wmrl train-policy --type estimated-state` run folder or checkpoint folder; `stochastic` and `noise` as for vla."""
+    if not noise >= 0:
+        raise ValueError(f"noise must be >= 0, got {noise}")
     if path is None:
         raise ValueError("policy estimated-state needs a checkpoint: --policy.path RUN_DIR")
     policy = EstimatedStatePolicy.load(resolve_checkpoint(path), device=device)
     policy.check_spaces(observation_space, action_space)
+    policy.stochastic, policy.action_noise = stochastic, float(noise)
+    policy.generator = torch.Generator(device=device).manual_seed(seed)
     return policy
 
 
@@ -87,7 +92,7 @@ class PolicyConfig:
     type: str = "scripted"
     """Registered policy name (`--policy.type scripted`; `--policy scripted` is short for it)."""
     noise: float = 0.0
-    """Scripted expert and VLA: Gaussian action noise (std) on the translational dims."""
+    """Scripted expert, VLA and estimated-state: Gaussian action noise (std) on the translational dims."""
     failure_prob: float = 0.0
     """Scripted expert only: share of episodes in near-success failure mode."""
     path: Optional[Path] = None

@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from policies.state.networks import DeterministicActor
-from policies.vla.modeling import VisionEncoder
+from policies.vla.modeling import VisionEncoder, add_translation_noise
 from wmrl.core.checkpoint import load_state, read_config, save_pretrained
 from wmrl.core.features import ACTION, OBS_ENV_STATE, OBS_STATE, TASK, check_spaces, image_key
 from wmrl.core.text import word_presence
@@ -163,6 +163,7 @@ class EstimatedStatePolicy(nn.Module):
         self.read_object_channel = not cfg.cameras
         self.stochastic = False
         self.generator: torch.Generator | None = None  # acting/sampling noise (`make_policy(seed=...)`)
+        self.action_noise = 0.0  # acting only: Gaussian noise on the translational dims (a degraded copy)
 
     chunk_size = 1  # one action per observation (the evaluation loop's contract for non-chunking policies)
 
@@ -267,11 +268,11 @@ class EstimatedStatePolicy(nn.Module):
     @torch.no_grad()
     def select_action(self, obs: dict) -> np.ndarray:
         """Batched or single observation (LeRobot names) -> actions (B, A): the actor's mean, or a sample when
-        `stochastic`. Reads the object channel only without cameras or when `read_object_channel` is set."""
+        `stochastic`, plus `action_noise` on the translational dims. Reads the object channel only without cameras or when
+        `read_object_channel` is set."""
         feats = self.features(obs)
-        if self.stochastic:
-            return self._sample(feats)[0][:, 0].cpu().numpy()
-        return self.actor.mu(feats).cpu().numpy()
+        a = self._sample(feats)[0][:, 0] if self.stochastic else self.actor.mu(feats)
+        return add_translation_noise(a, self.action_noise, self.generator).cpu().numpy()
 
     def save(self, path: str | Path) -> Path:
         cfg = dataclasses.replace(self.cfg, state_mean=self.estimator.state_mean.tolist(),

@@ -36,6 +36,18 @@ from wmrl.core.text import TEXT_ENCODERS, words
 HEADS = ("gaussian", "flow")
 
 
+def add_translation_noise(actions: torch.Tensor, std: float, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Gaussian noise of `std` (action units) on the translational dims (the first three) of actions (..., A),
+    clamped to [-1, 1]: a strong policy degraded to a chosen level, as the scripted expert's `noise` does. Acting
+    only; training and log-probabilities never see it."""
+    if not std > 0:
+        return actions
+    k = min(3, actions.shape[-1])
+    out = actions.clone()
+    out[..., :k] = (out[..., :k] + std * torch.randn(out[..., :k].shape, device=out.device, generator=generator)).clamp(-1.0, 1.0)
+    return out
+
+
 @dataclass
 class VLAConfig:
     cameras: tuple[str, ...] = ("front", "wrist")
@@ -333,12 +345,7 @@ class VLAPolicy(nn.Module):
             a = d.mean + d.stddev * noise
         else:
             a = self._flow_sample(feats, noise)
-        a = self.unnormalize_actions(a)
-        if self.action_noise > 0:
-            k = min(3, A)
-            a[..., :k] += self.action_noise * torch.randn(B, H, k, device=self.device, generator=self.generator)
-            a[..., :k] = a[..., :k].clamp(-1.0, 1.0)
-        return a
+        return add_translation_noise(self.unnormalize_actions(a), self.action_noise, self.generator)
 
     @torch.no_grad()
     def select_action(self, obs: dict) -> torch.Tensor:

@@ -111,7 +111,13 @@ def test_policy_specs_are_parsed_and_bad_ones_refused(tmp_path):
     assert (p.type, p.path, p.noise, p.stochastic) == ("vla", tmp_path / "ck", 0.5, False)
     assert parse_policy_spec(f"{tmp_path / 'ck'}:stochastic").stochastic
     p = parse_policy_spec(f"estimated-state:{tmp_path / 'ck'}")
-    assert (p.type, p.path) == ("estimated-state", tmp_path / "ck")
+    assert (p.type, p.path, p.noise, p.stochastic) == ("estimated-state", tmp_path / "ck", 0.0, False)
+    p = parse_policy_spec(f"estimated-state:{tmp_path / 'ck'}:noise=0.6")  # the actor degraded, as the VLA
+    assert (p.type, p.path, p.noise, p.stochastic) == ("estimated-state", tmp_path / "ck", 0.6, False)
+    p = parse_policy_spec(f"estimated-state:{tmp_path / 'ck'}:stochastic")
+    assert (p.type, p.path, p.stochastic) == ("estimated-state", tmp_path / "ck", True)
+    with pytest.raises(ValueError, match=">= 0"):
+        parse_policy_spec(f"estimated-state:{tmp_path / 'ck'}:noise=-1")
     with pytest.raises(ValueError, match="does not exist"):
         parse_policy_spec(f"estimated-state:{tmp_path / 'nope'}")
     for bad, msg in (("noise=x", "must be a number"), ("noise=-1", ">= 0")):

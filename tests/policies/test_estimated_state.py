@@ -172,6 +172,43 @@ def test_what_the_actor_reads_without_cameras_and_in_imagination():
         {**no_images, "observation.environment_state": moved["observation.environment_state"]}))
 
 
+def test_built_by_name_it_acts_with_noise_and_sampling_from_its_own_seeded_generator(tmp_path):
+    """`make_policy("estimated-state", noise=X, stochastic=..., seed=...)`: the ranking population's degraded copies.
+    Noise moves only the translational dims (clamped to the action box), by about X; the same seed gives the same
+    actions whatever drew from torch's global generator in between."""
+    import gymnasium as gym
+
+    from policies.factory import make_policy
+
+    EstimatedStatePolicy(EstimatedStateConfig(cameras=(), hidden=32, layers=2)).save(tmp_path / "p")
+    space = gym.spaces.Dict({"observation.state": gym.spaces.Box(-9, 9, (8,)),
+                             "observation.environment_state": gym.spaces.Box(-9, 9, (13,))})
+    box = gym.spaces.Box(-1, 1, (4,))
+    rng = np.random.default_rng(0)
+    obs = {"observation.state": rng.normal(size=(2000, 8)).astype(np.float32) * 0.1,
+           "observation.environment_state": rng.normal(size=(2000, 13)).astype(np.float32) * 0.1}
+
+    def build(**kw):
+        return make_policy("estimated-state", box, path=tmp_path / "p", observation_space=space, **kw)
+
+    clean = build().select_action(obs)
+    noisy = build(noise=0.2, seed=3).select_action(obs)
+    d = noisy - clean
+    np.testing.assert_array_equal(d[:, 3], 0.0)  # the gripper is left alone
+    assert np.abs(noisy).max() <= 1.0
+    inside = np.all(np.abs(clean[:, :3]) < 0.4, 1)  # away from the box's edges, the noise is the std asked for
+    np.testing.assert_allclose(d[inside, :3].std(0), 0.2, rtol=0.1)
+    torch.manual_seed(123)
+    again = build(noise=0.2, seed=3).select_action(obs)
+    np.testing.assert_array_equal(again, noisy)
+    assert not np.allclose(build(noise=0.2, seed=4).select_action(obs), noisy)
+    s1, s2 = build(stochastic=True, seed=5).select_action(obs), build(stochastic=True, seed=5).select_action(obs)
+    np.testing.assert_array_equal(s1, s2)
+    assert not np.allclose(s1, clean)
+    with pytest.raises(ValueError, match=">= 0"):
+        build(noise=-0.1)
+
+
 def test_actor_reads_only_its_state_dims_and_the_checkpoint_keeps_them(tmp_path):
     """With `actor_state_dims` the actor ignores the other proprioceptive dimensions (the joint angles a world model
     reads back from generated frames) and still reacts to the ones it keeps; bad indices are refused."""

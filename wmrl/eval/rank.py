@@ -65,15 +65,35 @@ class RankConfig:
     resume: bool = False
 
 
+def _acting_suffix(spec: str, folder_spec: str) -> tuple[Path, bool, float]:
+    """FOLDER | FOLDER:stochastic | FOLDER:noise=X -> (folder, stochastic, noise). A folder whose own name contains
+    ':noise=' is read as a folder."""
+    name, _, args = folder_spec.rpartition(":")
+    path, stochastic, noise = Path(folder_spec), False, 0.0
+    if name and args == "stochastic":
+        path, stochastic = Path(name), True
+    elif name and args.startswith("noise=") and not Path(folder_spec).exists():
+        path = Path(name)
+        try:
+            noise = float(args.removeprefix("noise="))
+        except ValueError:
+            raise ValueError(f"policy spec {spec!r}: noise must be a number") from None
+        if not noise >= 0:
+            raise ValueError(f"policy spec {spec!r}: noise must be >= 0")
+    return path, stochastic, noise
+
+
 def parse_policy_spec(spec: str):
     """'scripted:noise=0.3,failure_prob=0.5' | 'random' | FOLDER | FOLDER:stochastic | FOLDER:noise=0.5 (the VLA
     with Gaussian action noise: one strong policy at several levels) | act:FOLDER | diffusion:FOLDER (LeRobot
-    checkpoints) | estimated-state:FOLDER (the two-stage pixel policy) -> PolicyConfig."""
+    checkpoints) | estimated-state:FOLDER[:stochastic | :noise=X] (the two-stage pixel policy, or its actor alone
+    when trained without cameras) -> PolicyConfig."""
     name, _, args = spec.partition(":")
     if name == "estimated-state" and args:
-        if not Path(args).exists():
-            raise ValueError(f"policy spec {spec!r}: {args} does not exist")
-        return PolicyConfig(type=name, path=Path(args))
+        path, stochastic, noise = _acting_suffix(spec, args)
+        if not path.exists():
+            raise ValueError(f"policy spec {spec!r}: {path} does not exist")
+        return PolicyConfig(type=name, path=path, stochastic=stochastic, noise=noise)
     if name in ("act", "diffusion") and args:
         if not (Path(args) / "config.json").is_file():
             raise ValueError(f"policy spec {spec!r}: {args} is not a LeRobot checkpoint folder (no config.json)")
@@ -86,21 +106,11 @@ def parse_policy_spec(spec: str):
                 raise ValueError(f"policy spec {spec!r}: unknown option {k!r}; valid: noise, failure_prob")
             kw[k] = float(v)
         return PolicyConfig(type=name, **kw)
-    path, stochastic, noise = spec, False, 0.0
-    if args == "stochastic":  # FOLDER:stochastic samples actions
-        path, stochastic = name, True
-    elif args.startswith("noise=") and not Path(spec).exists():
-        path = name
-        try:
-            noise = float(args.removeprefix("noise="))
-        except ValueError:
-            raise ValueError(f"policy spec {spec!r}: noise must be a number") from None
-        if not noise >= 0:
-            raise ValueError(f"policy spec {spec!r}: noise must be >= 0")
-    if not Path(path).exists():
+    path, stochastic, noise = _acting_suffix(spec, spec)
+    if not path.exists():
         raise ValueError(f"policy spec {spec!r}: not scripted[:...], random, or an existing policy folder"
                          "[:stochastic | :noise=X]")
-    return PolicyConfig(type="vla", path=Path(path), stochastic=stochastic, noise=noise)
+    return PolicyConfig(type="vla", path=path, stochastic=stochastic, noise=noise)
 
 
 ANCHORS = ("scripted", "random")
