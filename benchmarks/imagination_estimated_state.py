@@ -182,6 +182,26 @@ def bc_stage(base: Path, cams: tuple[str, ...], bc_episodes: int = 200, bc_steps
     return bc_dir
 
 
+def world_model_stage(base: Path, wm_episodes: int = 300, quick: bool = False, world_model: str = "",
+                      stage=lambda key, fn: fn()) -> tuple[Path, Path]:
+    """Stage 1 (cached under `base`): the world-model data and the world model (or `world_model`, a trained run used
+    instead); returns (data, run)."""
+    from wmrl.commands.collect import CollectConfig, collect
+    from world_models.video.train import TrainWMConfig, train_world_model
+
+    wm_data, wm_run = base / "wm-data", (Path(world_model) if world_model else base / "wm")
+    if world_model and not (wm_run / "checkpoints" / "last" / "model.safetensors").exists():
+        raise FileNotFoundError(f"world_model={world_model}: no checkpoints/last/model.safetensors there")
+    if not (wm_data / "meta" / "info.json").exists():
+        stage("collect_wm", lambda: collect(CollectConfig(task="push-red", episodes=wm_episodes, out=wm_data, failures=0.3,
+                                                          perturbed=0.25, noise=0.05, seed=0, overwrite=True), progress=False))
+    if not (wm_run / "checkpoints" / "last" / "model.safetensors").exists():
+        tiny = dict(size="tiny", ae_steps=30, state_steps=20, dyn_steps=30, unroll_steps=6, batch_size=8, videos=0) if quick else {}
+        cfg = TrainWMConfig(data=wm_data, out=wm_run, overwrite=True, **tiny)
+        stage("world_model", lambda: train_world_model(cfg, progress=False))
+    return wm_data, wm_run
+
+
 def main(quick: bool = False, cameras: str = "none", wm_episodes: int = 300, bc_episodes: int = 200,
          bc_steps: int = 4000, estimator_steps: int = 3000, iterations: int = 30, groups: int = 16,
          group_size: int = 8, lr: float = 3e-5, eval_episodes: int = 300, work: str = "", ceiling: str = "false",
@@ -196,9 +216,7 @@ def main(quick: bool = False, cameras: str = "none", wm_episodes: int = 300, bc_
     import torch
 
     from policies.estimated_state import EstimatedStatePolicy
-    from wmrl.commands.collect import CollectConfig, collect
     from wmrl.rl.imagine import ImagineConfig, imagine, in_true_world
-    from world_models.video.train import TrainWMConfig, train_world_model
 
     dims = tuple(int(d) for d in str(actor_state_dims).split(",") if str(d).strip())
     cams = () if cameras == "none" else tuple(c for c in str(cameras).split(",") if c)
@@ -230,16 +248,7 @@ def main(quick: bool = False, cameras: str = "none", wm_episodes: int = 300, bc_
         minutes[key] = (time.time() - t) / 60
         return out
 
-    wm_data, wm_run = base / "wm-data", (Path(world_model) if world_model else base / "wm")
-    if world_model and not (wm_run / "checkpoints" / "last" / "model.safetensors").exists():
-        raise FileNotFoundError(f"world_model={world_model}: no checkpoints/last/model.safetensors there")
-    if not (wm_data / "meta" / "info.json").exists():
-        stage("collect_wm", lambda: collect(CollectConfig(task="push-red", episodes=wm_episodes, out=wm_data, failures=0.3,
-                                                          perturbed=0.25, noise=0.05, seed=0, overwrite=True), progress=False))
-    if not (wm_run / "checkpoints" / "last" / "model.safetensors").exists():
-        tiny = dict(size="tiny", ae_steps=30, state_steps=20, dyn_steps=30, unroll_steps=6, batch_size=8, videos=0) if quick else {}
-        cfg = TrainWMConfig(data=wm_data, out=wm_run, overwrite=True, **tiny)
-        stage("world_model", lambda: train_world_model(cfg, progress=False))
+    wm_data, wm_run = world_model_stage(base, wm_episodes, quick, world_model, stage)
     bc_dir = bc_stage(base, cams, bc_episodes, bc_steps, estimator_steps, min_std, stage, dims)
     record = json.loads((bc_dir / "record.json").read_text())
     start = in_true_world(EstimatedStatePolicy.load(bc_dir))

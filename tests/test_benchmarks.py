@@ -405,7 +405,16 @@ def test_privileged_learner_reads_which_zone_the_instruction_names():
     assert x[1, 21 + vocab.index("purple")] == 1 and x[1, 21 + vocab.index("yellow")] == 0
 
 
-def test_imagination_estimated_state_benchmark_pairs_its_evaluations():
+@pytest.fixture(scope="module")
+def ies_quick(tmp_path_factory):
+    """The imagination-estimated-state benchmark's quick run in a kept work folder (its tiny world model, BC data,
+    start actor and RL actor), shared with the state-population ranking's test. Returns (result, work folder)."""
+    work = tmp_path_factory.mktemp("ies") / "w"
+    r = runpy.run_path(str(BENCH / "imagination_estimated_state.py"), run_name="bench")["main"](quick=True, work=str(work))
+    return r, work
+
+
+def test_imagination_estimated_state_benchmark_pairs_its_evaluations(ies_quick):
     import runpy as _runpy
 
     mod = _runpy.run_path(str(BENCH / "imagination_estimated_state.py"), run_name="bench")
@@ -413,7 +422,7 @@ def test_imagination_estimated_state_benchmark_pairs_its_evaluations():
     g = mod["paired_gain"]([0, 0, 0, 1, 1, 0, 0, 0, 1, 1], [1, 1, 1, 0, 1, 0, 0, 0, 1, 1])
     assert g["gain"] == pytest.approx(0.2) and (g["layouts_won"], g["layouts_lost"]) == (3, 1)
     assert g["ci"][0] <= 0.2 <= g["ci"][1]
-    r = mod["main"](quick=True)
+    r = ies_quick[0]
     assert r["true_env_steps_during_rl"] == 0 and r["episodes_per_evaluation"] == 3
     assert r["success_gain_points"] == pytest.approx(100 * (r["success_rl"] - r["success_rl_start"]))
     assert r["paired"]["gain"] == pytest.approx(r["success_rl"] - r["success_rl_start"])  # the same layouts
@@ -422,6 +431,28 @@ def test_imagination_estimated_state_benchmark_pairs_its_evaluations():
     n = f["episodes"]
     assert f["both"] + f["true_only"] == round(f["true_success"] * n) and f["both"] + f["imagined_only"] == round(f["imagined_success"] * n)
     assert f["agreement"] == pytest.approx(1 - (f["true_only"] + f["imagined_only"]) / n) and f["state_rest"]
+
+
+def test_rank_state_population_ranks_actors_trained_and_degraded_here(ies_quick):
+    """The state-actor population on the imagination-estimated-state benchmark's quick work folder: the start actor
+    and its sampling copy, an actor trained here and its noisy copy, the RL actor found there, paired and ranked
+    with the anchors apart; rows name actors by their folders inside the work folder."""
+    work = ies_quick[1]
+    bench = runpy.run_path(str(BENCH / "rank_state_population.py"), run_name="bench")
+    r = bench["main"](quick=True, work=str(work))  # ranks the trained actor, its noisy copy and the random anchor
+    specs = [p["policy"] for p in r["population"]]
+    assert specs == ["estimated-state:rank-actors/bc-objects-32x2-10",
+                     "estimated-state:rank-actors/bc-objects-32x2-10:noise=0.3", "random"]
+    assert r["n_policies"] == 2 and r["episodes_per_policy"] == 2 and "rank_noise_ceiling" in r
+    trained = work / "rank-actors" / "bc-objects-32x2-10"
+    assert (trained / "model.safetensors").exists()
+    # the whole population: the start actor and its sampling copy, the actors trained here, the strongest degraded,
+    # the RL actor found in the work folder, the anchors
+    full = bench["population"](work, work / "bc-objects", [trained], (0.3, 0.6))
+    rl = next(work.glob("rl-objects-*/checkpoints/last"))
+    assert full == [f"estimated-state:{work / 'bc-objects'}", f"estimated-state:{work / 'bc-objects'}:stochastic",
+                    f"estimated-state:{trained}", f"estimated-state:{trained}:noise=0.3", f"estimated-state:{trained}:noise=0.6",
+                    f"estimated-state:{rl}", "scripted:noise=0.3", "random"]
 
 
 def test_perfect_model_shaping_is_potential_based_and_telescopes():
