@@ -54,10 +54,25 @@ def actors(base: Path, recipes=ACTORS, stage=lambda key, fn: fn()) -> list[Path]
     return out
 
 
+def rl_actors(base: Path) -> tuple[list[Path], dict]:
+    """The work folder's RL-in-imagination actors that load ({folder: why} for those that do not, e.g. checkpoints
+    from before the actor had its PPO critic)."""
+    from policies.estimated_state import EstimatedStatePolicy
+
+    found, refused = [], {}
+    for p in sorted(base.glob("rl-objects-*/checkpoints/last")):
+        try:
+            EstimatedStatePolicy.load(p)
+            found.append(p)
+        except (ValueError, FileNotFoundError) as e:
+            refused[str(p.relative_to(base))] = str(e).replace(f"{base}/", "")
+    return found, refused
+
+
 def population(base: Path, bc_dir: Path, trained: list[Path], levels=NOISE_LEVELS) -> list[str]:
     """[start actor, its sampling copy, the other actors, the last (strongest) of them at each noise level, RL
     actors, anchors]."""
-    rl = sorted(p for p in base.glob("rl-objects-*/checkpoints/last") if (p / "model.safetensors").exists())
+    rl = rl_actors(base)[0]
     start, strong = f"estimated-state:{bc_dir}", f"estimated-state:{trained[-1]}"
     return ([start, f"{start}:stochastic"] + [f"estimated-state:{d}" for d in trained] + [f"{strong}:noise={x}" for x in levels]
             + [f"estimated-state:{p}" for p in rl] + ["scripted:noise=0.3", "random"])
@@ -101,7 +116,7 @@ def main(quick: bool = False, work: str = "", world_model: str = "", episodes: i
         row["policy"] = row["policy"].replace(f"{base}/", "")
     out = {"task": "push-red", "world_model": str(wm_run), "noise_levels": list(NOISE_LEVELS[:1] if quick else NOISE_LEVELS),
            "actors": [[256, 2, 4000], *map(list, ((32, 2, 10),) if quick else ACTORS)], **{k: r[k] for k in keys if k in r},
-           "population": rows, "minutes": {**minutes, "total": (time.time() - t0) / 60}, "work": str(base)}
+           "population": rows, "rl_actors_not_loaded": rl_actors(base)[1], "minutes": {**minutes, "total": (time.time() - t0) / 60}, "work": str(base)}
     opts = [f"work={work}"] * bool(work) + [f"world_model={world_model}"] * bool(world_model) + \
         [f"episodes={episodes}"] * (int(episodes) != 50) + [f"stop_cm={stop_cm:g}"] * (float(stop_cm) > 0)
     return finish(name, out, quick, command="wmrl bench rank-state-population --json"

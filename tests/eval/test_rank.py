@@ -167,7 +167,7 @@ def test_rank_reports_the_share_of_imagined_episodes_the_hallucination_flag_stop
                                                   noise_ceiling=False)
 
 
-def test_ray_workers_give_the_same_metrics_as_in_process(trained, tiny_data):
+def test_ray_workers_give_the_same_metrics_as_in_process(trained, tiny_data, tmp_path):
     pytest.importorskip("ray")
     specs = ["scripted:noise=0.3", "random"]
     args = dict(world_model=str(trained), data=str(tiny_data), task="push-red", episodes=2, num_envs=2, seed=3)
@@ -175,3 +175,7 @@ def test_ray_workers_give_the_same_metrics_as_in_process(trained, tiny_data):
     remote = score_population(specs, **args, workers="ray", num_workers=2)
     keys = ["policy", "imagined_success", "true_success", "imagined_ci95", "true_ci95"]
     assert [{k: r[k] for k in keys} for r in remote] == [{k: r[k] for k in keys} for r in local]
+    # a policy that fails inside a worker is named with the worker's own error, not only Ray's wrapper
+    (tmp_path / "empty").mkdir()
+    with pytest.raises((ValueError, FileNotFoundError), match=r"policy 'estimated-state:.*empty'"):
+        score_population([f"estimated-state:{tmp_path / 'empty'}"], **args, workers="ray", num_workers=1)

@@ -267,8 +267,16 @@ def score_population(specs: list[str], world_model: str, data: str, task: str, e
         ray.init(num_cpus=num_workers, include_dashboard=False, log_to_driver=False)
     try:
         remote = ray.remote(num_cpus=1)(score_policy)
-        return ray.get([remote.remote(s, *args, threads=1, noise_ceiling=noise_ceiling, stop_cm=stop_cm)
-                        for s in specs])
+        refs = [remote.remote(s, *args, threads=1, noise_ceiling=noise_ceiling, stop_cm=stop_cm) for s in specs]
+        rows = []
+        for spec, ref in zip(specs, refs):
+            try:
+                rows.append(ray.get(ref))
+            except ray.exceptions.RayTaskError as e:  # the worker's own error, named by policy, not Ray's wrapper
+                cause = e.cause if isinstance(e.cause, Exception) else e
+                raise type(cause)(f"policy {spec!r}: {cause}") if isinstance(cause, (ValueError, FileNotFoundError)) \
+                    else RuntimeError(f"policy {spec!r}: {cause}") from cause
+        return rows
     finally:
         if started:
             ray.shutdown()
