@@ -26,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+
 from wmrl.benchutil import finish
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -108,12 +110,15 @@ def main(quick: bool = False, work: str = "", world_model: str = "", episodes: i
         policies=tuple(specs), world_model=wm_run, data=wm_data, task="push-red", episodes=2 if quick else int(episodes),
         num_envs=2 if quick else 10, workers="local" if quick else workers, stop_cm=float(stop_cm),
         out=base / (name + ("-quick" if quick else "")), overwrite=True), progress=not quick))
-    keys = ("rank_spearman", "rank_spearman_ci", "rank_spearman_with_anchors", "rank_kendall", "rank_mmrv",
+    keys = ("rank_spearman", "rank_spearman_ci", "rank_spearman_progress", "rank_spearman_progress_ci",
+            "rank_spearman_with_anchors", "rank_kendall", "rank_mmrv",
             "rank_noise_ceiling", "rank_noise_ceiling_ci", "success_abs_error", "n_policies", "episodes_per_policy")
     rows = [{k: p[k] for k in ("policy", "imagined_success", "imagined_ci95", "true_success", "true_ci95",
                                "true_repeat_success", "imagined_flagged") if k in p} for p in r["policies"]]
-    for row in rows:  # the folder names say what each actor is; the work folder's path does not
+    for row, p in zip(rows, r["policies"]):  # the folder names say what each actor is; the work folder's path does not
         row["policy"] = row["policy"].replace(f"{base}/", "")
+        row["imagined_progress"] = float(np.mean(p["imagined_max_rewards"]))  # mean best dense reward per episode
+        row["true_progress"] = float(np.mean(p["true_max_rewards"]))
     out = {"task": "push-red", "world_model": str(wm_run), "noise_levels": list(NOISE_LEVELS[:1] if quick else NOISE_LEVELS),
            "actors": [[256, 2, 4000], *map(list, ((32, 2, 10),) if quick else ACTORS)], **{k: r[k] for k in keys if k in r},
            "population": rows, "rl_actors_not_loaded": rl_actors(base)[1], "minutes": {**minutes, "total": (time.time() - t0) / 60}, "work": str(base)}

@@ -444,6 +444,9 @@ def test_rank_state_population_ranks_actors_trained_and_degraded_here(ies_quick)
     assert specs == ["estimated-state:rank-actors/bc-objects-32x2-10",
                      "estimated-state:rank-actors/bc-objects-32x2-10:noise=0.3", "random"]
     assert r["n_policies"] == 2 and r["episodes_per_policy"] == 2 and "rank_noise_ceiling" in r
+    # an episode's best dense reward is 1 where it succeeds: progress is at least the success rate, on both sides
+    assert "rank_spearman_progress" in r
+    assert all(p[f"{k}_progress"] >= p[f"{k}_success"] for p in r["population"] for k in ("imagined", "true"))
     trained = work / "rank-actors" / "bc-objects-32x2-10"
     assert (trained / "model.safetensors").exists()
     # the whole population: the start actor and its sampling copy, the actors trained here, the strongest degraded,

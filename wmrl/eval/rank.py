@@ -198,9 +198,27 @@ def ranking_report(rows: list[dict], n_boot: int = 2000, seed: int = 0) -> dict:
         out["rank_noise_ceiling_ci"] = list(bootstrap_spearman([r["true_outcomes"] for r in learned],
                                                                [r["true_repeat_outcomes"] for r in learned], n_boot,
                                                                seed, paired=False))
+    if all("imagined_max_rewards" in r for r in learned):
+        # the imagined progress score: each episode's best dense task reward (1 at success), so a policy whose
+        # pushes fall short of the zone in imagination still scores by how far it got, against true success
+        out["rank_spearman_progress"] = _spearman(np.asarray(rate(learned, "imagined_max_rewards")),
+                                                  np.asarray(rate(learned, "true_outcomes")))
+        out["rank_spearman_progress_ci"] = list(bootstrap_spearman([r["imagined_max_rewards"] for r in learned],
+                                                                   [r["true_outcomes"] for r in learned], n_boot, seed))
     out["episodes_per_policy"] = int(min(len(r["true_outcomes"]) for r in rows))
     out["anchors"] = [r["policy"] for r in rows if is_anchor(r["policy"])]
     return out
+
+
+def policy_label(spec: str) -> str:
+    """A short name for plots: the folder's name with its suffix (a run's `checkpoints/last` by the run's name)."""
+    if "/" not in spec:
+        return spec
+    kind, _, rest = spec.rpartition(":") if spec.rsplit(":", 1)[-1].startswith(("noise=", "stochastic")) else (spec, "", "")
+    p = Path(kind.split(":", 1)[-1])
+    if p.parent.name == "checkpoints":
+        p = p.parent.parent
+    return p.name + (f":{rest}" if rest else "")
 
 
 def score_policy(spec: str, world_model: str, data: str, task: str, episodes: int, num_envs: int, seed: int,
@@ -235,6 +253,7 @@ def score_policy(spec: str, world_model: str, data: str, task: str, episodes: in
             out[f"{name}_seconds"] = time.perf_counter() - t
             eps = sorted(r.per_episode, key=lambda e: e["seed"])  # finishing order differs between the two envs
             out[f"{name}_outcomes"] = [int(e["success"]) for e in eps]
+            out[f"{name}_max_rewards"] = [float(e["max_reward"]) for e in eps]
             out[f"{name}_seeds"] = [e["seed"] for e in eps]
             if stop_cm > 0 and name == "imagined":
                 out["imagined_flagged"] = float(np.mean([e.get("flagged", False) for e in eps]))
@@ -297,7 +316,7 @@ def plot_scatter(rows: list[dict], path: Path, stats: dict) -> Path:
         yerr = np.abs(np.array(r.get("imagined_ci95", [y, y])) - y)[:, None]
         ax.errorbar(x, y, xerr=xerr, yerr=yerr, fmt="o", ms=4, lw=0.8, capsize=2,
                     color="0.6" if is_anchor(r["policy"]) else "tab:blue")
-        ax.annotate(Path(r["policy"]).name if "/" in r["policy"] else r["policy"], (x, y), fontsize=7,
+        ax.annotate(policy_label(r["policy"]), (x, y), fontsize=7,
                     xytext=(3, 3), textcoords="offset points")
     title = f"Spearman {stats['rank_spearman']:.2f}"
     if "rank_spearman_ci" in stats:
