@@ -117,8 +117,8 @@ def main(quick: bool = False, work: str = "", world_model: str = "", episodes: i
                                "true_repeat_success", "imagined_flagged") if k in p} for p in r["policies"]]
     for row, p in zip(rows, r["policies"]):  # the folder names say what each actor is; the work folder's path does not
         row["policy"] = row["policy"].replace(f"{base}/", "")
-        row["imagined_progress"] = float(np.mean(p["imagined_max_rewards"]))  # mean best dense reward per episode
-        row["true_progress"] = float(np.mean(p["true_max_rewards"]))
+        row["imagined_progress"] = float(np.mean(p["imagined_progress"]))  # mean best dense task reward per episode
+        row["true_progress"] = float(np.mean(p["true_progress"]))
     out = {"task": "push-red", "world_model": str(wm_run), "noise_levels": list(NOISE_LEVELS[:1] if quick else NOISE_LEVELS),
            "actors": [[256, 2, 4000], *map(list, ((32, 2, 10),) if quick else ACTORS)], **{k: r[k] for k in keys if k in r},
            "population": rows, "rl_actors_not_loaded": rl_actors(base)[1], "minutes": {**minutes, "total": (time.time() - t0) / 60}, "work": str(base)}

@@ -10,6 +10,8 @@ imagination unchanged (RLinf's BaseWorldEnv / DIAMOND's WorldModelEnv, with WoVR
   generated latents reaching `success_threshold` (0.9) (`"frames"`). Success terminates the episode.
 - Reward: `relative_success` (WoVR: the change in success probability, 0/1 on the state path) or `head` (the
   reward head's prediction; on the state path the task's shaped reward on predicted state).
+- `info["task_reward"]` (state path): the task's dense reward on the predicted state, the best over the chunk,
+  whatever the reward mode: how far an episode got (the evaluation loop's `progress`).
 - `info["disagreement"]`: the state channel's ensemble spread of object positions (cm, max over the chunk): a
   hallucination flag. With `stop_cm` > 0 an episode whose chunk exceeds it is truncated there (`info["flagged"]`),
   and neither that chunk's reward nor a success in it counts: RL and ranking are not taught or scored by what the
@@ -227,14 +229,17 @@ class WorldModelEnv(gym.vector.VectorEnv):
         self._state, preds = self.model.step(self._state, torch.from_numpy(a), steps=self.sampling_steps, generator=self._gen)
         ok = imagined_success(self.model, preds, self._state["task"], self.rules, self.success_threshold)  # (B, h)
         p = ok.astype(np.float64) if self.rules is not None else preds["success"].cpu().numpy()
+        task_reward = None
+        if self.rules is not None:  # the task's dense reward on the predicted state, every step of the chunk
+            B, h = ok.shape
+            task_reward = self.rules([t for t in self._state["task"] for _ in range(h)],
+                                     preds["ee"].cpu().numpy().reshape(B * h, 3),
+                                     preds["gripper_opening"].cpu().numpy().reshape(-1),
+                                     preds[ENV_STATE].cpu().numpy().reshape(B * h, -1))[1].reshape(B, h)
         if self.reward_mode == "relative_success":
             reward = p[:, -1] - self._p
-        elif self.rules is not None:
-            B, h = ok.shape
-            rew = self.rules([t for t in self._state["task"] for _ in range(h)], preds["ee"].cpu().numpy().reshape(B * h, 3),
-                             preds["gripper_opening"].cpu().numpy().reshape(-1),
-                             preds[ENV_STATE].cpu().numpy().reshape(B * h, -1))[1]
-            reward = rew.reshape(B, h).sum(axis=1)
+        elif task_reward is not None:
+            reward = task_reward.sum(axis=1)
         else:
             reward = preds["reward"].sum(dim=1).cpu().numpy()
         success = ok.any(axis=1)
@@ -250,16 +255,22 @@ class WorldModelEnv(gym.vector.VectorEnv):
         flagged = dis > self.stop_cm if self.stop_cm > 0 else np.zeros(self.num_envs, bool)
         success &= ~flagged
         reward = np.where(flagged, 0.0, reward)
+        if task_reward is not None:
+            task_reward = np.where(flagged, 0.0, task_reward.max(axis=1))
         terminated = success.copy()
         truncated = ~terminated & ((self._t >= self.max_episode_steps) | flagged)
         if len(resetting):  # NEXT_STEP autoreset: these envs ignore the action and start a new episode
             self._reset_envs(resetting)
             reward[resetting], terminated[resetting], truncated[resetting], success[resetting] = 0.0, False, False, False
             flagged[resetting] = False
+            if task_reward is not None:
+                task_reward[resetting] = 0.0
         self._needs_reset = terminated | truncated
         info = {"success": success, "success_prob": p[:, -1], "step": self._t.copy(), "flagged": flagged}
         if dis is not None:
             info["disagreement"] = dis
+        if task_reward is not None:
+            info["task_reward"] = task_reward
         return self._obs(), reward.astype(np.float64), terminated, truncated, info
 
 

@@ -62,7 +62,7 @@ def test_the_progress_score_ranks_policies_whose_imagined_successes_are_capped()
     success, but its best dense reward per episode still orders the policies by how far they got."""
     def row(policy, true, progress):
         return {"policy": policy, "imagined_outcomes": [1] * 3 + [0] * 7, "true_outcomes": [1] * true + [0] * (10 - true),
-                "imagined_max_rewards": [progress] * 10}
+                "imagined_progress": [progress] * 10}
 
     rows = [row("runs/a", 2, 0.3), row("runs/b", 5, 0.5), row("runs/c", 9, 0.7), row("runs/d", 7, 0.6), row("random", 0, 0.9)]
     r = ranking_report(rows, n_boot=200)
@@ -70,7 +70,7 @@ def test_the_progress_score_ranks_policies_whose_imagined_successes_are_capped()
     assert r["rank_spearman_progress"] == pytest.approx(1.0)  # the anchor (progress 0.9, true 0) is left out
     lo, hi = r["rank_spearman_progress_ci"]
     assert lo <= 1.0 <= hi + 1e-9
-    rows[0]["imagined_max_rewards"] = [0.8] * 10  # the weakest now looks best: one policy out of place
+    rows[0]["imagined_progress"] = [0.8] * 10  # the weakest now looks best: one policy out of place
     assert ranking_report(rows, n_boot=50)["rank_spearman_progress"] == pytest.approx(1 - 6 * 12 / (4 * 15))  # sum d^2 = 9+1+1+1
 
 

@@ -362,6 +362,45 @@ def test_imagined_success_comes_from_the_tasks_rules_on_predicted_state(trained,
     assert info["success"].all() and term.all()
 
 
+def test_the_task_reward_reports_progress_on_predicted_state_whatever_the_reward_mode(trained, tiny_data):
+    """info["task_reward"]: the task's dense reward on the predicted state (the best over a chunk), while the
+    reward stays relative success; the evaluation loop's `progress` is its best over the episode."""
+    from wmrl.eval import evaluate
+
+    model = VideoWorldModel.load(trained / "checkpoints/last")
+    _, _, held = load_split(tiny_data, 0.25)
+    venv = WorldModelEnv(model, held, num_envs=2, max_episode_steps=8, rules=success_and_reward, decode_images=False)
+    venv.reset(seed=0)
+    venv._state["task"] = [TASK, TASK]
+    seen = {}
+    orig = model.step
+
+    def spy(state, actions, **kw):
+        out = orig(state, actions, **kw)
+        seen["preds"] = out[1]
+        return out
+
+    model.step = spy
+    _, r, _, _, info = venv.step(np.zeros((2, 3, 4), np.float32))  # a chunk of 3
+    p = seen["preds"]
+    hand = success_and_reward([TASK] * 6, p["ee"].numpy().reshape(6, 3), p["gripper_opening"].numpy().reshape(6),
+                              p["observation.environment_state"].numpy().reshape(6, -1))[1].reshape(2, 3).max(1)
+    np.testing.assert_allclose(info["task_reward"], hand)
+    assert np.all(hand > 0) and np.all(r == 0)  # a dense reward where relative success (no success yet) gives 0
+    model.step = orig
+
+    class Still:  # holds still: the progress is the dense reward of the start, re-scored at every step
+        def reset(self):
+            pass
+
+        def select_action(self, obs):
+            return np.zeros((2, 4), np.float32)
+
+    res = evaluate(Still(), venv, 2, seed=1, progress=False)
+    for e in res.per_episode:
+        assert e["max_reward"] == 0.0 and 0.0 < e["progress"] < 1.0
+
+
 def test_the_hallucination_flag_truncates_an_episode_and_its_success_does_not_count(trained, tiny_data):
     model = VideoWorldModel.load(trained / "checkpoints/last")
     _, _, held = load_split(tiny_data, 0.25)

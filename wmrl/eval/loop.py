@@ -70,7 +70,9 @@ def evaluate(policy: Policy, env: gym.Env | gym.vector.VectorEnv, n_episodes: in
              on_episode: Callable[[dict], None] | None = None, start_from: gym.vector.VectorEnv | None = None,
              chunked: bool = False) -> EvalResult:
     """Run `policy` for `n_episodes` and return LeRobot's metrics (`pc_success`, `avg_sum_reward`,
-    `avg_max_reward`) with a 95% Wilson interval, episode lengths and per-episode records.
+    `avg_max_reward`) with a 95% Wilson interval, episode lengths and per-episode records. A record's `progress` is
+    the best dense task reward the episode reached: the reward itself, or `info["task_reward"]` where the env
+    rewards something else (a world model's relative-success reward).
 
     record: keep every episode as an episode dict (`wmrl.core.episode`); `on_episode` receives each one as it
     finishes (e.g. a dataset writer), so long collections need not hold them all. video_dir: write mp4s of the
@@ -106,7 +108,7 @@ def evaluate(policy: Policy, env: gym.Env | gym.vector.VectorEnv, n_episodes: in
             obs, info = venv.reset(seed=seed + batch * B)
         policy.reset()
         active = np.arange(B) < n_here
-        traj = [{"obs": [_slice(obs, i)], "act": [], "rew": [], "term": [], "trunc": [], "succ": [],
+        traj = [{"obs": [_slice(obs, i)], "act": [], "rew": [], "prog": [], "term": [], "trunc": [], "succ": [],
                  "extra": {k: [np.asarray(info[k][i])] for k in info_keys if k in info}} for i in range(B)]
         while active.any():
             if h > 1:
@@ -121,16 +123,19 @@ def evaluate(policy: Policy, env: gym.Env | gym.vector.VectorEnv, n_episodes: in
                 raise ValueError("action: policy returned NaN or inf")
             obs, reward, terminated, truncated, info = venv.step(action)
             success = np.asarray(info.get("success", np.zeros(B, bool)), dtype=bool)
+            progress = np.asarray(info.get("task_reward", reward), dtype=np.float64)
             for i in np.flatnonzero(active):
                 tr = traj[i]
                 if h > 1:  # the chunk's first h-1 actions: reward, success and the end come with its last
                     tr["act"] += list(action[i, :-1])
                     tr["rew"] += [0.0] * (h - 1)
+                    tr["prog"] += [0.0] * (h - 1)
                     tr["term"] += [False] * (h - 1)
                     tr["trunc"] += [False] * (h - 1)
                     tr["succ"] += [False] * (h - 1)
                 tr["act"].append(action[i, -1] if h > 1 else action[i])
                 tr["rew"].append(float(reward[i]))
+                tr["prog"].append(float(progress[i]))
                 tr["term"].append(bool(terminated[i]))
                 tr["trunc"].append(bool(truncated[i]))
                 tr["succ"].append(bool(success[i]))
@@ -142,7 +147,8 @@ def evaluate(policy: Policy, env: gym.Env | gym.vector.VectorEnv, n_episodes: in
                     active[i] = False
                     rec = {"episode": len(per_episode), "seed": int(seed + batch * B + i), "task": tr["obs"][0].get(TASK, ""),
                            "success": bool(any(tr["succ"])), "sum_reward": float(np.sum(tr["rew"])),
-                           "max_reward": float(np.max(tr["rew"])), "length": len(tr["act"])}
+                           "max_reward": float(np.max(tr["rew"])), "progress": float(np.max(tr["prog"])),
+                           "length": len(tr["act"])}
                     if "flagged" in info:  # a world model's hallucination flag ended it (`WorldModelEnv(stop_cm=...)`)
                         rec["flagged"] = bool(info["flagged"][i])
                     per_episode.append(rec)

@@ -198,12 +198,12 @@ def ranking_report(rows: list[dict], n_boot: int = 2000, seed: int = 0) -> dict:
         out["rank_noise_ceiling_ci"] = list(bootstrap_spearman([r["true_outcomes"] for r in learned],
                                                                [r["true_repeat_outcomes"] for r in learned], n_boot,
                                                                seed, paired=False))
-    if all("imagined_max_rewards" in r for r in learned):
+    if all("imagined_progress" in r for r in learned):
         # the imagined progress score: each episode's best dense task reward (1 at success), so a policy whose
         # pushes fall short of the zone in imagination still scores by how far it got, against true success
-        out["rank_spearman_progress"] = _spearman(np.asarray(rate(learned, "imagined_max_rewards")),
+        out["rank_spearman_progress"] = _spearman(np.asarray(rate(learned, "imagined_progress")),
                                                   np.asarray(rate(learned, "true_outcomes")))
-        out["rank_spearman_progress_ci"] = list(bootstrap_spearman([r["imagined_max_rewards"] for r in learned],
+        out["rank_spearman_progress_ci"] = list(bootstrap_spearman([r["imagined_progress"] for r in learned],
                                                                    [r["true_outcomes"] for r in learned], n_boot, seed))
     out["episodes_per_policy"] = int(min(len(r["true_outcomes"]) for r in rows))
     out["anchors"] = [r["policy"] for r in rows if is_anchor(r["policy"])]
@@ -253,7 +253,7 @@ def score_policy(spec: str, world_model: str, data: str, task: str, episodes: in
             out[f"{name}_seconds"] = time.perf_counter() - t
             eps = sorted(r.per_episode, key=lambda e: e["seed"])  # finishing order differs between the two envs
             out[f"{name}_outcomes"] = [int(e["success"]) for e in eps]
-            out[f"{name}_max_rewards"] = [float(e["max_reward"]) for e in eps]
+            out[f"{name}_progress"] = [float(e["progress"]) for e in eps]
             out[f"{name}_seeds"] = [e["seed"] for e in eps]
             if stop_cm > 0 and name == "imagined":
                 out["imagined_flagged"] = float(np.mean([e.get("flagged", False) for e in eps]))
