@@ -31,12 +31,11 @@ from __future__ import annotations
 
 import json
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 
-from wmrl.benchutil import finish, success_in_task
+from wmrl.benchutil import finish, success_in_task, timed_stages
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -240,13 +239,7 @@ def main(quick: bool = False, cameras: str = "none", wm_episodes: int = 300, bc_
     name = "imagination-estimated-state" + suffix
     base = Path(work) if work else (Path(tempfile.mkdtemp(prefix="wmrl-bench-ies-")) if quick
                                     else ROOT / "runs" / "bench-imagination-estimated-state")
-    minutes: dict = {}
-
-    def stage(key: str, fn):
-        t = time.time()
-        out = fn()
-        minutes[key] = (time.time() - t) / 60
-        return out
+    minutes, stage = timed_stages()
 
     wm_data, wm_run = world_model_stage(base, wm_episodes, quick, world_model, stage)
     bc_dir = bc_stage(base, cams, bc_episodes, bc_steps, estimator_steps, min_std, stage, dims)

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from wmrl.benchutil import finish
+from wmrl.benchutil import finish, timed_stages
 
 ROOT = Path(__file__).resolve().parent.parent
 SIBLING = runpy.run_path(str(Path(__file__).with_name("imagination_estimated_state.py")), run_name="wmrl_bench_sibling")
@@ -89,13 +89,7 @@ def main(quick: bool = False, work: str = "", world_model: str = "", episodes: i
 
     base = Path(work) if work else (Path(tempfile.mkdtemp(prefix="wmrl-bench-rank-state-")) if quick
                                     else ROOT / "runs" / "bench-imagination-estimated-state")
-    minutes: dict = {}
-
-    def stage(key: str, fn):
-        t = time.time()
-        out = fn()
-        minutes[key] = (time.time() - t) / 60
-        return out
+    minutes, stage = timed_stages()
 
     t0 = time.time()
     wm_data, wm_run = SIBLING["world_model_stage"](base, 6 if quick else 300, quick, world_model, stage)

@@ -66,6 +66,19 @@ def portable(obj, roots: tuple[str, ...] | None = None):
     return obj
 
 
+def timed_stages() -> tuple[dict, Callable]:
+    """(minutes, stage): `stage(key, fn)` runs `fn()`, records its wall time in `minutes[key]` and returns its value."""
+    minutes: dict = {}
+
+    def stage(key: str, fn):
+        t = time.time()
+        out = fn()
+        minutes[key] = (time.time() - t) / 60
+        return out
+
+    return minutes, stage
+
+
 def finish(name: str, result: dict, quick: bool, command: str | None = None) -> dict:
     result = portable(result)
     result = {"benchmark": name, **result, "machine": machine(),
