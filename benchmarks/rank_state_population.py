@@ -100,7 +100,7 @@ def main(quick: bool = False, work: str = "", world_model: str = "", episodes: i
     if quick:  # the smallest population the statistics take: two learned policies and an anchor
         specs = [specs[2], specs[3], "random"]
     name = ("rank-state-population" + (f"-wm-{Path(world_model).name}" if world_model else "")
-            + (f"-stop{float(stop_cm):g}cm" if float(stop_cm) > 0 else ""))
+            + (f"-stop{float(stop_cm):g}cm" if float(stop_cm) > 0 else "") + (f"-ep{int(episodes)}" if int(episodes) != 50 else ""))
     r = stage("rank", lambda: run_rank(RankConfig(
         policies=tuple(specs), world_model=wm_run, data=wm_data, task="push-red", episodes=2 if quick else int(episodes),
         num_envs=2 if quick else 10, workers="local" if quick else workers, stop_cm=float(stop_cm),
