@@ -13,8 +13,8 @@ on other seeds for the noise ceiling, bootstrap CI on Spearman, MMRV, success MA
 Population (every member built here, cached under the work folder): the imagination-estimated-state benchmark's
 start actor (BC, 256 x 2 units, 4000 steps) acting with its mean and with sampled actions, the same data and recipe
 stopped early (300 and 1000 steps) and with the imitation-ceiling benchmark's larger learner (512 x 3 units, 10k
-steps; 30k steps gave no more: 53% vs 52% true success on 60 episodes), the strongest with Gaussian action noise at several levels, any RL-in-imagination actors found in
-the work folder, and the scripted (noise 0.3) and random anchors, reported apart.
+steps), the strongest with Gaussian action noise at several levels, any RL-in-imagination actors found in the work
+folder, and the scripted (noise 0.3) and random anchors, reported apart.
 
     wmrl bench rank-state-population --json [--options work=DIR world_model=RUN episodes=50]
 """
@@ -71,10 +71,10 @@ def rl_actors(base: Path) -> tuple[list[Path], dict]:
     return found, refused
 
 
-def population(base: Path, bc_dir: Path, trained: list[Path], levels=NOISE_LEVELS) -> list[str]:
+def population(base: Path, bc_dir: Path, trained: list[Path], levels=NOISE_LEVELS, rl: list[Path] | None = None) -> list[str]:
     """[start actor, its sampling copy, the other actors, the last (strongest) of them at each noise level, RL
-    actors, anchors]."""
-    rl = rl_actors(base)[0]
+    actors (default: those of `rl_actors(base)`), anchors]."""
+    rl = rl_actors(base)[0] if rl is None else rl
     start, strong = f"estimated-state:{bc_dir}", f"estimated-state:{trained[-1]}"
     return ([start, f"{start}:stochastic"] + [f"estimated-state:{d}" for d in trained] + [f"{strong}:noise={x}" for x in levels]
             + [f"estimated-state:{p}" for p in rl] + ["scripted:noise=0.3", "random"])
@@ -96,7 +96,8 @@ def main(quick: bool = False, work: str = "", world_model: str = "", episodes: i
     tiny = dict(bc_episodes=6, bc_steps=20, estimator_steps=4) if quick else {}
     bc_dir = SIBLING["bc_stage"](base, (), stage=stage, **tiny)
     trained = actors(base, ((32, 2, 10),) if quick else ACTORS, stage)
-    specs = population(base, bc_dir, trained, NOISE_LEVELS[:1] if quick else NOISE_LEVELS)
+    rl, rl_refused = rl_actors(base)
+    specs = population(base, bc_dir, trained, NOISE_LEVELS[:1] if quick else NOISE_LEVELS, rl)
     if quick:  # the smallest population the statistics take: two learned policies and an anchor
         specs = [specs[2], specs[3], "random"]
     name = ("rank-state-population" + (f"-wm-{Path(world_model).name}" if world_model else "")
@@ -116,7 +117,7 @@ def main(quick: bool = False, work: str = "", world_model: str = "", episodes: i
         row["true_progress"] = float(np.mean(p["true_progress"]))
     out = {"task": "push-red", "world_model": str(wm_run), "noise_levels": list(NOISE_LEVELS[:1] if quick else NOISE_LEVELS),
            "actors": [[256, 2, 4000], *map(list, ((32, 2, 10),) if quick else ACTORS)], **{k: r[k] for k in keys if k in r},
-           "population": rows, "rl_actors_not_loaded": rl_actors(base)[1], "minutes": {**minutes, "total": (time.time() - t0) / 60}, "work": str(base)}
+           "population": rows, "rl_actors_not_loaded": rl_refused, "minutes": {**minutes, "total": (time.time() - t0) / 60}, "work": str(base)}
     opts = [f"work={work}"] * bool(work) + [f"world_model={world_model}"] * bool(world_model) + \
         [f"episodes={episodes}"] * (int(episodes) != 50) + [f"stop_cm={stop_cm:g}"] * (float(stop_cm) > 0)
     return finish(name, out, quick, command="wmrl bench rank-state-population --json"

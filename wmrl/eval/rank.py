@@ -214,11 +214,11 @@ def policy_label(spec: str) -> str:
     """A short name for plots: the folder's name with its suffix (a run's `checkpoints/last` by the run's name)."""
     if "/" not in spec:
         return spec
-    kind, _, rest = spec.rpartition(":") if spec.rsplit(":", 1)[-1].startswith(("noise=", "stochastic")) else (spec, "", "")
-    p = Path(kind.split(":", 1)[-1])
+    kind, _, rest = spec.partition(":")
+    p, stochastic, noise = _acting_suffix(spec, rest if kind in ("estimated-state", "act", "diffusion") and rest else spec)
     if p.parent.name == "checkpoints":
         p = p.parent.parent
-    return p.name + (f":{rest}" if rest else "")
+    return p.name + (":stochastic" if stochastic else f":noise={noise:g}" if noise else "")
 
 
 def score_policy(spec: str, world_model: str, data: str, task: str, episodes: int, num_envs: int, seed: int,
