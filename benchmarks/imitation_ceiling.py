@@ -38,13 +38,15 @@ from there, yet every later frame is a training frame). The clean expert on the 
 
 from __future__ import annotations
 
+import json
 import math
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
 
-from wmrl.benchutil import finish, success_in_task
+from wmrl.benchutil import device_name, finish, portable, success_in_task
 
 VARIANTS = {
     "reach_small": dict(task="reach-red", hidden=256, layers=2, steps=4000, noise=0.1, perturbed=0.0),
@@ -72,6 +74,13 @@ VARIANTS = {
     # from pixels: estimator (front + wrist) -> learner, on 2.5x the layouts (what a 2-core CPU renders in minutes)
     "push_pixels_estimated": dict(task="push-red", hidden=512, layers=3, steps=30_000, noise=0.1, perturbed=0.0,
                                   layouts=2.5, cameras=("front", "wrist"), estimator_steps=6000),
+    # the same with 5x the estimator's samples (a lent GPU's budget), and a short one (an RL start, a weaker
+    # member of a ranking population)
+    "push_pixels_estimated_long": dict(task="push-red", hidden=512, layers=3, steps=30_000, noise=0.1, perturbed=0.0,
+                                       layouts=2.5, cameras=("front", "wrist"), estimator_steps=15_000,
+                                       estimator_batch=128),
+    "push_pixels_estimated_short": dict(task="push-red", hidden=512, layers=3, steps=5000, noise=0.1, perturbed=0.0,
+                                        layouts=2.5, cameras=("front", "wrist"), estimator_steps=1000),
 }
 DEFAULT = ("reach_small", "push_small", "push_large", "push_large_noisy", "push_large_5x_layouts")
 
@@ -203,10 +212,10 @@ def _features_and_labels(episodes: list[dict], task: str, trim: bool) -> tuple[l
 
 
 def _collect(task: str, episodes: int, noise: float, perturbed: float, seed: int, trim: bool = False,
-             cameras: tuple[str, ...] = ()) -> tuple[np.ndarray, np.ndarray, dict, dict | None]:
+             cameras: tuple[str, ...] = (), num_envs: int = 1) -> tuple[np.ndarray, np.ndarray, dict, dict | None]:
     """Features and DART labels of `episodes` noisy-expert episodes, the collection's make-up (before trimming),
     and with `cameras` the frames a perception module learns from (images per camera, state, object channel;
-    untrimmed)."""
+    untrimmed). `num_envs` > 1: parallel simulator processes (other noise draws than one env: other data)."""
     import sim
     from sim.experts import ScriptedExpert
     from wmrl.core.features import ACTION, OBS_ENV_STATE, OBS_STATE, TASK, image_key
@@ -214,7 +223,8 @@ def _collect(task: str, episodes: int, noise: float, perturbed: float, seed: int
 
     if cameras and trim:
         raise ValueError("trimming is for the state learner's data; the perception frames are kept whole")
-    env = sim.make_env(task, cameras=tuple(cameras))
+    env = (sim.make_vector_env(task, num_envs, cameras=tuple(cameras)) if num_envs > 1
+           else sim.make_env(task, cameras=tuple(cameras)))
     try:
         r = evaluate(ScriptedExpert(noise=noise, perturb_prob=perturbed, seed=seed), env, episodes, seed=seed,
                      record=True, progress=False)
@@ -226,10 +236,11 @@ def _collect(task: str, episodes: int, noise: float, perturbed: float, seed: int
     out = sum(_reachable_frames(ep, task) < len(ep[ACTION]) for ep in failed)
     X, Y = np.concatenate(X), np.concatenate(Y).astype(np.float32)
     pixels = None
-    if cameras:
+    if cameras:  # `train_on_frames`' layout: one DART label per recorded frame
         pixels = {"images": {c: np.concatenate([np.asarray(ep[image_key(c)]) for ep in r.episodes]) for c in cameras},
                   TASK: np.concatenate([np.asarray(ep[TASK], dtype=object).reshape(-1) for ep in r.episodes]),
-                  **{k: np.concatenate([np.asarray(ep[k], np.float32) for ep in r.episodes]) for k in (OBS_STATE, OBS_ENV_STATE)}}
+                  **{k: np.concatenate([np.asarray(ep[k], np.float32) for ep in r.episodes]) for k in (OBS_STATE, OBS_ENV_STATE)},
+                  ACTION: Y, "has_action": np.ones(len(Y), bool)}
     return X, Y, {"frames": len(X), "frames_recorded": frames, "expert_success": r.pc_success / 100,
                   "failed_frame_share": sum(len(ep[ACTION]) for ep in failed) / frames,
                   "failed_out_of_reach_share": out / len(failed) if failed else 0.0}, pixels
@@ -287,30 +298,47 @@ def _state_learner(v: dict, X, Y, Xv, Yv, episodes: int, quick: bool) -> dict:
     return {**success_in_task(policy, v["task"], episodes), "train_mse": train_mse, "heldout_mse": _mse(policy, Xv, Yv)}
 
 
-def _pixel_learner(v: dict, pixels: dict, held: dict, Y, Yv, episodes: int, quick: bool) -> dict:
+def _pixel_learner(v: dict, pixels: dict, held: dict, Yv, episodes: int, quick: bool, device: str = "cpu",
+                   folder: Path | None = None, train_only: bool = False) -> dict:
     """The `estimated-state` policy (`policies/estimated_state`): the estimator fitted on the collection's frames,
-    the actor on its estimates, evaluated from the true simulator's rendered frames."""
-    from policies.estimated_state import EstimatedStateConfig, EstimatedStatePolicy
-    from policies.estimated_state.train import fit_actor, fit_estimator
-    from wmrl.core.features import OBS_ENV_STATE, OBS_STATE, TASK
+    the actor on its estimates (`train_on_frames`, on `device`), evaluated on this machine's CPU from the true
+    simulator's rendered frames. `folder`: where the trained policy is kept (with its training record); one already
+    there is loaded instead of trained (trained on a lent device, measured here)."""
+    from policies.estimated_state import EstimatedStatePolicy
+    from policies.estimated_state.train import train_on_frames
+    from wmrl.core.features import OBS_STATE, TASK
 
-    torch.manual_seed(0)
-    policy = EstimatedStatePolicy(EstimatedStateConfig(cameras=tuple(v["cameras"]), hidden=v["hidden"],
-                                                       layers=v["layers"], tasks=[v["task"]],
-                                                       task_vocab=task_vocab(v["task"])))
-    policy.estimator.set_statistics(pixels[OBS_STATE], pixels[OBS_ENV_STATE])
-    log = fit_estimator(policy.estimator, pixels, held, 4 if quick else v["estimator_steps"], log_every=2 if quick else 500)
-    estimate = policy.estimator.estimate(pixels["images"], pixels[OBS_STATE])
-    train_mse = fit_actor(policy, pixels[OBS_STATE], estimate, pixels[TASK], Y, 4 if quick else v["steps"])
+    if folder is not None and (folder / "record.json").exists():
+        policy, record = EstimatedStatePolicy.load(folder), json.loads((folder / "record.json").read_text())
+    else:
+        policy, record = train_on_frames(pixels, held, sorted(set(pixels[TASK].tolist())),
+                                         4 if quick else v["estimator_steps"], 4 if quick else v["steps"],
+                                         hidden=v["hidden"], layers=v["layers"], device=device, progress=not quick,
+                                         estimator_batch=v.get("estimator_batch", 64), task_vocab=task_vocab(v["task"]),
+                                         log_every=2 if quick else 500)
+        record["device"] = device_name(device)
+        if folder is not None:
+            policy.save(folder)
+            (folder / "record.json").write_text(json.dumps(portable(record), indent=2) + "\n")
+    if train_only:
+        return {"trained": str(folder), **{k: record[k] for k in ("estimator_minutes", "actor_minutes", "device")}}
+    policy = policy.to("cpu").eval()
     held_out = policy.act_from_estimate(held[OBS_STATE], policy.estimator.estimate(held["images"], held[OBS_STATE]),
                                         held[TASK])
-    return {**success_in_task(policy.eval(), v["task"], episodes, tuple(v["cameras"])), "estimator": log,
-            "train_mse": train_mse, "heldout_mse": float(((held_out - Yv) ** 2).mean()), "head": "mse"}
+    return {**success_in_task(policy, v["task"], episodes, tuple(v["cameras"])), "estimator": record["estimator"],
+            "train_mse": record["actor_train_mse"], "heldout_mse": float(((held_out - Yv) ** 2).mean()), "head": "mse",
+            "estimator_steps": v["estimator_steps"], "estimator_batch": v.get("estimator_batch", 64),
+            "trained_on": record["device"], "train_minutes": record["estimator_minutes"] + record["actor_minutes"]}
 
 
 def main(quick: bool = False, episodes: int = 150, data_episodes: int = 400, heldout_episodes: int = 30,
-         variants: str = "all") -> dict:
-    """`variants`: comma-separated names (default all)."""
+         variants: str = "all", device: str = "cpu", policies: str = "", train_only: bool = False,
+         num_envs: int = 1) -> dict:
+    """`variants`: comma-separated names (default all). For the pixel variants: `device` trains them there;
+    `policies` is a folder that keeps each trained pixel policy (`POLICIES/<variant>`) and is read back when run
+    again; `train_only` collects and trains them and measures nothing (on a lent device, whose time is short: copy
+    the folder back and run the same options without `train_only` to measure here). `num_envs`: collection
+    processes (1, the default, gives the committed results' data)."""
     import gymnasium as gym
 
     from policies.factory import make_policy
@@ -322,6 +350,8 @@ def main(quick: bool = False, episodes: int = 150, data_episodes: int = 400, hel
         raise ValueError(f"unknown variants {unknown}; choose from {sorted(VARIANTS)}")
     if quick:
         episodes, data_episodes, heldout_episodes = 3, 3, 2
+    if train_only and (not policies or any(not VARIANTS[n].get("cameras") for n in names)):
+        raise ValueError("train_only trains pixel variants into a `policies` folder: name one, and pixel variants only")
     torch.set_num_threads(2)
     t0 = time.time()
     results, minutes, data = {}, {}, {}
@@ -332,13 +362,20 @@ def main(quick: bool = False, episodes: int = 150, data_episodes: int = 400, hel
         trim, cameras = v.get("trim", False), v.get("cameras", ())
         key = (v["task"], v["noise"], v["perturbed"], n_data, trim, cameras)
         if key not in data:  # variants on the same data share it
-            data[key] = (_collect(v["task"], n_data, v["noise"], v["perturbed"], seed=1000, trim=trim, cameras=cameras),
-                         _collect(v["task"], heldout_episodes, v["noise"], 0.0, seed=20_000, cameras=cameras))
+            data[key] = (_collect(v["task"], n_data, v["noise"], v["perturbed"], seed=1000, trim=trim, cameras=cameras,
+                                  num_envs=int(num_envs)),
+                         _collect(v["task"], heldout_episodes, v["noise"], 0.0, seed=20_000, cameras=cameras,
+                                  num_envs=int(num_envs)))
         (X, Y, info, pixels), (Xv, Yv, _, held) = data[key]
         extra = {}
         if cameras:
+            folder = Path(policies) / name if policies else None
+            pixel = _pixel_learner(v, pixels, held, Yv, episodes, quick, device, folder, train_only)
+            if train_only:
+                results[name] = pixel
+                continue
             extra["true_state"] = _state_learner(v, X, Y, Xv, Yv, episodes, quick)
-            results[name] = {**_pixel_learner(v, pixels, held, Y, Yv, episodes, quick), **extra,
+            results[name] = {**pixel, **extra,
                              **{f"data_{k}": x for k, x in info.items()}, "data_episodes": n_data, "cameras": list(cameras),
                              **{k: v[k] for k in ("hidden", "layers", "steps", "noise", "perturbed")}}
             minutes[name] = (time.time() - t) / 60
@@ -358,6 +395,8 @@ def main(quick: bool = False, episodes: int = 150, data_episodes: int = 400, hel
                          "data_episodes": n_data, "trim": trim, "head": policy.head,
                          **{k: v[k] for k in ("hidden", "layers", "steps", "noise", "perturbed")}}
         minutes[name] = (time.time() - t) / 60
+    if train_only:
+        return {"trained": results, "minutes": (time.time() - t0) / 60}
     for task in sorted({VARIANTS[n]["task"] for n in names}):
         results[f"scripted_expert_{task}"] = success_in_task(make_policy("scripted", gym.spaces.Box(-1, 1, (4,), np.float32)),
                                                        task, episodes)
@@ -368,5 +407,10 @@ def main(quick: bool = False, episodes: int = 150, data_episodes: int = 400, hel
         out[f"success_{name}"] = results[name]["success"]
     # the default set is the committed result; another set is written beside it, named by its variants
     name = "imitation_ceiling" if names == list(DEFAULT) else "imitation_ceiling-" + "-".join(names)
+    options = ("" if names == list(DEFAULT) else f" variants={','.join(names)}") + (
+        f" episodes={episodes}" if episodes != 150 and not quick else "") + (f" policies={policies}" if policies else "") + (
+        f" num_envs={num_envs}" if int(num_envs) != 1 else "")
+    if episodes != 150 and not quick:
+        name += f"-ep{episodes}"
     return finish(name, out, quick, command="wmrl bench imitation-ceiling --json" + (" --quick" if quick else "")
-                  + ("" if names == list(DEFAULT) else f" --options variants={','.join(names)}"))
+                  + (f" --options{options}" if options else ""))

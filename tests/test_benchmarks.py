@@ -1,6 +1,7 @@
 """Benchmarks are not tests, but their scripts must keep running and keep printing the keys the README and other
 tools rely on. Quick mode: tiny sizes, and the committed results are left alone."""
 
+import json
 import runpy
 from pathlib import Path
 
@@ -389,6 +390,27 @@ def test_state_noise_perturbs_only_the_object_channel_as_a_bias_or_a_jitter():
     pixels = r["results"]["push_pixels_estimated"]
     assert pixels["cameras"] == ["front", "wrist"] and [x["step"] for x in pixels["estimator"]] == [2, 4]
     assert pixels["true_state"]["episodes"] == pixels["episodes"]  # the state reference on the same layouts
+
+
+def test_imitation_ceiling_trains_pixel_policies_once_and_measures_them_elsewhere(tmp_path):
+    """`train_only` (a lent device) writes each pixel policy with its record and measures nothing; the same options
+    without it load those policies instead of training again."""
+    main = runpy.run_path(str(BENCH / "imitation_ceiling.py"), run_name="bench")["main"]
+    with pytest.raises(ValueError, match="pixel variants only"):
+        main(quick=True, variants="push_small", train_only=True, policies=str(tmp_path))
+    with pytest.raises(ValueError, match="policies"):
+        main(quick=True, variants="push_pixels_estimated_short", train_only=True)
+    trained = main(quick=True, variants="push_pixels_estimated_short", train_only=True, policies=str(tmp_path), num_envs=2)
+    folder = tmp_path / "push_pixels_estimated_short"
+    assert trained["trained"]["push_pixels_estimated_short"]["trained"] == str(folder)
+    assert "success" not in trained["trained"]["push_pixels_estimated_short"]
+    weights = (folder / "model.safetensors").read_bytes()
+    record = json.loads((folder / "record.json").read_text())
+    measured = main(quick=True, variants="push_pixels_estimated_short", policies=str(tmp_path))
+    row = measured["results"]["push_pixels_estimated_short"]
+    assert row["estimator"] == record["estimator"] and row["trained_on"] == "cpu"
+    assert (folder / "model.safetensors").read_bytes() == weights  # loaded, not retrained
+    assert row["episodes"] == 3 and "policies=" in measured["command"]
 
 
 

@@ -41,8 +41,8 @@ def fit(loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], params, X, Y
     """Minimise `loss(x, y)` over random batches of (X, Y): Adam, cosine decay to 1e-5 (the regression loop the
     actor stage and the imitation-ceiling benchmark share)."""
     torch.manual_seed(seed)
-    X_, Y_ = torch.as_tensor(X), torch.as_tensor(Y)
     params = list(params)
+    X_, Y_ = (torch.as_tensor(v, device=params[0].device) for v in (X, Y))  # resident where the model is
     opt = torch.optim.Adam(params, lr=lr)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, max(1, steps), eta_min=1e-5)
     for _ in range(steps):
@@ -59,26 +59,31 @@ def fit_estimator(est: StateEstimator, frames: dict, held: dict | None, steps: i
     """Stage 1. `frames`/`held`: {"images": {camera: uint8 (N, H, W, 3)}, observation.state, observation.environment_state}.
     Returns the held-out position error every `log_every` steps (and at the end)."""
     torch.manual_seed(seed)
-    imgs = {c: torch.as_tensor(frames["images"][c]) for c in est.cameras}
-    S, E = torch.as_tensor(frames[OBS_STATE]), torch.as_tensor(frames[OBS_ENV_STATE])
+    device = est.state_mean.device  # uint8 frames resident on the model's device: no host copy per step
+    imgs = {c: torch.as_tensor(frames["images"][c], device=device) for c in est.cameras}
+    S, E = (torch.as_tensor(frames[k], device=device) for k in (OBS_STATE, OBS_ENV_STATE))
     opt = torch.optim.Adam(est.parameters(), lr=lr)
     warmup = max(1, min(200, steps // 10))  # an unwarmed, unclipped run spiked (loss 0.01 -> 6.8) mid-training
     sched = torch.optim.lr_scheduler.SequentialLR(opt, [
         torch.optim.lr_scheduler.LinearLR(opt, 0.01, 1.0, warmup),
         torch.optim.lr_scheduler.CosineAnnealingLR(opt, max(1, steps - warmup), eta_min=1e-5)], [warmup])
     log = []
+    finite, checked = torch.ones((), dtype=torch.bool, device=device), 0
     bar = tqdm(range(1, steps + 1), desc="estimator", disable=not progress)
     for step in bar:
         est.train()
-        idx = torch.randint(0, len(S), (batch,))
+        idx = torch.randint(0, len(S), (batch,), device=device)
         loss = est.loss({c: x[idx] for c, x in imgs.items()}, S[idx], E[idx])
-        if not torch.isfinite(loss):
-            raise RuntimeError(f"estimator loss became {loss.item()} at step {step}")
+        finite &= torch.isfinite(loss)  # a device flag, read at log steps (no host sync per step)
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(est.parameters(), 1.0)
         opt.step()
         sched.step()
+        if step % log_every == 0 or step == steps:
+            if not bool(finite):
+                raise RuntimeError(f"estimator loss became non-finite between steps {checked + 1} and {step}")
+            checked = step
         if held is not None and (step % log_every == 0 or step == steps):
             err = position_error_cm(est.estimate(held["images"], held[OBS_STATE]), held[OBS_ENV_STATE])
             log.append({"step": step, "loss": loss.item(), **err})
@@ -97,7 +102,7 @@ def fit_actor(policy: EstimatedStatePolicy, state: np.ndarray, estimate: np.ndar
     Y = np.asarray(labels, np.float32)
     fit(lambda x, y: ((actor.mu(x) - y) ** 2).mean(), actor.parameters(), X, Y, steps, batch, seed=seed)
     with torch.no_grad():
-        sq = ((actor.mu(torch.as_tensor(X)) - torch.as_tensor(Y)) ** 2).mean(0)
+        sq = ((actor.mu(torch.as_tensor(X, device=policy.device)) - torch.as_tensor(Y, device=policy.device)) ** 2).mean(0)
         policy.log_std.copy_((0.5 * torch.log(sq.clamp(min=1e-8))).clamp(policy.cfg.log_std_min, policy.cfg.log_std_max))
         return float(sq.mean())
 
@@ -131,18 +136,33 @@ def dataset_frames(paths, cameras: tuple[str, ...] | None = None, holdout_episod
 
 
 def train_estimated_state(data, estimator_steps: int = 6000, actor_steps: int = 30_000,
-                          holdout_episodes: int = 20, width: int = 32, hidden: int = 512, layers: int = 3,
-                          seed: int = 0, device: str = "cpu", progress: bool = True,
-                          cameras: tuple[str, ...] | None = None, min_std: float = 0.0,
-                          actor_state_dims: tuple[int, ...] = ()) -> tuple[EstimatedStatePolicy, dict]:
+                          holdout_episodes: int = 20, seed: int = 0, cameras: tuple[str, ...] | None = None,
+                          **kwargs) -> tuple[EstimatedStatePolicy, dict]:
     """Both stages on the datasets `data` (`cameras`: None for all of the data's, () for an actor on the recorded
-    object channel). `min_std`: a floor on the actor's sigma (the residual's RMS can be tiny on a dimension the
-    expert holds constant, e.g. the gripper while pushing, and then dominates a policy gradient). `actor_state_dims`:
-    the proprioceptive dimensions the actor reads (empty: all; for RL in imagination, those the world model's state
-    channel predicts, e.g. (4, 5, 6, 7), the tabletop's gripper opening and end-effector). Returns the policy (in eval mode; `policy.save(folder)` writes it as safetensors + JSON) and
-    its training record."""
+    object channel); the last `holdout_episodes` episodes measure the estimator. `kwargs`: `train_on_frames`'s."""
     t0 = time.time()
     frames, held, tasks = dataset_frames(data, cameras, holdout_episodes=holdout_episodes, seed=seed)
+    policy, record = train_on_frames(frames, held, tasks, estimator_steps, actor_steps, seed=seed, **kwargs)
+    record["load_minutes"] = (time.time() - t0) / 60 - record["estimator_minutes"] - record["actor_minutes"]
+    return policy, record
+
+
+def train_on_frames(frames: dict, held: dict | None, tasks: list[str], estimator_steps: int = 6000,
+                    actor_steps: int = 30_000, width: int = 32, hidden: int = 512, layers: int = 3, seed: int = 0,
+                    device: str = "cpu", progress: bool = True, min_std: float = 0.0,
+                    actor_state_dims: tuple[int, ...] = (), estimator_batch: int = 64,
+                    task_vocab: list[str] | None = None, log_every: int = 500) -> tuple[EstimatedStatePolicy, dict]:
+    """Both stages on frames in memory (`dataset_frames`' layout: images per camera, observation.state, the object
+    channel, DART labels under `action`, `task`, and `has_action`; no images: an actor on the recorded object channel).
+    `held`: the same for held-out episodes (the estimator's error is logged on them and becomes `estimate_noise`).
+    `min_std`: a floor on the actor's sigma (the residual's RMS can be tiny on a dimension the expert holds
+    constant, e.g. the gripper while pushing, and then dominates a policy gradient). `actor_state_dims`: the
+    proprioceptive dimensions the actor reads (empty: all; for RL in imagination, those the world model's state
+    channel predicts, e.g. (4, 5, 6, 7), the tabletop's gripper opening and end-effector). `task_vocab`: the
+    instruction words the actor reads (default: those of `tasks`). `log_every`: steps between held-out
+    measurements of the estimator. Returns the policy (in eval mode;
+    `policy.save(folder)` writes it as safetensors + JSON) and its training record."""
+    t0 = time.time()
     names = sorted({task_from_instruction(t) for t in tasks})
     if frames[OBS_ENV_STATE].shape[1] < 13:
         raise ValueError("estimated-state needs the tabletop's observation.environment_state (cubes and zones)")
@@ -151,14 +171,15 @@ def train_estimated_state(data, estimator_steps: int = 6000, actor_steps: int = 
                                action_dim=frames[ACTION].shape[1], width=width, hidden=hidden, layers=layers, tasks=names,
                                log_std_min=max(-4.0, math.log(min_std)) if min_std > 0 else -4.0,
                                actor_state_dims=list(actor_state_dims),
-                               task_vocab=sorted({w for t in tasks for w in words(t)}))
+                               task_vocab=sorted({w for t in tasks for w in words(t)}) if task_vocab is None else list(task_vocab))
     torch.manual_seed(seed)
     policy = EstimatedStatePolicy(cfg).to(device)
     policy.estimator.set_statistics(frames[OBS_STATE], frames[OBS_ENV_STATE])
     act = frames["has_action"]
     log = []
     if cfg.cameras:
-        log = fit_estimator(policy.estimator, frames, held, estimator_steps, seed=seed, progress=progress)
+        log = fit_estimator(policy.estimator, frames, held, estimator_steps, batch=estimator_batch, seed=seed,
+                            log_every=log_every, progress=progress)
         if held is not None:  # the error the actor meets when it reads a world model's object channel instead
             err = policy.estimator.estimate(held["images"], held[OBS_STATE]) - held[OBS_ENV_STATE]
             policy.cfg.estimate_noise = [float(v) for v in err.std(0)]
@@ -171,6 +192,8 @@ def train_estimated_state(data, estimator_steps: int = 6000, actor_steps: int = 
     policy.eval()
     record = {"frames": int(len(frames[OBS_STATE])), "held_out_frames": 0 if held is None else int(len(held[OBS_STATE])),
               "estimator": log, "actor_train_mse": mse, "estimator_minutes": (t1 - t0) / 60,
-              "actor_minutes": (time.time() - t1) / 60, "task": names[0], "instructions": tasks,
-              "actor_log_std": policy.log_std.tolist(), "estimate_noise": policy.cfg.estimate_noise}
+              "actor_minutes": (time.time() - t1) / 60, "task": names[0], "instructions": list(tasks),
+              "actor_log_std": policy.log_std.tolist(), "estimate_noise": policy.cfg.estimate_noise,
+              "estimator_steps": estimator_steps if cfg.cameras else 0, "estimator_batch": estimator_batch,
+              "actor_steps": actor_steps, "device": str(device)}
     return policy, record
