@@ -4,8 +4,8 @@ import pytest
 
 import numpy as np
 
-from wmrl.eval.rank import (RankConfig, bootstrap_spearman, mmrv, parse_policy_spec, rank_statistics, ranking_report,
-                            run_rank, score_population)
+from wmrl.eval.rank import (RankConfig, acts_on_objects, bootstrap_spearman, mmrv, parse_policy_spec, policy_label,
+                            rank_statistics, ranking_report, run_rank, score_population)
 
 
 def test_rank_statistics_on_known_inputs():
@@ -141,6 +141,50 @@ def test_policy_specs_are_parsed_and_bad_ones_refused(tmp_path):
     for bad, msg in (("noise=x", "must be a number"), ("noise=-1", ">= 0")):
         with pytest.raises(ValueError, match=msg):
             parse_policy_spec(f"{tmp_path / 'ck'}:{bad}")
+    # suffixes combine in any order; ':objects' is the estimated-state policy's and says where it reads in imagination
+    for tail in (":objects:noise=0.3", ":noise=0.3:objects"):
+        p = parse_policy_spec(f"estimated-state:{tmp_path / 'ck'}{tail}")
+        assert (p.type, p.path, p.noise) == ("estimated-state", tmp_path / "ck", 0.3)
+        assert acts_on_objects(f"estimated-state:{tmp_path / 'ck'}{tail}")
+        assert policy_label(f"estimated-state:{tmp_path / 'ck'}{tail}") == "ck:noise=0.3:objects"
+    assert not acts_on_objects(f"estimated-state:{tmp_path / 'ck'}:noise=0.3")
+    with pytest.raises(ValueError, match="':objects' is for estimated-state"):
+        parse_policy_spec(f"{tmp_path / 'ck'}:objects")
+    (tmp_path / "odd:objects").mkdir()  # a folder named with a suffix is a folder
+    assert not acts_on_objects(f"estimated-state:{tmp_path / 'odd:objects'}")
+
+
+def test_an_estimated_state_policy_reads_predicted_objects_in_imagination_only_when_asked(trained, tiny_data, tmp_path,
+                                                                                        monkeypatch):
+    """`:objects`: the actor reads the state channel's objects in the world model (no frames decoded) and its
+    cameras in the true simulator; without it, the estimator reads the generated frames (the same observations in
+    both)."""
+    from policies.estimated_state import EstimatedStatePolicy
+    from policies.estimated_state.train import train_estimated_state
+    from wmrl.eval.rank import score_policy
+
+    policy, _ = train_estimated_state([tiny_data], estimator_steps=2, actor_steps=20, holdout_episodes=2, width=8,
+                                      hidden=32, layers=2, progress=False)
+    policy.save(tmp_path / "pol")
+    seen = []
+    features = EstimatedStatePolicy.features
+
+    def spy(self, obs):
+        seen.append((self.read_object_channel, any(k.startswith("observation.images") for k in obs)))
+        return features(self, obs)
+
+    monkeypatch.setattr(EstimatedStatePolicy, "features", spy)
+    for spec, imagined_on_objects in ((f"estimated-state:{tmp_path / 'pol'}:objects", True),
+                                      (f"estimated-state:{tmp_path / 'pol'}", False)):
+        seen.clear()
+        r = score_policy(spec, str(trained), str(tiny_data), "push-red", 2, 2, seed=0, noise_ceiling=False)
+        assert r["imagined_seeds"] == r["true_seeds"]
+        on_objects = {with_images for on, with_images in seen if on}
+        on_cameras = {with_images for on, with_images in seen if not on}
+        if imagined_on_objects:
+            assert on_objects == {False} and on_cameras == {True}  # no frames in imagination; cameras in the sim
+        else:
+            assert not on_objects and on_cameras == {True}  # frames everywhere, the generated ones included
 
 
 def test_a_world_model_of_another_task_is_refused_with_both_names(trained, tiny_data, tiny_policy, tmp_path):

@@ -11,7 +11,8 @@ the headline rho.
 
 A policy spec is a VLA run or checkpoint folder (`FOLDER:stochastic` samples its actions; `FOLDER:noise=X` adds
 Gaussian action noise of std X: one strong policy degraded to several levels), `estimated-state:FOLDER`,
-`act:FOLDER`, `diffusion:FOLDER`, `scripted[:noise=X,failure_prob=Y]` or `random`. Scripted experts
+`estimated-state:FOLDER:objects` (its actor reads the world model's predicted objects in imagination, see
+`acts_on_objects`), `act:FOLDER`, `diffusion:FOLDER`, `scripted[:noise=X,failure_prob=Y]` or `random`. Scripted experts
 act on privileged simulator state; in imagination they act on the state channel's predicted object state.
 Evaluations of many policies run in parallel on Ray workers with `--workers ray` (the `dist` extra).
 """
@@ -65,22 +66,37 @@ class RankConfig:
     resume: bool = False
 
 
-def _acting_suffix(spec: str, folder_spec: str) -> tuple[Path, bool, float]:
-    """FOLDER | FOLDER:stochastic | FOLDER:noise=X -> (folder, stochastic, noise). A folder whose own name contains
-    ':noise=' is read as a folder."""
-    name, _, args = folder_spec.rpartition(":")
-    path, stochastic, noise = Path(folder_spec), False, 0.0
-    if name and args == "stochastic":
-        path, stochastic = Path(name), True
-    elif name and args.startswith("noise=") and not Path(folder_spec).exists():
-        path = Path(name)
-        try:
-            noise = float(args.removeprefix("noise="))
-        except ValueError:
-            raise ValueError(f"policy spec {spec!r}: noise must be a number") from None
-        if not noise >= 0:
-            raise ValueError(f"policy spec {spec!r}: noise must be >= 0")
-    return path, stochastic, noise
+def _acting_suffix(spec: str, folder_spec: str) -> tuple[Path, bool, float, bool]:
+    """FOLDER[:stochastic][:noise=X][:objects], suffixes in any order -> (folder, stochastic, noise, objects). A
+    folder whose own name contains a suffix is read as a folder."""
+    path, stochastic, noise, objects = folder_spec, False, 0.0, False
+    while not Path(path).exists():
+        name, _, arg = path.rpartition(":")
+        if not name:
+            break
+        if arg == "stochastic":
+            stochastic = True
+        elif arg == "objects":
+            objects = True
+        elif arg.startswith("noise="):
+            try:
+                noise = float(arg.removeprefix("noise="))
+            except ValueError:
+                raise ValueError(f"policy spec {spec!r}: noise must be a number") from None
+            if not noise >= 0:
+                raise ValueError(f"policy spec {spec!r}: noise must be >= 0")
+        else:
+            break
+        path = name
+    return Path(path), stochastic, noise, objects
+
+
+def acts_on_objects(spec: str) -> bool:
+    """`estimated-state:FOLDER:objects`: in imagination the policy's actor reads the world model's predicted object
+    channel with its estimator's held-out error added as noise (as RL in imagination trains it), instead of
+    estimating the objects from generated frames; in the true simulator it reads its cameras either way."""
+    kind, _, rest = spec.partition(":")
+    return kind == "estimated-state" and bool(rest) and _acting_suffix(spec, rest)[3]
 
 
 def parse_policy_spec(spec: str):
@@ -90,7 +106,7 @@ def parse_policy_spec(spec: str):
     when trained without cameras) -> PolicyConfig."""
     name, _, args = spec.partition(":")
     if name == "estimated-state" and args:
-        path, stochastic, noise = _acting_suffix(spec, args)
+        path, stochastic, noise, _ = _acting_suffix(spec, args)
         if not path.exists():
             raise ValueError(f"policy spec {spec!r}: {path} does not exist")
         return PolicyConfig(type=name, path=path, stochastic=stochastic, noise=noise)
@@ -106,7 +122,9 @@ def parse_policy_spec(spec: str):
                 raise ValueError(f"policy spec {spec!r}: unknown option {k!r}; valid: noise, failure_prob")
             kw[k] = float(v)
         return PolicyConfig(type=name, **kw)
-    path, stochastic, noise = _acting_suffix(spec, spec)
+    path, stochastic, noise, objects = _acting_suffix(spec, spec)
+    if objects:
+        raise ValueError(f"policy spec {spec!r}: ':objects' is for estimated-state policies (their actor reads objects)")
     if not path.exists():
         raise ValueError(f"policy spec {spec!r}: not scripted[:...], random, or an existing policy folder"
                          "[:stochastic | :noise=X]")
@@ -215,10 +233,10 @@ def policy_label(spec: str) -> str:
     if "/" not in spec:
         return spec
     kind, _, rest = spec.partition(":")
-    p, stochastic, noise = _acting_suffix(spec, rest if kind in ("estimated-state", "act", "diffusion") and rest else spec)
+    p, stochastic, noise, objects = _acting_suffix(spec, rest if kind in ("estimated-state", "act", "diffusion") and rest else spec)
     if p.parent.name == "checkpoints":
         p = p.parent.parent
-    return p.name + (":stochastic" if stochastic else f":noise={noise:g}" if noise else "")
+    return p.name + (":stochastic" if stochastic else "") + (f":noise={noise:g}" if noise else "") + (":objects" if objects else "")
 
 
 def score_policy(spec: str, world_model: str, data: str, task: str, episodes: int, num_envs: int, seed: int,
@@ -237,15 +255,25 @@ def score_policy(spec: str, world_model: str, data: str, task: str, episodes: in
     pcfg = parse_policy_spec(spec)
     model = make_world_model("video", world_model)
     max_steps = sim.episode_horizon(task)
-    wm_env = make_imagination_env(model, Path(data), num_envs, max_steps, sampling_steps=1, stop_cm=stop_cm)
     true_env = sim.make_vector_env(task, num_envs, asynchronous=False)
+    objects = acts_on_objects(spec)
+    object_noise = pcfg.build(true_env).cfg.estimate_noise if objects else None
+    if objects and model.state_channel is None:
+        raise ValueError(f"policy spec {spec!r}: ':objects' needs a world model with a state channel; {world_model} has none")
+    wm_env = make_imagination_env(model, Path(data), num_envs, max_steps, sampling_steps=1, stop_cm=stop_cm,
+                                  decode_images=not objects, object_noise=object_noise or None)
     out = {"policy": spec}
     runs = [("imagined", wm_env, seed, dict(start_from=true_env, chunked=True)), ("true", true_env, seed, {})]
     if noise_ceiling:
         runs.append(("true_repeat", true_env, seed + 1_000_003, {}))
     try:
         for name, env, s, kw in runs:
-            policy = pcfg.build(env, seed=seed)
+            if objects and name == "imagined":  # built against the cameras, then set to read the predicted objects
+                policy = pcfg.build(true_env, seed=seed)
+                policy.read_object_channel = True
+                policy.check_spaces(env.single_observation_space, env.single_action_space)
+            else:
+                policy = pcfg.build(env, seed=seed)
             t = time.perf_counter()
             r = evaluate(policy, env, episodes, seed=s, progress=False, **kw)
             out[f"{name}_success"] = r.pc_success / 100
