@@ -17,6 +17,13 @@ steps), the strongest with Gaussian action noise at several levels, any RL-in-im
 folder, and the scripted (noise 0.3) and random anchors, reported apart.
 
     wmrl bench rank-state-population --json [--options work=DIR world_model=RUN episodes=50]
+
+With `pixels=A,B,...` (folders of two-stage pixel policies, `estimated-state` with cameras, e.g. those the
+imitation-ceiling benchmark keeps; the last the strongest) the population is those policies instead: each acting
+with its mean and with sampled actions, the last with action noise at the same levels, and the same anchors. They
+read their cameras in the true simulator; in imagination `acting=frames` feeds them the world model's generated
+frames (the same observations in both, the issue's protocol) and `acting=objects` the state channel's predicted
+objects with their estimator's held-out error as noise (as RL in imagination trains them).
 """
 
 from __future__ import annotations
@@ -80,11 +87,22 @@ def population(base: Path, bc_dir: Path, trained: list[Path], levels=NOISE_LEVEL
             + [f"estimated-state:{p}" for p in rl] + ["scripted:noise=0.3", "random"])
 
 
+def pixel_population(folders: list[Path], levels=NOISE_LEVELS, acting: str = "frames") -> list[str]:
+    """[each pixel policy with its mean and sampled, the last (strongest) at each noise level, anchors]; with
+    `acting=objects` every pixel policy reads the predicted objects in imagination (`:objects`)."""
+    if acting not in ("frames", "objects"):
+        raise ValueError(f"acting: expected 'frames' or 'objects', got {acting!r}")
+    tail = ":objects" if acting == "objects" else ""
+    specs = [f"estimated-state:{d}{s}{tail}" for d in folders for s in ("", ":stochastic")]
+    return specs + [f"estimated-state:{folders[-1]}:noise={x}{tail}" for x in levels] + ["scripted:noise=0.3", "random"]
+
+
 def main(quick: bool = False, work: str = "", world_model: str = "", episodes: int = 50, workers: str = "ray",
-         stop_cm: float = 0.0) -> dict:
+         stop_cm: float = 0.0, pixels: str = "", acting: str = "frames") -> dict:
     """`work`: the imagination-estimated-state benchmark's work folder (its world-model data, BC data and start
     actor; built here if missing). `world_model`: a trained run to rank on instead of the work folder's `wm`.
-    `workers`: ray (one policy per core) or local. `stop_cm`: the hallucination flag (0: off)."""
+    `workers`: ray (one policy per core) or local. `stop_cm`: the hallucination flag (0: off). `pixels`,
+    `acting`: a population of pixel policies instead (module docstring)."""
     from wmrl.eval.rank import RankConfig, run_rank
 
     base = Path(work) if work else (Path(tempfile.mkdtemp(prefix="wmrl-bench-rank-state-")) if quick
@@ -94,13 +112,25 @@ def main(quick: bool = False, work: str = "", world_model: str = "", episodes: i
     t0 = time.time()
     wm_data, wm_run = SIBLING["world_model_stage"](base, 6 if quick else 300, quick, world_model, stage)
     tiny = dict(bc_episodes=6, bc_steps=20, estimator_steps=4) if quick else {}
-    bc_dir = SIBLING["bc_stage"](base, (), stage=stage, **tiny)
-    trained = actors(base, ((32, 2, 10),) if quick else ACTORS, stage)
-    rl, rl_refused = rl_actors(base)
-    specs = population(base, bc_dir, trained, NOISE_LEVELS[:1] if quick else NOISE_LEVELS, rl)
-    if quick:  # the smallest population the statistics take: two learned policies and an anchor
-        specs = [specs[2], specs[3], "random"]
-    name = ("rank-state-population" + (f"-wm-{Path(world_model).name}" if world_model else "")
+    levels = NOISE_LEVELS[:1] if quick else NOISE_LEVELS
+    rl, rl_refused = [], {}
+    if pixels:
+        folders = [Path(f) for f in str(pixels).split(",")]
+        missing = [str(f) for f in folders if not (f / "model.safetensors").exists()]
+        if missing:
+            raise ValueError(f"pixels: not policy folders (no model.safetensors): {missing}")
+        specs = pixel_population(folders, levels, acting)
+        if quick:
+            specs = [specs[0], specs[-3], "random"]
+    else:
+        bc_dir = SIBLING["bc_stage"](base, (), stage=stage, **tiny)
+        trained = actors(base, ((32, 2, 10),) if quick else ACTORS, stage)
+        rl, rl_refused = rl_actors(base)
+        specs = population(base, bc_dir, trained, levels, rl)
+        if quick:  # the smallest population the statistics take: two learned policies and an anchor
+            specs = [specs[2], specs[3], "random"]
+    prefix = f"rank-pixel-estimated-{acting}" if pixels else "rank-state-population"
+    name = (prefix + (f"-wm-{Path(world_model).name}" if world_model else "")
             + (f"-stop{float(stop_cm):g}cm" if float(stop_cm) > 0 else "") + (f"-ep{int(episodes)}" if int(episodes) != 50 else ""))
     r = stage("rank", lambda: run_rank(RankConfig(
         policies=tuple(specs), world_model=wm_run, data=wm_data, task="push-red", episodes=2 if quick else int(episodes),
@@ -115,10 +145,13 @@ def main(quick: bool = False, work: str = "", world_model: str = "", episodes: i
         row["policy"] = row["policy"].replace(f"{base}/", "")
         row["imagined_progress"] = float(np.mean(p["imagined_progress"]))  # mean best dense task reward per episode
         row["true_progress"] = float(np.mean(p["true_progress"]))
-    out = {"task": "push-red", "world_model": str(wm_run), "noise_levels": list(NOISE_LEVELS[:1] if quick else NOISE_LEVELS),
-           "actors": [[256, 2, 4000], *map(list, ((32, 2, 10),) if quick else ACTORS)], **{k: r[k] for k in keys if k in r},
+    population_info = ({"pixel_policies": [str(f) for f in folders], "acting": acting} if pixels else
+                       {"actors": [[256, 2, 4000], *map(list, ((32, 2, 10),) if quick else ACTORS)]})
+    out = {"task": "push-red", "world_model": str(wm_run), "noise_levels": list(levels), **population_info,
+           **{k: r[k] for k in keys if k in r},
            "population": rows, "rl_actors_not_loaded": rl_refused, "minutes": {**minutes, "total": (time.time() - t0) / 60}, "work": str(base)}
     opts = [f"work={work}"] * bool(work) + [f"world_model={world_model}"] * bool(world_model) + \
-        [f"episodes={episodes}"] * (int(episodes) != 50) + [f"stop_cm={stop_cm:g}"] * (float(stop_cm) > 0)
+        [f"episodes={episodes}"] * (int(episodes) != 50) + [f"stop_cm={stop_cm:g}"] * (float(stop_cm) > 0) + \
+        [f"pixels={pixels} acting={acting}"] * bool(pixels)
     return finish(name, out, quick, command="wmrl bench rank-state-population --json"
                   + (" --options " + " ".join(opts) if opts else ""))

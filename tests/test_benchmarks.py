@@ -480,6 +480,32 @@ def test_rank_state_population_ranks_actors_trained_and_degraded_here(ies_quick)
                     f"estimated-state:{rl}", "scripted:noise=0.3", "random"]
 
 
+def test_rank_state_population_ranks_pixel_policies_on_frames_or_objects(ies_quick, tmp_path):
+    """`pixels=`: two-stage pixel policies instead of state actors; `acting=objects` makes each read the predicted
+    objects in imagination."""
+    from policies.estimated_state.train import train_estimated_state
+
+    work = ies_quick[1]
+    bench = runpy.run_path(str(BENCH / "rank_state_population.py"), run_name="bench")
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert bench["pixel_population"]([a, b], (0.3,), "objects") == [
+        f"estimated-state:{a}:objects", f"estimated-state:{a}:stochastic:objects", f"estimated-state:{b}:objects",
+        f"estimated-state:{b}:stochastic:objects", f"estimated-state:{b}:noise=0.3:objects", "scripted:noise=0.3", "random"]
+    with pytest.raises(ValueError, match="acting"):
+        bench["pixel_population"]([a], (0.3,), "pixels")
+    with pytest.raises(ValueError, match="no model.safetensors"):
+        bench["main"](quick=True, work=str(work), pixels=str(a))
+    policy, _ = train_estimated_state([work / "bc-data"], estimator_steps=2, actor_steps=10, holdout_episodes=2, width=8,
+                                      hidden=16, layers=1, progress=False)
+    assert policy.cfg.cameras and policy.cfg.estimate_noise
+    policy.save(a)
+    r = bench["main"](quick=True, work=str(work), pixels=str(a), acting="objects")
+    assert [p["policy"] for p in r["population"]] == [f"estimated-state:{a}:objects",
+                                                      f"estimated-state:{a}:noise=0.3:objects", "random"]
+    assert r["acting"] == "objects" and r["pixel_policies"] == [str(a)] and r["n_policies"] == 2
+    assert "pixels=" in r["command"] and "acting=objects" in r["command"]
+
+
 def test_perfect_model_shaping_is_potential_based_and_telescopes():
     """TrueGroupEnv's shaped reward = success + (phi(s') - phi(s)) with the task's dense reward as phi (gamma 1): over
     an episode the shaping sums to phi(last) - phi(first), so it cannot change which policy is optimal."""
