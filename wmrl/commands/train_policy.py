@@ -74,7 +74,7 @@ class TrainPolicyConfig:
     resume: bool = False
     extra: dict = field(default_factory=dict)
     """Further VLAConfig fields (e.g. hidden 512); for estimated-state: width, hidden, layers, holdout_episodes,
-    cameras (a comma list, or none: the actor reads the recorded object channel, as from a tracked cell),
+    estimator_batch (64; 128 on a GPU), cameras (a comma list, or none: the actor reads the recorded object channel, as from a tracked cell),
     actor_state_dims (e.g. 4,5,6,7: the proprioception a world model's state channel predicts; for RL in imagination)."""
 
 
@@ -171,6 +171,7 @@ def _train_estimated_state(cfg: TrainPolicyConfig, progress: bool) -> dict:
                                            width=int(cfg.extra.get("width", 32)), hidden=int(cfg.extra.get("hidden", 512)),
                                            layers=int(cfg.extra.get("layers", 3)), seed=cfg.seed, device=cfg.device,
                                            progress=progress, cameras=_cameras(cfg.extra.get("cameras")),
+                                           estimator_batch=int(cfg.extra.get("estimator_batch", 64)),
                                            actor_state_dims=_dims(cfg.extra.get("actor_state_dims")))
     commit_checkpoint(run / "checkpoints", cfg.estimator_steps + cfg.steps, policy.save)
     for row in record["estimator"]:
