@@ -68,8 +68,9 @@ class EstimatedStateConfig:
     joint angles, dims 0-3) is read back from generated frames, and an actor that reads them acts on their error
     (the issue notes of 2026-11-25 measure what that does to imagined success)."""
     estimate_noise: list[float] = field(default_factory=list)
-    """Std of the estimator's held-out error per object-channel dimension (metres): the noise the actor's input gets
-    when it reads a world model's object channel instead of the estimator (`read_object_channel`)."""
+    """Scale of the estimator's held-out error per object-channel dimension (metres; `train.robust_std`, a
+    median-absolute-deviation std since policies trained after 2026-11-26, the plain std before): the noise the
+    actor's input gets when it reads a world model's object channel instead of the estimator (`read_object_channel`)."""
 
     chunk_size = 1  # one action per observation (not a field: the actor plans one step)
 

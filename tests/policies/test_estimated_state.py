@@ -230,3 +230,15 @@ def test_actor_reads_only_its_state_dims_and_the_checkpoint_keeps_them(tmp_path)
     np.testing.assert_array_equal(back.select_action(joints), ee_only.select_action(obs))
     with pytest.raises(ValueError, match="actor_state_dims"):
         EstimatedStateConfig(actor_state_dims=[8]).validate()
+
+
+def test_the_estimate_noise_scale_ignores_the_frames_where_a_cube_left_the_table():
+    """`robust_std`: the std of Gaussian errors, unmoved by a few huge ones (a cube off the table reads z ~ -1 m)."""
+    from policies.estimated_state.train import robust_std
+
+    rng = np.random.default_rng(0)
+    err = rng.normal(0.0, 0.01, (4000, 2))
+    assert robust_std(err) == pytest.approx([0.01, 0.01], rel=0.05)
+    err[:80, 1] = -1.0  # 2% of frames: the cube fell off the table
+    assert err[:, 1].std() > 0.1  # the plain std is ruled by them
+    assert robust_std(err)[1] == pytest.approx(0.01, rel=0.1)
