@@ -5,7 +5,7 @@ import pytest
 import numpy as np
 
 from wmrl.eval.rank import (RankConfig, acts_on_objects, bootstrap_spearman, mmrv, parse_policy_spec, policy_label,
-                            rank_statistics, ranking_report, run_rank, score_population)
+                            rank_statistics, ranking_report, run_rank, score_population, short_labels)
 
 
 def test_rank_statistics_on_known_inputs():
@@ -150,6 +150,10 @@ def test_policy_specs_are_parsed_and_bad_ones_refused(tmp_path):
     assert not acts_on_objects(f"estimated-state:{tmp_path / 'ck'}:noise=0.3")
     with pytest.raises(ValueError, match="':objects' is for estimated-state"):
         parse_policy_spec(f"{tmp_path / 'ck'}:objects")
+    specs = [f"estimated-state:{tmp_path / 'push_pixels_long'}:objects", f"estimated-state:{tmp_path / 'push_pixels_short'}",
+             "random"]
+    assert short_labels(specs) == ["long:objects", "short", "random"]  # the family's shared prefix dropped in plots
+    assert short_labels(specs[:1] + ["random"]) == ["push_pixels_long:objects", "random"]
     (tmp_path / "odd:objects").mkdir()  # a folder named with a suffix is a folder
     assert not acts_on_objects(f"estimated-state:{tmp_path / 'odd:objects'}")
 

@@ -239,6 +239,21 @@ def policy_label(spec: str) -> str:
     return p.name + (":stochastic" if stochastic else "") + (f":noise={noise:g}" if noise else "") + (":objects" if objects else "")
 
 
+def short_labels(specs: list[str]) -> list[str]:
+    """`policy_label`s without the folder-name prefix (up to a '_' or '-') that all learned policies share, so
+    plot labels of one family (push_pixels_estimated_long, ..._short) stay readable."""
+    labels = [policy_label(s) for s in specs]
+    learned = [lab for s, lab in zip(specs, labels) if not is_anchor(s)]
+    if len(learned) < 2:
+        return labels
+    prefix = learned[0]
+    for lab in learned[1:]:
+        while not lab.startswith(prefix):
+            prefix = prefix[:-1]
+    cut = max(prefix.rfind("_"), prefix.rfind("-")) + 1
+    return [lab[cut:] if not is_anchor(s) else lab for s, lab in zip(specs, labels)]
+
+
 def score_policy(spec: str, world_model: str, data: str, task: str, episodes: int, num_envs: int, seed: int,
                  threads: int | None = None, noise_ceiling: bool = True, stop_cm: float = 0.0) -> dict:
     """Success of one policy in the world model and in the true simulator, paired: every imagined episode starts
@@ -338,13 +353,13 @@ def plot_scatter(rows: list[dict], path: Path, stats: dict) -> Path:
 
     fig, ax = plt.subplots(figsize=(4.8, 4.6))
     ax.plot([0, 1], [0, 1], color="0.7", lw=1, ls="--")
-    for r in rows:
+    for r, label in zip(rows, short_labels([r["policy"] for r in rows])):
         x, y = r["true_success"], r["imagined_success"]
         xerr = np.abs(np.array(r.get("true_ci95", [x, x])) - x)[:, None]
         yerr = np.abs(np.array(r.get("imagined_ci95", [y, y])) - y)[:, None]
         ax.errorbar(x, y, xerr=xerr, yerr=yerr, fmt="o", ms=4, lw=0.8, capsize=2,
                     color="0.6" if is_anchor(r["policy"]) else "tab:blue")
-        ax.annotate(policy_label(r["policy"]), (x, y), fontsize=7,
+        ax.annotate(label, (x, y), fontsize=7,
                     xytext=(3, 3), textcoords="offset points")
     title = f"Spearman {stats['rank_spearman']:.2f}"
     if "rank_spearman_ci" in stats:
