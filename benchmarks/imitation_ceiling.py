@@ -27,7 +27,10 @@ a time (receding horizon), evaluated in the true simulator on the layouts `polic
   and the proprioceptive state) regresses the object channel from the front and wrist images, supervised by the
   simulator's state; the actor is trained on the estimator's outputs for the training frames (so it meets the
   estimator's errors in training), then acts on the true simulator's rendered frames through it. Reported beside
-  the same learner on the true state, same data, same run.
+  the same learner on the true state, same data, same run. `push_pixels_estimated_long` (15,000 estimator steps of
+  batch 128, for a lent GPU), `_2x_layouts` (the same on twice the episodes) and `_short` (1,000 estimator steps,
+  5,000 actor steps: an RL start and a weak member of a ranking population) are its budget variants; with
+  `--options device=cuda train_only=true policies=DIR` they train on a lent device and are measured here from DIR.
 
 Per variant: success with a 95% Wilson interval and per evaluation seed, the share of stalled episodes, the label
 MSE on the training frames and on held-out frames (30 other layouts, clean expert with the same noise), frames, and
