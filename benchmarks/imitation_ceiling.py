@@ -316,6 +316,9 @@ def _pixel_learner(v: dict, pixels: dict, held: dict, Yv, episodes: int, quick: 
     from policies.estimated_state.train import train_on_frames
     from wmrl.core.features import OBS_STATE, TASK
 
+    if folder is not None and (folder / "model.safetensors").exists() and not (folder / "record.json").exists():
+        raise FileNotFoundError(f"{folder} holds a policy without this benchmark's record.json: not overwritten; "
+                                "name another `policies` folder")
     if folder is not None and (folder / "record.json").exists():
         policy, record = EstimatedStatePolicy.load(folder), json.loads((folder / "record.json").read_text())
     else:

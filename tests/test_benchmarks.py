@@ -411,6 +411,10 @@ def test_imitation_ceiling_trains_pixel_policies_once_and_measures_them_elsewher
     assert row["estimator"] == record["estimator"] and row["trained_on"] == "cpu"
     assert (folder / "model.safetensors").read_bytes() == weights  # loaded, not retrained
     assert row["episodes"] == 3 and "policies=" in measured["command"]
+    (folder / "record.json").unlink()  # a policy the benchmark did not write is never overwritten
+    with pytest.raises(FileNotFoundError, match="not overwritten"):
+        main(quick=True, variants="push_pixels_estimated_short", policies=str(tmp_path))
+    assert (folder / "model.safetensors").read_bytes() == weights
 
 
 
