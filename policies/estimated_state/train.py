@@ -38,9 +38,9 @@ def position_error_cm(pred: np.ndarray, true: np.ndarray) -> dict:
 
 def robust_std(err: np.ndarray) -> np.ndarray:
     """Per-column scale of errors as 1.4826 x the median absolute deviation (the std for Gaussian errors). The plain
-    std is ruled by a few frames: held-out episodes where a cube left the table (z far below it, unseen by the
-    cameras) made the red cube's z std 8-42 cm for estimators whose typical error is ~1 cm, and imagination then
-    added that much noise to every step."""
+    std is ruled by a few frames: in held-out episodes where a cube left the table (z far below it, unseen by the
+    cameras) one pixel policy's red-cube z error had a std of 47 cm and a MAD scale of 6 cm, and imagination adds
+    this scale as noise to every step."""
     err = np.asarray(err, np.float64)
     return (1.4826 * np.median(np.abs(err - np.median(err, 0)), 0)).astype(np.float32)
 
