@@ -510,6 +510,27 @@ def test_rank_state_population_ranks_pixel_policies_on_frames_or_objects(ies_qui
     assert "pixels=" in r["command"] and "acting=objects" in r["command"]
 
 
+def test_estimator_on_generated_frames_compares_each_step_with_the_models_own_objects(ies_quick, tmp_path):
+    """Step 0 is the real start frame, so the estimate's error against the world model's objects there equals its
+    error against the true simulator's objects at the same start."""
+    from policies.estimated_state.train import train_estimated_state
+
+    work = ies_quick[1]
+    bench = runpy.run_path(str(BENCH / "estimator_on_generated_frames.py"), run_name="bench")
+    est = np.zeros((2, 13), np.float32)
+    objects = est.copy()
+    objects[0, 0:2] = [0.03, 0.04]  # the first cube 5 cm off in xy: a third of it over the three cubes
+    np.testing.assert_allclose(bench["cube_xy_error_cm"](est, objects), [5 / 3, 0.0], rtol=1e-5)
+    policy, _ = train_estimated_state([work / "bc-data"], estimator_steps=2, actor_steps=10, holdout_episodes=2, width=8,
+                                      hidden=16, layers=1, progress=False)
+    policy.save(tmp_path / "pix")
+    r = bench["main"](quick=True, policy=str(tmp_path / "pix"), world_model=str(work / "wm"), data=str(work / "wm-data"))
+    assert r["steps"] == [0, 1, 2] and r["live_episodes_generated"][0] == r["episodes"] == 2
+    assert r["generated_vs_model_cm"][0] == pytest.approx(r["real_vs_true_cm"][0], rel=1e-4)
+    with pytest.raises(ValueError, match="required"):
+        bench["main"](quick=True, policy=str(tmp_path / "pix"))
+
+
 def test_perfect_model_shaping_is_potential_based_and_telescopes():
     """TrueGroupEnv's shaped reward = success + (phi(s') - phi(s)) with the task's dense reward as phi (gamma 1): over
     an episode the shaping sums to phi(last) - phi(first), so it cannot change which policy is optimal."""
