@@ -338,7 +338,7 @@ def _pixel_learner(v: dict, pixels: dict, held: dict, Yv, episodes: int, quick: 
                                         held[TASK])
     return {**success_in_task(policy, v["task"], episodes, tuple(v["cameras"])), "estimator": record["estimator"],
             "train_mse": record["actor_train_mse"], "heldout_mse": float(((held_out - Yv) ** 2).mean()), "head": "mse",
-            "estimator_steps": v["estimator_steps"], "estimator_batch": v.get("estimator_batch", 64),
+            "estimator_steps": record["estimator_steps"], "estimator_batch": record["estimator_batch"],
             "trained_on": record["device"], "train_minutes": record["estimator_minutes"] + record["actor_minutes"],
             "estimator_minutes": record["estimator_minutes"], "actor_minutes": record["actor_minutes"]}
 

@@ -39,7 +39,7 @@ def position_error_cm(pred: np.ndarray, true: np.ndarray) -> dict:
 def robust_std(err: np.ndarray) -> np.ndarray:
     """Per-column scale of errors as 1.4826 x the median absolute deviation (the std for Gaussian errors). The plain
     std is ruled by a few frames: in held-out episodes where a cube left the table (z far below it, unseen by the
-    cameras) one pixel policy's red-cube z error had a std of 47 cm and a MAD scale of 6 cm, and imagination adds
+    cameras) the red cube's z error has a std of decimetres where its MAD scale is centimetres, and imagination adds
     this scale as noise to every step."""
     err = np.asarray(err, np.float64)
     return (1.4826 * np.median(np.abs(err - np.median(err, 0)), 0)).astype(np.float32)

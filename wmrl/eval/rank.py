@@ -19,6 +19,7 @@ Evaluations of many policies run in parallel on Ray workers with `--workers ray`
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -246,10 +247,7 @@ def short_labels(specs: list[str]) -> list[str]:
     learned = [lab for s, lab in zip(specs, labels) if not is_anchor(s)]
     if len(learned) < 2:
         return labels
-    prefix = learned[0]
-    for lab in learned[1:]:
-        while not lab.startswith(prefix):
-            prefix = prefix[:-1]
+    prefix = os.path.commonprefix(learned)
     cut = max(prefix.rfind("_"), prefix.rfind("-")) + 1
     return [lab[cut:] if not is_anchor(s) else lab for s, lab in zip(specs, labels)]
 
