@@ -262,6 +262,31 @@ class TabletopEnv(MujocoCell, gym.Env):
         """Exact simulator state (qpos, qvel, ctrl) so an oracle can restore it."""
         return {"qpos": self.data.qpos.copy(), "qvel": self.data.qvel.copy(), "ctrl": self.data.ctrl.copy()}
 
+    def place(self, state: np.ndarray, env_state: np.ndarray) -> dict:
+        """Put the simulator, mid-episode, in the scene an observation describes and return the observation there:
+        the hand at `state`'s end-effector (joints by inverse kinematics, clipped to the workspace) and gripper
+        opening, the cubes at `env_state`'s centres (orientations kept), everything at rest; zones stay the layout's.
+        For DAgger on a world model: the true continuation from a state the model's own rollouts visit
+        (`world_models/video/state_dagger.py`)."""
+        if self.layout is None:
+            raise RuntimeError("call reset() before place()")
+        state, env_state = np.asarray(state, np.float64), np.asarray(env_state, np.float64)
+        if state.shape != (len(STATE_NAMES),) or env_state.shape != (len(ENV_STATE_NAMES),):
+            raise ValueError(f"place: expected state ({len(STATE_NAMES)},) and env_state ({len(ENV_STATE_NAMES)},), "
+                             f"got {state.shape} and {env_state.shape}")
+        if not (np.all(np.isfinite(state)) and np.all(np.isfinite(env_state))):
+            raise ValueError("place: state or env_state contains NaN or inf")
+        q = M.inverse_kinematics(np.clip(state[5:8], M.WORKSPACE_LOW, M.WORKSPACE_HIGH))
+        finger = float(np.clip(state[4], 0.0, 2 * M.FINGER_MAX)) / 2
+        self.data.qpos[self._arm_qpos], self.data.ctrl[:4] = q, q
+        self.data.qpos[self._finger_qpos], self.data.ctrl[4:6] = finger, finger
+        for k, c in enumerate(CUBE_COLOURS):
+            a = self._cube_qpos[c]
+            self.data.qpos[a : a + 3] = env_state[3 * k : 3 * k + 3]
+        self.data.qvel[:] = 0.0
+        mujoco.mj_forward(self.model, self.data)
+        return self._obs()
+
     # ------------------------------------------------------------------ gymnasium API
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         super().reset(seed=seed)

@@ -424,6 +424,37 @@ def test_the_hallucination_flag_truncates_an_episode_and_its_success_does_not_co
     assert r[0] == 0.0 and r[1] == outcomes[0.0][4][1]
 
 
+def test_each_imagined_episode_follows_one_state_channel_member(trained, tiny_data):
+    """state_readout='member' (PETS's TS-infinity): an episode reports its own member's state, drawn per episode;
+    'mean' (the default) reports the members' average, which is none of them once they disagree."""
+    model = VideoWorldModel.load(trained / "checkpoints/last")
+    _, _, held = load_split(tiny_data, 0.25)
+    with pytest.raises(ValueError, match="state_readout"):
+        WorldModelEnv(model, held, num_envs=2, state_readout="median")
+    M = model.cfg.state_members
+    draws = WorldModelEnv(model, held, num_envs=64, max_episode_steps=8, decode_images=False, state_readout="member")
+    draws.reset(seed=0)
+    assert set(draws._state["member"].tolist()) == set(range(M))  # every member is drawn
+    seen = {}
+    for readout in ("member", "mean"):
+        venv = WorldModelEnv(model, held, num_envs=2, max_episode_steps=8, rules=success_and_reward,
+                             decode_images=False, state_readout=readout)
+        venv.reset(seed=0)
+        venv._state["task"] = [TASK, TASK]
+        x = venv._state["x"]
+        x[1:, :, 4:6] = venv._state["env"][None, :, 9:11] + 0.3  # every member but 0: the red cube 42 cm off the zone
+        x[0, :, 4:6] = venv._state["env"][:, 9:11]  # member 0: in the yellow zone (a success)
+        if readout == "member":
+            venv._state["member"] = torch.tensor([0, 1])
+        obs, _, term, _, info = venv.step(np.zeros((2, 4), np.float32))
+        seen[readout] = (info["success"].tolist(), obs["observation.environment_state"][:, :2])
+    assert seen["member"][0] == [True, False] and seen["mean"][0] == [False, False]
+    zone = venv._state["env"][:, 9:11].numpy()
+    # the mean sits (M - 1) / M of the way to the far cubes; the followed member's cube stays where it is
+    np.testing.assert_allclose(seen["mean"][1] - zone, 0.3 * (M - 1) / M, atol=5e-3)
+    assert np.abs(seen["member"][1][0] - zone[0]).max() < 5e-3
+
+
 def test_missing_environment_state_names_the_feature_and_the_flag(tiny_data, tmp_path):
     from wmrl.datasets import LeRobotV3Dataset, LeRobotV3Writer, write_episode
     from wmrl.core.episode import features_for

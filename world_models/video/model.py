@@ -403,16 +403,16 @@ class VideoWorldModel(nn.Module):
         preds: dict = {}
         new = dict(state)
         if self.state_channel is not None:  # arm and objects first: the arm's prediction sets each frame's pose
-            xs, poses, x = [], [], state["x"]
+            xs, poses, x, member = [], [], state["x"], state.get("member")
             for j in range(self.cfg.chunk):
-                mean = x.mean(0)
+                mean = self.state_channel.readout(x, member)
                 poses.append(commanded_pose(mean[:, :3], a[:, j], self.cfg))
                 x = self.state_channel.rollout_step(x, a[:, j])
                 xs.append(x)
                 if j == h - 1:
                     new["x"] = x
             poses = torch.stack(poses, 1)
-            summ = [self.state_channel.summary(x_) for x_ in xs[:h]]
+            summ = [self.state_channel.summary(x_, member) for x_ in xs[:h]]
             mean = torch.stack([m for m, _ in summ], 1)  # (B, h, D)
             preds["ee"], preds["gripper_opening"] = mean[..., :3], mean[..., 3]
             if self.cfg.state_rest:

@@ -138,9 +138,19 @@ class StateChannel(nn.Module):
         """x (M, B, D), a (B, A) -> x' (M, B, D) with hard contact gates."""
         return self.next(x, a, hard_gate=True)[0]
 
-    def summary(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Ensemble mean (B, D) and disagreement (B,): the largest per-cube std of the members' cube centres, in cm."""
-        mean = x.mean(0)
+    @staticmethod
+    def readout(x: torch.Tensor, member: torch.Tensor | None = None) -> torch.Tensor:
+        """The state a rollout reports (B, D): the ensemble mean, or with `member` (B,) each rollout's own member
+        (PETS's TS-infinity trajectory sampling, Chua et al. 2018): once members disagree about a push, their mean is
+        a state none of them is in, and a reactive policy acting on it pushes no member's cube consistently."""
+        if member is None:
+            return x.mean(0)
+        return x[member, torch.arange(x.shape[1], device=x.device)]
+
+    def summary(self, x: torch.Tensor, member: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The reported state (B, D) (`readout`) and disagreement (B,): the largest per-cube std of the members'
+        cube centres, in cm."""
+        mean = self.readout(x, member)
         cubes = x[..., 4 : self.cfg.n_arm_objects].reshape(*x.shape[:2], -1, 3)
         dis = cubes.std(0, unbiased=False).norm(dim=-1).amax(-1) * 100 if x.shape[0] > 1 else torch.zeros(x.shape[1])
         return mean, dis

@@ -34,6 +34,8 @@ from wmrl.replay import EpisodeReplay
 from wmrl.replay.buffer import BOOKKEEPING
 from world_models.video.model import VideoWorldModel, WorldModelConfig, channel_state, commanded_pose
 from world_models.video.networks import TaskEncoder
+from sim import task_from_instruction
+from world_models.video.state_dagger import StateDaggerConfig, check_placeable, dagger_round, load_episodes, save_episodes
 
 
 STATE, ENV_STATE, SUCC, REW, TERM = OBS_STATE, OBS_ENV_STATE, SUCCESS, REWARD, TERMINATED
@@ -74,6 +76,13 @@ class TrainWMConfig:
     state_rest: bool = True
     """The state channel also predicts the proprioception besides the arm's pose (joint angles), so a policy reading
     all of observation.state sees none read back from generated frames (--no-state-rest: the frame heads')."""
+    state_dagger_rounds: int = 0
+    """After the other phases: rounds of DAgger for the state channel (`state_dagger.py`): the scripted expert in
+    imagination, the true simulator put in the states it visits, the channel trained on the union (tabletop only)."""
+    state_dagger_steps: int = 1500
+    """State-channel training steps per DAgger round."""
+    state_dagger_starts: int = 150
+    """True layouts the expert is imagined from per DAgger round (up to 10 continuations each)."""
     extra_data: tuple[Path, ...] = ()
     """More datasets to train on (all episodes to training), e.g. true rollouts of an evolved policy (co-evolution)."""
     init_from: Optional[Path] = None
@@ -189,6 +198,8 @@ class WindowSampler:
             starts.append(np.arange(a, a + T - 1))  # frames with at least one next frame
         self.lo, self.last = t(lo, torch.long), t(last, torch.long)
         self.starts = t(np.concatenate(starts), torch.long)
+        # what the state channel trains on: the replay's frames, and episodes without frames added later
+        self.seq = {"state": self.state, "env": self.env, "action": self.action, "last": self.last, "starts": self.starts}
         self._remaining = self.last[self.starts] - self.starts
         # uint8 frames resident on the device for the autoencoder phase (on the CPU: views of the replay's arrays)
         self.images = {c: torch.as_tensor(d[f"observation.images.{c}"][:hw], device=device) for c in mcfg.cameras}
@@ -224,13 +235,30 @@ class WindowSampler:
 
     def state_sequences(self, M: int, B: int, L: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """For the state channel: x (M, B, L+1, D) = [ee, opening, object centres(, rest)], actions (M, B, L, A),
-        mask (M, B, L)."""
-        i = self.starts[torch.randint(len(self.starts), (M * B,), generator=gen, device=self.device)]
+        mask (M, B, L); drawn from the replay's episodes and any added with `add_state_episodes`."""
+        q = self.seq
+        i = q["starts"][torch.randint(len(q["starts"]), (M * B,), generator=gen, device=self.device)]
         idx = i[:, None] + torch.arange(L + 1, device=self.device)
-        mask = (idx[:, 1:] <= self.last[i][:, None]).float()
-        idx = torch.minimum(idx, self.last[i][:, None])
-        x = channel_state(self.mcfg, self.state[idx], self.env[idx])
-        return x.reshape(M, B, L + 1, -1), self.action[idx[:, :-1]].reshape(M, B, L, -1), mask.reshape(M, B, L)
+        mask = (idx[:, 1:] <= q["last"][i][:, None]).float()
+        idx = torch.minimum(idx, q["last"][i][:, None])
+        x = channel_state(self.mcfg, q["state"][idx], q["env"][idx])
+        return x.reshape(M, B, L + 1, -1), q["action"][idx[:, :-1]].reshape(M, B, L, -1), mask.reshape(M, B, L)
+
+    def add_state_episodes(self, episodes: list[dict]) -> None:
+        """More episodes ({observation.state, observation.environment_state, action}) for the state channel only
+        (no frames: e.g. true continuations from imagined states, `state_dagger.py`)."""
+        if not episodes:
+            return
+        q, n = self.seq, len(self.seq["state"])
+        t = lambda k: torch.as_tensor(np.concatenate([e[k] for e in episodes]), dtype=torch.float32, device=self.device)
+        lens = np.array([len(e[ACTION]) for e in episodes])
+        lo = n + np.concatenate([[0], np.cumsum(lens)[:-1]])
+        last = np.repeat(lo + lens - 1, lens)
+        starts = np.concatenate([np.arange(a, a + T - 1) for a, T in zip(lo, lens)])
+        as_long = lambda x: torch.as_tensor(x, dtype=torch.long, device=self.device)
+        self.seq = {"state": torch.cat([q["state"], t(STATE)]), "env": torch.cat([q["env"], t(ENV_STATE)]),
+                    "action": torch.cat([q["action"], t(ACTION)]), "last": torch.cat([q["last"], as_long(last)]),
+                    "starts": torch.cat([q["starts"], as_long(starts)])}
 
 
 def _pose0(model: VideoWorldModel, d: dict) -> torch.Tensor:
@@ -263,10 +291,15 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
         raise ValueError(f"--mean-share must be in [0, 1) (1 would leave the diffusion path untrained), got {cfg.mean_share}")
     if cfg.compile not in COMPILE_MODES:
         raise ValueError(f"--compile must be one of {', '.join(m for m in COMPILE_MODES if m)}, got {cfg.compile!r}")
+    dagger = StateDaggerConfig(rounds=cfg.state_dagger_rounds, starts=cfg.state_dagger_starts, steps=cfg.state_dagger_steps)
+    dagger.validate()
     run = start_run(cfg)
     torch.manual_seed(cfg.seed)
     ds, train, held = load_split(cfg.data, cfg.holdout, cfg.seed, cfg.extra_data)
     mcfg = model_config(cfg, ds)
+    if dagger.rounds and not (cfg.state_channel and mcfg.env_state_dim):
+        raise ValueError("--state-dagger-rounds trains the state channel: it needs the dataset's "
+                         f"{ENV_STATE!r} and --state-channel")
     if cfg.state_channel and cfg.state_steps and not mcfg.env_state_dim:
         raise ValueError(f"{cfg.data}: the state channel needs {ENV_STATE!r}, which the dataset lacks; pass "
                          "--no-state-channel to read success from generated frames only")
@@ -302,7 +335,12 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
     tracker = Tracker(run)
     K, H, B = cfg.context, cfg.chunk, cfg.batch_size
     n_state = cfg.state_steps if model.state_channel is not None else 0
-    bounds = np.cumsum([cfg.ae_steps, n_state, cfg.dyn_steps, cfg.unroll_steps])
+    # phases: 0 autoencoder, 1 state channel, 2 dynamics, 3 unrolled, 4 + r the state channel's DAgger round r
+    bounds = np.cumsum([cfg.ae_steps, n_state, cfg.dyn_steps, cfg.unroll_steps] + [cfg.state_dagger_steps] * dagger.rounds)
+    dagger_tasks = sorted({task_from_instruction(t) for t in ds.tasks}) if dagger.rounds else []
+    for t in dagger_tasks:
+        check_placeable(t)
+    dagger_ready = 0  # DAgger rounds whose episodes the sampler holds
     total = int(bounds[-1])
     n_pos = float(train.data[SUCC][: train.high_water][train.frame_episode[: train.high_water] >= 0].sum())
     pos_weight = torch.tensor(min(20.0, max(1.0, (len(train) - n_pos) / max(n_pos, 1))), device=cfg.device)
@@ -337,7 +375,20 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
             z = model.ae.encode(x)
             loss = (ae_weights(x, len(mcfg.cameras), cfg.fg_weight) * (model.ae.decode(z) - x) ** 2).mean() + 1e-4 * (z**2).mean()
             opt, info = opts["ae"], {"ae_loss": loss}
-        elif phase == 1:
+        elif phase == 1 or phase >= 4:
+            while phase >= 4 and dagger_ready <= phase - 4:  # a round's episodes: collected once, kept for resume
+                r = dagger_ready
+                path = run / "state_dagger" / f"round_{r:02d}.npz"
+                if path.exists():
+                    eps = load_episodes(path)
+                else:
+                    eps, dinfo = dagger_round(model, train, dagger_tasks, dagger, r, cfg.seed)
+                    save_episodes(path, eps)
+                    tracker.log(dinfo, step=step)
+                    bar.write(f"state DAgger round {r}: expert imagined success {dinfo['dagger_imagined_success']:.3f}, "
+                              f"{dinfo['dagger_episodes']} true continuations ({dinfo['dagger_refused']} refused)")
+                sampler.add_state_episodes(eps)
+                dagger_ready += 1
             xs, acts, mask = sampler.state_sequences(mcfg.state_members, 128, cfg.state_unroll, gen)
             loss, sinfo = model.state_channel.unrolled_loss(xs, acts, mask)
             opt, info = opts["state"], {"state_loss": loss, **sinfo}
@@ -362,7 +413,7 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
         nonfinite |= ~torch.isfinite(loss.detach())
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        if phase == 1:  # the rest head apart: the joints' larger loss must not shrink the arm's and the cubes' steps
+        if phase == 1 or phase >= 4:  # the rest head apart: the joints' larger loss must not shrink the arm's and the cubes' steps
             sc = model.state_channel
             torch.nn.utils.clip_grad_norm_([*sc.arm.parameters(), *sc.cube.parameters()], 1.0)
             if sc.rest is not None:
@@ -399,7 +450,6 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
 def check_world_model_task(wm_path, data, tasks, who: str) -> None:
     """Refuse to imagine a task the world model's data never showed (`tasks`: task names such as push-red; empty:
     unknown, nothing to check). One line with both sets of names."""
-    from sim import task_from_instruction
     from wmrl.datasets import LeRobotV3Dataset
 
     want = sorted(set(tasks))
