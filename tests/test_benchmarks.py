@@ -579,3 +579,21 @@ def test_between_layout_share_separates_layout_from_noise():
     fixed = np.repeat(rng.random((4000, 1)) < 0.4, 8, axis=1)  # each layout always or never
     assert share(fixed) == pytest.approx(1 - 1 / 8, abs=1e-9)
     assert share(np.ones((5, 8), bool)) is None
+
+
+def test_state_channel_closed_loop_pairs_imagination_and_the_simulator_on_the_same_layouts(trained, tmp_path):
+    """Both readouts see the same layouts, so the expert's true success is the same number in every row; a run's
+    DAgger rounds are read back from its metrics."""
+    bench = runpy.run_path(str(BENCH / "state_channel_closed_loop.py"), run_name="bench")
+    r = bench["main"](quick=True, world_models=str(trained))
+    assert [row["readout"] for row in r["rows"]] == ["mean", "member"] and r["starts"] == 4
+    assert r["rows"][0]["true_success"] == r["rows"][1]["true_success"]
+    for row in r["rows"]:
+        assert row["imagined_minus_true"] == pytest.approx(row["imagined_success"] - row["true_success"])
+        lo, hi = row["true_ci95"]
+        assert lo <= row["true_success"] <= hi
+    (tmp_path / "metrics.jsonl").write_text('{"step": 3, "state_loss": 1.0}\n'
+                                           '{"step": 5, "dagger_round": 0, "dagger_imagined_success": 0.4, "dagger_episodes": 9}\n')
+    assert bench["dagger_log"](tmp_path) == [{"dagger_round": 0, "dagger_imagined_success": 0.4, "dagger_episodes": 9}]
+    with pytest.raises(ValueError, match="required"):
+        bench["main"](quick=True)

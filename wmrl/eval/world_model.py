@@ -228,13 +228,14 @@ def pair_auroc(model, pairs: list[dict], seed: int = 0) -> dict:
 
 
 def hallucination(model, held, task: str, policy_name: str, seeds: list[int], max_steps: int = 80,
-                  flag_cm: float = 2.0) -> dict:
+                  flag_cm: float = 2.0, state_readout: str = "mean") -> dict:
     """Closed-loop imagined episodes of a policy (`expert`: the scripted expert with noise 0.1; `random`) from
     true-simulator starts, success from the task's rules on predicted state. Every imagined success's actions are
     replayed in the true simulator from the same start; for the random policy every episode is replayed (its actions
     do not depend on what it sees), which gives its true success rate on the very same action sequences.
     `*_flagged`: the same, counting only successes reached while the ensemble's disagreement stayed <= `flag_cm`
-    (the hallucination flag a caller can stop or discount uncertain imagined episodes with)."""
+    (the hallucination flag a caller can stop or discount uncertain imagined episodes with). `state_readout`: the
+    state channel's ensemble mean or one member per episode (`WorldModelEnv`)."""
     env = sim.make_env(task).unwrapped
     starts = [env.reset(seed=s)[0] for s in seeds]
     env.close()
@@ -242,7 +243,7 @@ def hallucination(model, held, task: str, policy_name: str, seeds: list[int], ma
     batch[TASK] = [o[TASK] for o in starts]
     n = len(seeds)
     venv = WorldModelEnv(model, held, num_envs=n, max_episode_steps=max_steps, decode_images=policy_name != "expert",
-                         sampling_steps=1, rules=success_and_reward)
+                         sampling_steps=1, rules=success_and_reward, state_readout=state_readout)
     policy = ScriptedExpert(noise=0.1, seed=0) if policy_name == "expert" else RandomPolicy(venv.single_action_space, seed=0)
     obs, _ = venv.reset(seed=0, options={"observations": batch})
     policy.reset()

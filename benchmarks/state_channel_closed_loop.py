@@ -1,0 +1,66 @@
+"""Does the state channel let the scripted expert do in imagination what it does in the simulator?
+
+The noisy scripted expert (noise 0.1) acts closed-loop in each world model's imagination (the state channel; success
+from the task's rules on predicted state) from the same true-simulator layouts it is then run from in the simulator.
+A model whose pushes behave like the simulator's lets it succeed as often; the gap is what ranking and RL in
+imagination inherit. Per model and per readout of the channel's ensemble (`mean`, or one `member` followed per
+episode): imagined and true success with Wilson 95% intervals, their difference, the hallucinated share (imagined
+successes whose actions fail when replayed in the simulator), and, for a run trained with state DAgger, the expert's
+imagined success its training logged at the start of each round.
+
+    wmrl bench state-channel-closed-loop --json --options world_models=RUN_A,RUN_B [starts=200 readouts=mean,member]
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from wmrl.benchutil import finish
+
+
+def dagger_log(run: Path) -> list[dict]:
+    """The `dagger_*` records a `wmrl train-wm --state-dagger-rounds` run logged, one per round."""
+    path = Path(run) / "metrics.jsonl"
+    if not path.exists():
+        return []
+    recs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [{k: v for k, v in r.items() if k.startswith("dagger_")} for r in recs if "dagger_round" in r]
+
+
+def main(quick: bool = False, world_models: str = "", starts: int = 200, readouts: str = "mean,member",
+         name: str = "") -> dict:
+    from wmrl.eval.loop import wilson_interval
+    from wmrl.eval.world_model import hallucination
+    from world_models.factory import make_world_model
+    from world_models.video.train import load_split, world_model_data
+
+    runs = [r for r in world_models.split(",") if r]
+    if not runs:
+        raise ValueError("options world_models=RUN[,RUN...] is required (runs with a state channel)")
+    n = 4 if quick else int(starts)
+    seeds = list(range(70_000, 70_000 + n))  # the world-model benchmark's closed-loop layouts
+    t0 = time.time()
+    rows = []
+    for run in runs:
+        model = make_world_model("video", run)
+        if model.state_channel is None:
+            raise ValueError(f"{run} has no state channel")
+        _, _, held = load_split(world_model_data(run), 0.1)
+        for readout in readouts.split(","):
+            h = hallucination(model, held, "push-red", "expert", seeds, state_readout=readout)
+            k_im, k_true = round(h["imagined_success"] * n), round(h["true_success"] * n)
+            rows.append({"world_model": run, "readout": readout, "imagined_success": h["imagined_success"],
+                         "imagined_ci95": wilson_interval(k_im, n), "true_success": h["true_success"],
+                         "true_ci95": wilson_interval(k_true, n), "imagined_minus_true": h["imagined_success"] - h["true_success"],
+                         "hallucinated_share": h["hallucinated_share"], "median_disagreement_cm": h["median_disagreement_cm"],
+                         "dagger_rounds": dagger_log(Path(run))})
+    out = {"task": "push-red", "policy": "scripted expert, noise 0.1", "starts": n, "rows": rows,
+           "minutes": (time.time() - t0) / 60}
+    label = name or "-".join(Path(r).name for r in runs)
+    return finish(f"state-channel-closed-loop-{label}" if not quick else "state-channel-closed-loop", out, quick,
+                  command=f"wmrl bench state-channel-closed-loop --json --options world_models={world_models} "
+                          f"starts={n} readouts={readouts}")
