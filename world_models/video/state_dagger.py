@@ -135,6 +135,14 @@ def true_continuations(task: str, scenes: list, noise: float, length: int, seed:
 def dagger_round(model, replay, tasks: list[str], cfg: StateDaggerConfig, round_index: int, seed: int) -> tuple[list[dict], dict]:
     """One round's new episodes and what it saw: imagined success of the expert before the round, scenes kept,
     continuations recorded and refused. Layout seeds are apart from evaluation seeds (70,000+) and per round."""
+    training = model.training  # the imagination env puts the model in eval mode; training resumes after the round
+    try:
+        return _round(model, replay, tasks, cfg, round_index, seed)
+    finally:
+        model.train(training)
+
+
+def _round(model, replay, tasks: list[str], cfg: StateDaggerConfig, round_index: int, seed: int) -> tuple[list[dict], dict]:
     rng = np.random.default_rng(seed)
     base = 1_000_000 + 10_000 * round_index + 1_000 * (seed % 10)
     episodes, scenes, succ, refused = [], 0, [], 0
