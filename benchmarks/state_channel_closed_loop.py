@@ -5,8 +5,9 @@ from the task's rules on predicted state) from the same true-simulator layouts i
 A model whose pushes behave like the simulator's lets it succeed as often; the gap is what ranking and RL in
 imagination inherit. Per model and per readout of the channel's ensemble (`mean`, or one `member` followed per
 episode): imagined and true success with Wilson 95% intervals, their difference, the hallucinated share (imagined
-successes whose actions fail when replayed in the simulator), and, for a run trained with state DAgger, the expert's
-imagined success its training logged at the start of each round.
+successes whose actions fail when replayed in the simulator), each model's paired gain in imagined success over the
+first model listed (same layouts, bootstrap 95% interval over layouts), and, for a run trained with state DAgger,
+the expert's imagined success its training logged at the start of each round.
 
     wmrl bench state-channel-closed-loop --json --options world_models=RUN_A,RUN_B [starts=200 readouts=mean,member]
 """
@@ -14,12 +15,17 @@ imagined success its training logged at the start of each round.
 from __future__ import annotations
 
 import json
+import runpy
 import time
 from pathlib import Path
 
 import numpy as np
 
 from wmrl.benchutil import finish
+
+# the paired gain over layouts with its bootstrap interval, as the RL benchmarks report it
+paired_gain = runpy.run_path(str(Path(__file__).with_name("imagination_estimated_state.py")),
+                             run_name="wmrl_bench_sibling")["paired_gain"]
 
 
 def dagger_log(run: Path) -> list[dict]:
@@ -57,7 +63,10 @@ def main(quick: bool = False, world_models: str = "", starts: int = 200, readout
                          "imagined_ci95": wilson_interval(k_im, n), "true_success": h["true_success"],
                          "true_ci95": wilson_interval(k_true, n), "imagined_minus_true": h["imagined_success"] - h["true_success"],
                          "hallucinated_share": h["hallucinated_share"], "median_disagreement_cm": h["median_disagreement_cm"],
-                         "dagger_rounds": dagger_log(Path(run))})
+                         "dagger_rounds": dagger_log(Path(run)), "per_start": h["imagined_per_start"]})
+    for row in rows:  # against the first model, same readout, layout by layout
+        first = next(r for r in rows if r["readout"] == row["readout"])
+        row["paired_vs_first"] = paired_gain(first["per_start"], row["per_start"])
     out = {"task": "push-red", "policy": "scripted expert, noise 0.1", "starts": n, "rows": rows,
            "minutes": (time.time() - t0) / 60}
     label = name or "-".join(Path(r).name for r in runs)

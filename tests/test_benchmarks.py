@@ -592,6 +592,9 @@ def test_state_channel_closed_loop_pairs_imagination_and_the_simulator_on_the_sa
         assert row["imagined_minus_true"] == pytest.approx(row["imagined_success"] - row["true_success"])
         lo, hi = row["true_ci95"]
         assert lo <= row["true_success"] <= hi
+        assert row["paired_vs_first"]["gain"] == 0.0  # one model: each row is paired with itself
+    pg = bench["paired_gain"]([0, 0, 1, 1], [1, 0, 1, 0])
+    assert pg["gain"] == 0.0 and pg["layouts_won"] == 1 and pg["layouts_lost"] == 1
     (tmp_path / "metrics.jsonl").write_text('{"step": 3, "state_loss": 1.0}\n'
                                            '{"step": 5, "dagger_round": 0, "dagger_imagined_success": 0.4, "dagger_episodes": 9}\n')
     assert bench["dagger_log"](tmp_path) == [{"dagger_round": 0, "dagger_imagined_success": 0.4, "dagger_episodes": 9}]

@@ -268,6 +268,7 @@ def hallucination(model, held, task: str, policy_name: str, seeds: list[int], ma
     hall = [i for i in np.flatnonzero(success) if not true[i]]
     hall_f = [i for i in np.flatnonzero(trusted) if not true[i]]
     res = {"imagined_success": float(success.mean()), "imagined_successes": int(success.sum()),
+           "imagined_per_start": success.tolist(),
            "hallucinated": len(hall), "hallucinated_share": len(hall) / max(int(success.sum()), 1),
            "imagined_success_flagged": float(trusted.mean()), "hallucinated_share_flagged": len(hall_f) / max(int(trusted.sum()), 1),
            "true_success_of_imagined": float(np.mean([true[i] for i in np.flatnonzero(success)])) if success.any() else float("nan"),
