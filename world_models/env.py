@@ -19,7 +19,8 @@ imagination unchanged (RLinf's BaseWorldEnv / DIAMOND's WorldModelEnv, with WoVR
 - `state_readout`: what a rollout reports of the state channel's ensemble: `mean` (default), the members' average,
   or `member`, one member drawn per episode and followed for its whole length (PETS's TS-infinity), so each
   imagined episode is one consistent world. Measured on the scripted expert, 200 true starts: imagined success 46.5%
-  (mean) and 43% (member) against 92% in the simulator (README, world-model section): the readout is not the gap.
+  (mean) and 43% (member) against 94% in the simulator (README, world-model section): the readout alone is not
+  the gap (after state DAgger the member readout gains more than the mean).
 - `object_noise` (std per object-channel dimension, metres): the observed `observation.environment_state` carries
   Gaussian noise of that size, the model's own state does not: a policy that perceives objects through an estimator
   meets the estimator's error in imagination as it will at deployment.
