@@ -205,13 +205,16 @@ def main(quick: bool = False, cameras: str = "none", wm_episodes: int = 300, bc_
          bc_steps: int = 4000, estimator_steps: int = 3000, iterations: int = 30, groups: int = 16,
          group_size: int = 8, lr: float = 3e-5, eval_episodes: int = 300, work: str = "", ceiling: str = "false",
          min_std: float = 0.0, threads: int = 2, algo: str = "grpo", actor_state_dims: str = "",
-         world_model: str = "", fidelity: int = 48, seed: int = 0) -> dict:
+         world_model: str = "", fidelity: int = 48, seed: int = 0, readout: str = "mean") -> dict:
     """`ceiling`: false, true (also the perfect-model run) or only (the perfect-model run alone). `min_std`: a floor
     on the actor's sigma (0: the residual's RMS as fitted). `actor_state_dims`: e.g. 4,5,6,7 (the proprioception the
     world model's state channel predicts; default: all of observation.state). `world_model`: a trained world-model
     run to use instead of the work folder's `wm` (named in the result). `fidelity`: true starts on which the start
     actor's closed-loop success in imagination is compared with the simulator's (0: skip). `seed`: the RL run's
-    seed (rollout noise, minibatches; the start actor and the evaluation layouts stay the same)."""
+    seed (rollout noise, minibatches; the start actor and the evaluation layouts stay the same). `readout`: the state
+    channel's readout in imagination (mean, or member: one ensemble member per episode). A PPO iteration's rollouts
+    are split into 8 minibatches (at least 2 x group_size rollouts each), so a larger batch takes larger, not more,
+    steps."""
     import torch
 
     from policies.estimated_state import EstimatedStatePolicy
@@ -235,6 +238,7 @@ def main(quick: bool = False, cameras: str = "none", wm_episodes: int = 300, bc_
                      + [f"-minstd{min_std:g}"] * (min_std > 0) + [f"-it{iterations}"] * (iterations != 30)
                      + [f"-state{''.join(map(str, dims))}"] * bool(dims)
                      + [f"-wm-{Path(world_model).name}"] * bool(world_model) + [f"-seed{seed}"] * (int(seed) != 0)
+                     + [f"-g{groups}x{group_size}"] * ((groups, group_size) != (16, 8)) + [f"-{readout}"] * (readout != "mean")
                      + ["-ceiling"] * (ceiling == "only"))
     name = "imagination-estimated-state" + suffix
     base = Path(work) if work else (Path(tempfile.mkdtemp(prefix="wmrl-bench-ies-")) if quick
@@ -247,7 +251,8 @@ def main(quick: bool = False, cameras: str = "none", wm_episodes: int = 300, bc_
     start = in_true_world(EstimatedStatePolicy.load(bc_dir))
     before = stage("eval_before", lambda: success_in_task(start, "push-red", eval_episodes, cams))
     rl_dir = base / (f"rl-{bc_dir.name[3:]}-it{iterations}-g{groups}x{group_size}-lr{lr:g}" + ("" if algo == "grpo" else f"-{algo}")
-                     + (f"-wm-{wm_run.name}" if world_model else "") + (f"-seed{seed}" if int(seed) else ""))
+                     + (f"-wm-{wm_run.name}" if world_model else "") + (f"-seed{seed}" if int(seed) else "")
+                     + (f"-{readout}" if readout != "mean" else ""))
     out = {"task": "push-red", "cameras": list(cams) or "none (the object channel)",
            "success_rl_start": before["success"], "success_rl_start_ci": before["ci"],
            "success_rl_start_per_seed": before["per_seed"], "stalled_before": before["stalled"],
@@ -256,7 +261,8 @@ def main(quick: bool = False, cameras: str = "none", wm_episodes: int = 300, bc_
            "budgets": {"wm_episodes": wm_episodes, "bc_episodes": bc_episodes, "bc_steps": bc_steps, "min_std": min_std,
                        "estimator_steps": estimator_steps if cams else 0, "iterations": iterations, "groups": groups,
                        "group_size": group_size, "lr": lr, "algo": algo, "training_seeds": 1,
-                       "actor_state_dims": list(dims) or "all", "rl_seed": int(seed)}, "world_model": str(wm_run)}
+                       "actor_state_dims": list(dims) or "all", "rl_seed": int(seed), "readout": readout},
+           "world_model": str(wm_run)}
     if int(fidelity) and ceiling != "only":
         out["closed_loop_fidelity"] = stage("fidelity", lambda: closed_loop_fidelity(
             EstimatedStatePolicy.load(bc_dir), wm_run, int(fidelity)))
@@ -266,7 +272,8 @@ def main(quick: bool = False, cameras: str = "none", wm_episodes: int = 300, bc_
         else:
             rl = stage("rl", lambda: imagine(ImagineConfig(
                 policy=bc_dir, policy_type="estimated-state", world_model=wm_run, data=wm_data, out=rl_dir,
-                iterations=iterations, groups=groups, group_size=group_size, lr=lr, minibatch_rollouts=group_size * 2, algo=algo,
+                iterations=iterations, groups=groups, group_size=group_size, lr=lr, algo=algo, state_readout=readout,
+                minibatch_rollouts=max(group_size * 2, groups * group_size // 8),
                 ckpt_every=max(1, iterations // 3), seed=int(seed), overwrite=True), progress=False))
             (rl_dir / "result.json").write_text(json.dumps(rl))
         trained = in_true_world(EstimatedStatePolicy.load(rl_dir / "checkpoints" / "last"))
@@ -298,7 +305,8 @@ def main(quick: bool = False, cameras: str = "none", wm_episodes: int = 300, bc_
             + [f"ceiling={ceiling}"] * (ceiling != "false") + [f"algo={algo}"] * (algo != "grpo")
             + [f"iterations={iterations}"] * (iterations != 30) + [f"actor_state_dims={actor_state_dims}"] * bool(dims)
             + [f"world_model={world_model}"] * bool(world_model) + [f"seed={seed}"] * (int(seed) != 0)
-            + [f"work={work}"] * bool(work) + [f"threads={threads}"] * (int(threads) != 2)
+            + [f"groups={groups}"] * (groups != 16) + [f"group_size={group_size}"] * (group_size != 8)
+            + [f"readout={readout}"] * (readout != "mean") + [f"work={work}"] * bool(work) + [f"threads={threads}"] * (int(threads) != 2)
             + [f"fidelity={fidelity}"] * (int(fidelity) != 48))
     return finish(name, out, quick, command="wmrl bench imagination-estimated-state --json" + (" --quick" if quick else "")
                   + (" --options " + " ".join(opts) if opts else ""))

@@ -7,7 +7,8 @@ imagination inherit. Per model and per readout of the channel's ensemble (`mean`
 episode): imagined and true success with Wilson 95% intervals, their difference, the hallucinated share (imagined
 successes whose actions fail when replayed in the simulator), each model's paired gain in imagined success over the
 first model listed (same layouts, bootstrap 95% interval over layouts), and, for a run trained with state DAgger,
-the expert's imagined success its training logged at the start of each round.
+the expert's imagined success its training logged at the start of each round. It also times imagination with and
+without generating frames on the first model (`state_only_speed`): the closed loop here needs only the state channel.
 
     wmrl bench state-channel-closed-loop --json --options world_models=RUN_A,RUN_B [starts=200 readouts=mean,member]
 """
@@ -37,6 +38,32 @@ def dagger_log(run: Path) -> list[dict]:
     return [{k: v for k, v in r.items() if k.startswith("dagger_")} for r in recs if "dagger_round" in r]
 
 
+def state_only_speed(model, replay, envs: int = 50, steps: int = 40, seed: int = 0) -> dict:
+    """Seconds for the same imagined steps (same starts, same random actions) with the chunk's frames generated and
+    with the state channel alone (`WorldModelEnv.frames`), and the largest difference between the states they
+    report (0 up to float error: skipping the frames must not change the state trajectory)."""
+    import torch
+
+    from sim import success_and_reward
+    from world_models.env import WorldModelEnv
+
+    acts = np.random.default_rng(seed).uniform(-1, 1, (steps, envs, model.cfg.action_dim)).astype(np.float32)
+    seconds, states = {}, {}
+    for frames in (True, False):
+        venv = WorldModelEnv(model, replay, num_envs=envs, max_episode_steps=10 * steps, decode_images=False,
+                             sampling_steps=1, rules=success_and_reward)
+        venv.frames = frames
+        venv.reset(seed=seed)
+        t0, seen = time.perf_counter(), []
+        with torch.no_grad():
+            for a in acts:
+                seen.append(venv.step(a)[0]["observation.environment_state"])
+        seconds[frames], states[frames] = time.perf_counter() - t0, np.stack(seen)
+    return {"envs": envs, "steps": steps, "seconds_with_frames": seconds[True], "seconds_state_only": seconds[False],
+            "speedup": seconds[True] / seconds[False],
+            "max_state_difference_m": float(np.abs(states[True] - states[False]).max())}
+
+
 def main(quick: bool = False, world_models: str = "", starts: int = 200, readouts: str = "mean,member",
          name: str = "") -> dict:
     from wmrl.eval.loop import wilson_interval
@@ -64,11 +91,14 @@ def main(quick: bool = False, world_models: str = "", starts: int = 200, readout
                          "true_ci95": wilson_interval(k_true, n), "imagined_minus_true": h["imagined_success"] - h["true_success"],
                          "hallucinated_share": h["hallucinated_share"], "median_disagreement_cm": h["median_disagreement_cm"],
                          "dagger_rounds": dagger_log(Path(run)), "per_start": h["imagined_per_start"]})
+    first = make_world_model("video", runs[0])
+    speed = state_only_speed(first, load_split(world_model_data(runs[0]), 0.1)[2], envs=4 if quick else 50,
+                             steps=4 if quick else 40)
     for row in rows:  # against the first model, same readout, layout by layout
         first = next(r for r in rows if r["readout"] == row["readout"])
         row["paired_vs_first"] = paired_gain(first["per_start"], row["per_start"])
     out = {"task": "push-red", "policy": "scripted expert, noise 0.1", "starts": n, "rows": rows,
-           "minutes": (time.time() - t0) / 60}
+           "state_only_speed": speed, "minutes": (time.time() - t0) / 60}
     label = name or "-".join(Path(r).name for r in runs)
     return finish(f"state-channel-closed-loop-{label}" if not quick else "state-channel-closed-loop", out, quick,
                   command=f"wmrl bench state-channel-closed-loop --json --options world_models={world_models} "

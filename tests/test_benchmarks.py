@@ -593,6 +593,7 @@ def test_state_channel_closed_loop_pairs_imagination_and_the_simulator_on_the_sa
         lo, hi = row["true_ci95"]
         assert lo <= row["true_success"] <= hi
         assert row["paired_vs_first"]["gain"] == 0.0  # one model: each row is paired with itself
+    assert r["state_only_speed"]["max_state_difference_m"] < 1e-5  # skipping frames leaves the states as they were
     pg = bench["paired_gain"]([0, 0, 1, 1], [1, 0, 1, 0])
     assert pg["gain"] == 0.0 and pg["layouts_won"] == 1 and pg["layouts_lost"] == 1
     (tmp_path / "metrics.jsonl").write_text('{"step": 3, "state_loss": 1.0}\n'

@@ -275,3 +275,6 @@ def test_imagine_trains_an_estimated_state_actor_on_the_state_channel(trained, t
         imagine(ImagineConfig(policy=tmp_path / "pol", policy_type="act", world_model=trained, out=tmp_path / "x"),
                 progress=False)
     assert not (tmp_path / "x").exists()
+    with pytest.raises(ValueError, match="state_readout"):  # the readout reaches the imagination env
+        imagine(ImagineConfig(policy=tmp_path / "pol", policy_type="estimated-state", world_model=trained, data=tiny_data,
+                              out=tmp_path / "y", state_readout="median", groups=1, group_size=2), progress=False)

@@ -401,6 +401,48 @@ def test_the_task_reward_reports_progress_on_predicted_state_whatever_the_reward
         assert e["max_reward"] == 0.0 and 0.0 < e["progress"] < 1.0
 
 
+def test_a_state_only_rollout_skips_the_frames_and_follows_the_same_states(trained, tiny_data):
+    """With no images to decode and success from the task's rules, `WorldModelEnv` steps the state channel alone
+    (no latents generated); the states, rewards and ends are those of the rollout that generates frames."""
+    model = VideoWorldModel.load(trained / "checkpoints/last")
+    _, _, held = load_split(tiny_data, 0.25)
+    assert model.frames_optional
+    calls = {"n": 0}
+    orig = model.sample_future
+
+    def counting(*a, **kw):
+        calls["n"] += 1
+        return orig(*a, **kw)
+
+    model.sample_future = counting
+    acts = np.random.default_rng(0).uniform(-1, 1, (6, 3, 2, 4)).astype(np.float32)
+    runs = {}
+    for frames in (True, False):
+        venv = WorldModelEnv(model, held, num_envs=3, max_episode_steps=8, rules=success_and_reward,
+                             decode_images=False, state_readout="member")
+        assert venv.frames is False
+        venv.frames = frames  # the frame-generating rollout, for comparison
+        obs, _ = venv.reset(seed=3)
+        n0, out = calls["n"], [obs]
+        for a in acts:
+            out.append(venv.step(a))
+        runs[frames] = (out, calls["n"] - n0)
+    assert runs[True][1] == len(acts) and runs[False][1] == 0
+    for got, want in zip(runs[False][0][1:], runs[True][0][1:]):
+        for k in ("observation.state", "observation.environment_state"):
+            np.testing.assert_allclose(got[0][k], want[0][k], atol=1e-6)
+        for g, w in zip(got[1:4], want[1:4]):  # reward, terminated, truncated
+            np.testing.assert_array_equal(g, w)
+        np.testing.assert_array_equal(got[4]["success"], want[4]["success"])
+    model.sample_future = orig
+    state = model.encode(runs[False][0][0] | {"observation.images." + c: np.zeros((3, model.cfg.image_size, model.cfg.image_size, 3), np.uint8)
+                                               for c in model.cfg.cameras})
+    state, preds = model.step(state, torch.zeros(3, 1, 4), frames=False)
+    assert "latents" not in preds and preds["observation.state"].shape == (3, 1, model.cfg.state_dim)
+    with pytest.raises(ValueError, match="stale"):  # frames cannot resume from a state-only rollout
+        model.step(state, torch.zeros(3, 1, 4))
+
+
 def test_the_hallucination_flag_truncates_an_episode_and_its_success_does_not_count(trained, tiny_data):
     model = VideoWorldModel.load(trained / "checkpoints/last")
     _, _, held = load_split(tiny_data, 0.25)

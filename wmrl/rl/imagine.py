@@ -78,6 +78,9 @@ class ImagineConfig:
     stop_cm: float = 0.0
     """The hallucination flag: end an imagined episode where the state channel's members disagree on an object's
     position by more than this (cm; 0: off); its success from there on does not count. Logged as flagged_share."""
+    state_readout: str = "mean"
+    """What imagined episodes report of the state channel's ensemble: mean, or member (one member drawn per episode
+    and followed to its end, PETS's TS-infinity: each rollout is one consistent world, not the members' average)."""
     sampling_steps: int = 1
     """Euler steps of the world model per step (1 is about 2.5x faster than 3 at similar quality)."""
     epochs: int = 2
@@ -211,7 +214,8 @@ def imagine(cfg: ImagineConfig, progress: bool = True) -> dict:
                          "observation.environment_state)")
     env = make_imagination_env(model, data, cfg.groups * cfg.group_size, imagined_horizon(data, cfg.max_steps), cfg.keyframe_prob,
                                cfg.success_threshold, cfg.sampling_steps, stop_cm=cfg.stop_cm, decode_images=not on_objects,
-                               object_noise=policy.cfg.estimate_noise if on_objects else None)
+                               object_noise=policy.cfg.estimate_noise if on_objects else None,
+                               state_readout=cfg.state_readout)
     policy.check_spaces(env.single_observation_space, env.single_action_space)
     if policy.cfg.chunk_size > model.cfg.chunk:
         raise ValueError(f"policy chunk {policy.cfg.chunk_size} exceeds the world model's chunk {model.cfg.chunk}")

@@ -175,6 +175,12 @@ class VideoWorldModel(nn.Module):
     has_success_head = True  # imagined episodes can be scored (imagine, rank)
 
     @property
+    def frames_optional(self) -> bool:
+        """Whether `step(..., frames=False)` can give all of observation.state (and so success by the task's rules)
+        without generating frames: a state channel that also predicts the proprioception besides the arm."""
+        return self.state_channel is not None and self.cfg.state_rest
+
+    @property
     def success_source(self) -> str:
         """'state' when a state channel predicts object state (success from the task's definition), else 'frames'."""
         return "state" if self.state_channel is not None else "frames"
@@ -386,16 +392,26 @@ class VideoWorldModel(nn.Module):
 
     @torch.no_grad()
     def step(self, state: dict, action_chunk: torch.Tensor, steps: int | None = None,
-             generator: torch.Generator | None = None) -> tuple[dict, dict]:
+             generator: torch.Generator | None = None, frames: bool = True) -> tuple[dict, dict]:
         """Advance by h <= H actions (B, h, A). Returns the new state and per-frame predictions (B, h, ...):
         `latents`, `pose` (commanded), `observation.state`, `success`, `reward`, `done` (frame heads; probabilities)
         and, with a state channel, `observation.environment_state`, `ee`, `gripper_opening` and `disagreement`
-        (ensemble spread of object positions, cm)."""
+        (ensemble spread of object positions, cm).
+
+        `frames=False` advances the state channel only (`frames_optional`): no latents are generated, so there are
+        no `latents` or frame-head predictions, and the rollout cannot ask for frames later (its context would be
+        stale). Generating the chunk's latents is ~90% of a step's time on a CPU; a consumer that reads only state
+        (scripted or object-reading policies, success from the task's rules) need not pay for it."""
         a = torch.as_tensor(action_chunk, dtype=torch.float32, device=self.device)
         if a.ndim != 3 or a.shape[-1] != self.cfg.action_dim or not 1 <= a.shape[1] <= self.cfg.chunk:
             raise ValueError(f"action_chunk: expected (B, 1..{self.cfg.chunk}, {self.cfg.action_dim}), got {tuple(a.shape)}")
         if not torch.isfinite(a).all():
             raise ValueError("action_chunk: contains NaN or inf")
+        if not frames and not self.frames_optional:
+            raise ValueError("frames=False needs a state channel that predicts all of observation.state (state_rest)")
+        if frames and state.get("frames_stale"):
+            raise ValueError("this rollout was advanced with frames=False: its frame context is stale; keep frames=True "
+                             "from the start (reset) when frames are needed")
         h = a.shape[1]
         if h < self.cfg.chunk:  # pad with the last real action; only the first h frames are kept
             a = torch.cat([a, a[:, -1:].expand(-1, self.cfg.chunk - h, -1)], dim=1)
@@ -425,6 +441,14 @@ class VideoWorldModel(nn.Module):
             preds["disagreement"] = torch.stack([d for _, d in summ], 1)
         else:
             poses = integrate_poses(state["pose"][:, :3], a, self.cfg)
+        if not frames:  # every entry of observation.state comes from the channel
+            proprio = torch.empty(B, h, self.cfg.state_dim, device=self.device)
+            proprio[..., list(self.cfg.ee_index)] = preds["ee"]
+            proprio[..., self.cfg.gripper_index] = preds["gripper_opening"]
+            proprio[..., self.cfg.rest_index] = preds["rest"]
+            preds.update({"pose": poses[:, :h], OBS_STATE: proprio})
+            new.update({"pose": poses[:, h - 1], "proprio": proprio[:, -1], "frames_stale": True})
+            return new, preds
         fut = self.sample_future(state["ctx"], state["anchor"], state["pose"], poses, steps, generator)[:, :h]
         out = self.heads(fut.flatten(0, 1), self.task(state["task"]).repeat_interleave(h, dim=0))
         proprio = out["state"].reshape(B, h, -1)
