@@ -77,6 +77,18 @@ def test_clip_is_asymmetric():
     assert torch.allclose(s, torch.tensor([1.28, -0.8]))
 
 
+def test_an_overflowing_ratio_on_a_padded_step_leaves_the_loss_and_gradient_finite():
+    """A step whose log-probability moved by 100 nats (a narrow gripper sigma) would make rho = inf, and inf times
+    its zero mask NaN; the clamped log-ratio keeps the loss and the gradient of the real steps finite and as before."""
+    logp = torch.tensor([0.1, 100.0], requires_grad=True)
+    valid = torch.tensor([True, False])
+    loss, _ = ppo_loss(logp, torch.zeros(2), torch.tensor([-1.0, -1.0]), torch.zeros(2), torch.zeros(2), valid,
+                       clip=0.2, vf_coef=0.5)
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(logp.grad).all()
+    assert loss.item() == pytest.approx(np.exp(0.1)) and logp.grad[0].item() == pytest.approx(np.exp(0.1))
+
+
 def test_ppo_loss_matches_a_hand_computed_example():
     logp = torch.log(torch.tensor([1.0, 1.5, 0.5]))
     loss, info = ppo_loss(logp, torch.zeros(3), torch.tensor([1.0, 1.0, -1.0]), torch.tensor([0.5, 0.0, 0.0]),

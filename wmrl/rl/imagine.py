@@ -125,7 +125,7 @@ def update(policy, opt, ro: Rollouts, cfg: ImagineConfig, ref=None, seed: int | 
         return {**info, "updates": 0}
     rng = np.random.default_rng(seed)
     stats = {"loss": [], "approx_kl": [], "clip_frac": []}
-    stopped = False
+    stopped, skipped = False, 0
     for _ in range(cfg.epochs):
         perm = rng.permutation(ids_all)
         for i in range(0, len(perm), cfg.minibatch_rollouts):
@@ -144,7 +144,10 @@ def update(policy, opt, ro: Rollouts, cfg: ImagineConfig, ref=None, seed: int | 
                 loss = loss + cfg.kl_coef * _kl_to_ref(policy, ref, ro, ids)
             opt.zero_grad(set_to_none=True)
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
+            norm = torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0)
+            if not (torch.isfinite(loss) and torch.isfinite(norm)):  # one bad minibatch must not poison the weights
+                skipped += 1
+                continue
             opt.step()
             stats["loss"].append(loss.item())
             stats["approx_kl"].append(kl)
@@ -152,7 +155,7 @@ def update(policy, opt, ro: Rollouts, cfg: ImagineConfig, ref=None, seed: int | 
         if stopped:
             break
     return {**info, **{k: float(np.mean(v)) if v else 0.0 for k, v in stats.items()}, "updates": len(stats["loss"]),
-            "kl_stopped": stopped}
+            "kl_stopped": stopped, "skipped_nonfinite": skipped}
 
 
 # ---------------------------------------------------------------------------------------------- the command

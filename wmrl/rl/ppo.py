@@ -13,10 +13,17 @@ import torch
 from wmrl.rl.rollouts import Rollouts, take
 
 
+LOG_RATIO_MAX = 20.0  # |log rho| beyond this carries no gradient (exp(89) already overflows float32)
+
+
 def clipped_surrogate(logp: torch.Tensor, logp_old: torch.Tensor, adv: torch.Tensor, clip_low: float,
                       clip_high: float) -> torch.Tensor:
-    """PPO's per-step objective (to maximise): min(rho A, clip(rho, 1 - clip_low, 1 + clip_high) A)."""
-    rho = torch.exp(logp - logp_old)
+    """PPO's per-step objective (to maximise): min(rho A, clip(rho, 1 - clip_low, 1 + clip_high) A).
+
+    log rho is clamped to +-LOG_RATIO_MAX first. A narrow Gaussian (a gripper sigma of 0.018 fitted on pushes) can
+    move a step's log-probability by tens of nats in one update; unclamped, rho overflows to inf, and inf times the
+    zero mask of a padded step (or a negative advantage) turns the loss and every weight into NaN."""
+    rho = torch.exp((logp - logp_old).clamp(-LOG_RATIO_MAX, LOG_RATIO_MAX))
     return torch.minimum(rho * adv, rho.clamp(1 - clip_low, 1 + clip_high) * adv)
 
 
