@@ -443,6 +443,31 @@ def test_a_state_only_rollout_skips_the_frames_and_follows_the_same_states(train
         model.step(state, torch.zeros(3, 1, 4))
 
 
+def test_the_imagined_hand_stays_in_the_workspace_the_controller_allows(trained, tiny_data):
+    """An imagined hand put 1 m outside the workspace (where an unbounded channel's arm grows without end) comes
+    back to the workspace's edge plus the margin, and the opening to the gripper's range; a hand inside is untouched."""
+    from world_models.video.model import ARM_MARGIN, bound_arm
+
+    model = VideoWorldModel.load(trained / "checkpoints/last")
+    cfg = model.cfg
+    x = torch.zeros(2, 3, model.state_channel.cfg.dim)
+    x[..., :3] = torch.tensor([0.4, 0.0, 0.1])
+    x[..., 3] = 0.05
+    x[:, 0, :4] = torch.tensor([1.4, -1.0, -1.0, 1.0])
+    out = bound_arm(x, cfg)
+    lo, hi = np.array(cfg.workspace_low) - ARM_MARGIN, np.array(cfg.workspace_high) + ARM_MARGIN
+    np.testing.assert_allclose(out[:, 0, :4].numpy(), np.tile([hi[0], lo[1], lo[2], cfg.gripper_open + ARM_MARGIN], (2, 1)),
+                               atol=1e-6)
+    assert torch.equal(out[:, 1:], x[:, 1:])
+    _, _, held = load_split(tiny_data, 0.25)
+    venv = WorldModelEnv(model, held, num_envs=2, max_episode_steps=8, rules=success_and_reward, decode_images=False)
+    venv.reset(seed=0)
+    venv._state["x"][:, :, :3] = torch.tensor([1.4, -1.0, -1.0])
+    obs, *_ = venv.step(np.ones((2, 4), np.float32))
+    ee = obs["observation.state"][:, list(cfg.ee_index)]
+    assert np.all(ee >= lo - 1e-6) and np.all(ee <= hi + 1e-6)
+
+
 def test_the_hallucination_flag_truncates_an_episode_and_its_success_does_not_count(trained, tiny_data):
     model = VideoWorldModel.load(trained / "checkpoints/last")
     _, _, held = load_split(tiny_data, 0.25)

@@ -109,6 +109,20 @@ def commanded_pose(ee: torch.Tensor, action: torch.Tensor, cfg: WorldModelConfig
     return torch.cat([target, action[..., 3:4]], -1)
 
 
+ARM_MARGIN = 0.03  # m: how far past the commanded workspace (and the gripper's range) the recorded hand ever is
+
+
+def bound_arm(x: torch.Tensor, cfg: WorldModelConfig) -> torch.Tensor:
+    """The state channel's x (..., D) with the hand kept inside the workspace and the opening inside the gripper's
+    range, each widened by ARM_MARGIN. The controller clips every target to the workspace, so the true hand never
+    leaves it by more than tracking error; an unbounded channel can extrapolate there, and beyond its data the
+    arm's MLP is close to linear in its input, so an imagined hand 10 cm outside grows by orders of magnitude per
+    step (seen: an RL rollout reaching inf, which made PPO's value targets NaN)."""
+    lo = torch.tensor([*cfg.workspace_low, 0.0], dtype=x.dtype, device=x.device) - ARM_MARGIN
+    hi = torch.tensor([*cfg.workspace_high, cfg.gripper_open], dtype=x.dtype, device=x.device) + ARM_MARGIN
+    return torch.cat([torch.minimum(torch.maximum(x[..., :4], lo), hi), x[..., 4:]], -1)
+
+
 def integrate_poses(ee0: torch.Tensor, actions: torch.Tensor, cfg: WorldModelConfig) -> torch.Tensor:
     """Commanded poses (B, h, 4) of an action chunk (B, h, A) from the last known end-effector ee0 (B, 3), when no
     better estimate of the arm exists: each target becomes the next step's start (perfect tracking assumed)."""
@@ -423,7 +437,7 @@ class VideoWorldModel(nn.Module):
             for j in range(self.cfg.chunk):
                 mean = self.state_channel.readout(x, member)
                 poses.append(commanded_pose(mean[:, :3], a[:, j], self.cfg))
-                x = self.state_channel.rollout_step(x, a[:, j])
+                x = bound_arm(self.state_channel.rollout_step(x, a[:, j]), self.cfg)
                 xs.append(x)
                 if j == h - 1:
                     new["x"] = x
