@@ -280,7 +280,7 @@ def main(quick: bool = False, cameras: str = "none", wm_episodes: int = 300, bc_
         after = stage("eval_after", lambda: success_in_task(trained, "push-red", eval_episodes, cams))
         curve = [json.loads(l) for l in (rl_dir / "metrics.jsonl").read_text().splitlines()]
         curve = [{k: r.get(k) for k in ("iteration", "imagined_success", "kept_groups", "approx_kl", "clip_frac",
-                                        "log_std", "true_env_steps")} for r in curve if "iteration" in r]
+                                        "log_std", "true_env_steps", "skipped_nonfinite")} for r in curve if "iteration" in r]
         out.update({
             "success_rl": after["success"], "success_rl_ci": after["ci"], "success_rl_per_seed": after["per_seed"],
             "success_gain_points": 100 * (after["success"] - before["success"]),
