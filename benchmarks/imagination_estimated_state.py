@@ -49,12 +49,13 @@ class TrueGroupEnv:
     plus potential-based shaping (Ng et al., 1999) with the task's dense reward as the potential,
     coef * (gamma * phi(s') - phi(s)), which leaves the optimal policy unchanged."""
 
-    def __init__(self, task: str, num_envs: int, reward: str = "success", gamma: float = 0.99, coef: float = 1.0):
+    def __init__(self, task: str, num_envs: int, reward: str = "success", gamma: float = 0.99, coef: float = 1.0,
+                 workers: int = 0):
         import sim
 
         if reward not in ("success", "shaped"):
             raise ValueError(f"reward: expected success or shaped, got {reward!r}")
-        self.venv = sim.make_vector_env(task, num_envs, asynchronous=False, cameras=())
+        self.venv = sim.make_vector_env(task, num_envs, asynchronous=False, cameras=(), workers=workers)
         self.num_envs, self.max_episode_steps = num_envs, sim.episode_horizon(task)
         self.reward, self.gamma, self.coef = reward, gamma, coef
         self._phi: np.ndarray | None = None
@@ -75,34 +76,61 @@ class TrueGroupEnv:
             self._phi = phi
         return obs, reward, term, trunc, {"success": success}
 
+    def true_steps_taken(self) -> int:
+        """Simulator steps taken by these envs' processes (this one, or the workers)."""
+        import sim
+
+        return self.venv.true_steps_taken() if hasattr(self.venv, "true_steps_taken") else sim.true_steps_taken()
+
     def close(self) -> None:
         self.venv.close()
 
 
+def ppo_minibatch(groups: int, group_size: int) -> int:
+    """Rollouts per minibatch: an iteration in 8 minibatches of at least 2 groups, so a larger batch takes larger,
+    not more, steps (the imagination run and its perfect-model ceiling use the same)."""
+    return max(group_size * 2, groups * group_size // 8)
+
+
 def rl_in_true_simulator(policy, iterations: int, groups: int, group_size: int, lr: float, algo: str = "grpo",
-                         seed: int = 0) -> list:
+                         seed: int = 0, out: Path | None = None, workers: int = 0) -> list:
     """GRPO (or PPO) exactly as `wmrl imagine` runs it (`collect_rollouts`, `update`), in the true simulator.
-    Returns the per-iteration record."""
+    `workers` > 1 steps the envs in that many processes (`sim.batched`). With `out`, the policy is checkpointed
+    there (every quarter of the run, all kept) with the per-iteration record in `curve.json`, and a rerun resumes
+    from the last checkpoint (`policy` must then be loaded from it). Returns the per-iteration record."""
     import torch
 
-    import sim
+    from wmrl.core.checkpoint import commit_checkpoint, load_train_state, resume_checkpoint, save_train_state
+    from wmrl.core.io import write_json
     from wmrl.rl.imagine import ImagineConfig, update
     from wmrl.rl.rollouts import collect_rollouts
 
-    cfg = ImagineConfig(groups=groups, group_size=group_size, lr=lr, minibatch_rollouts=group_size * 2, seed=seed, algo=algo)
-    env = TrueGroupEnv("push-red", groups * group_size)
+    cfg = ImagineConfig(groups=groups, group_size=group_size, lr=lr, minibatch_rollouts=ppo_minibatch(groups, group_size),
+                        seed=seed, algo=algo)
     opt = torch.optim.AdamW(policy.parameters(), lr, weight_decay=0.0)
     torch.manual_seed(seed)
-    curve, steps0 = [], sim.true_steps_taken()
+    start, curve = 0, []
+    ck = resume_checkpoint(out / "checkpoints")[0] if out is not None else None
+    if ck is not None:
+        start = load_train_state(ck, {"policy": opt})["step"]
+        curve = json.loads((out / "curve.json").read_text())[:start]
+    env = TrueGroupEnv("push-red", groups * group_size, workers=workers)
+    steps0 = env.true_steps_taken() - (curve[-1]["true_env_steps"] if curve else 0)
+    every = max(1, iterations // 4)
     try:
-        for it in range(iterations):
+        for it in range(start, iterations):
             policy.eval()
             ro = collect_rollouts(policy, env, group_size if algo == "grpo" else 1, seed=seed * 100_003 + it)
             policy.train()
             info = update(policy, opt, ro, cfg, seed=seed * 100_003 + it)
             policy.eval()
             curve.append({"iteration": it + 1, "success": float(ro.success.float().mean()),
-                          "true_env_steps": sim.true_steps_taken() - steps0, **info})
+                          "true_env_steps": env.true_steps_taken() - steps0, **info})
+            if out is not None:
+                write_json(out / "curve.json", curve)  # atomic: a kill leaves the last whole record
+                if (it + 1) % every == 0 or it + 1 == iterations:
+                    commit_checkpoint(out / "checkpoints", it + 1, lambda d: (policy.save(d), save_train_state(d, it + 1, {"policy": opt})),
+                                      keep=iterations)
     finally:
         env.close()
     return curve
@@ -205,7 +233,8 @@ def main(quick: bool = False, cameras: str = "none", wm_episodes: int = 300, bc_
          bc_steps: int = 4000, estimator_steps: int = 3000, iterations: int = 30, groups: int = 16,
          group_size: int = 8, lr: float = 3e-5, eval_episodes: int = 300, work: str = "", ceiling: str = "false",
          min_std: float = 0.0, threads: int = 2, algo: str = "grpo", actor_state_dims: str = "",
-         world_model: str = "", fidelity: int = 48, seed: int = 0, readout: str = "mean") -> dict:
+         world_model: str = "", fidelity: int = 48, seed: int = 0, readout: str = "mean", workers: int = 0,
+         train_only: str = "false") -> dict:
     """`ceiling`: false, true (also the perfect-model run) or only (the perfect-model run alone). `min_std`: a floor
     on the actor's sigma (0: the residual's RMS as fitted). `actor_state_dims`: e.g. 4,5,6,7 (the proprioception the
     world model's state channel predicts; default: all of observation.state). `world_model`: a trained world-model
@@ -214,7 +243,9 @@ def main(quick: bool = False, cameras: str = "none", wm_episodes: int = 300, bc_
     seed (rollout noise, minibatches; the start actor and the evaluation layouts stay the same). `readout`: the state
     channel's readout in imagination (mean, or member: one ensemble member per episode). A PPO iteration's rollouts
     are split into 8 minibatches (at least 2 x group_size rollouts each), so a larger batch takes larger, not more,
-    steps."""
+    steps. `workers`: processes that step the perfect-model ceiling's true envs (0: this one). `train_only`: train
+    (the ceiling's RL with `ceiling=only`, checkpointed and resumable under the work folder) and measure nothing, for
+    a lent device; the same command without it evaluates what was trained."""
     import torch
 
     from policies.estimated_state import EstimatedStatePolicy
@@ -225,9 +256,12 @@ def main(quick: bool = False, cameras: str = "none", wm_episodes: int = 300, bc_
     wm_episodes, bc_episodes, bc_steps = int(wm_episodes), int(bc_episodes), int(bc_steps)
     iterations, groups, group_size, eval_episodes = int(iterations), int(groups), int(group_size), int(eval_episodes)
     estimator_steps, lr = int(estimator_steps), float(lr)
-    ceiling = str(ceiling).lower()
+    ceiling, train_only = str(ceiling).lower(), str(train_only).lower() == "true"
     if ceiling not in ("false", "true", "only"):
         raise ValueError(f"ceiling: expected false, true or only, got {ceiling!r}")
+    if train_only and ceiling != "only":
+        raise ValueError("train_only=true trains the perfect-model ceiling's RL (ceiling=only); RL in imagination "
+                         "trains with `wmrl imagine`")
     min_std = float(min_std)
     if quick:
         wm_episodes, bc_episodes, bc_steps, estimator_steps = 6, 6, 20, 4
@@ -245,8 +279,17 @@ def main(quick: bool = False, cameras: str = "none", wm_episodes: int = 300, bc_
                                     else ROOT / "runs" / "bench-imagination-estimated-state")
     minutes, stage = timed_stages()
 
-    wm_data, wm_run = world_model_stage(base, wm_episodes, quick, world_model, stage)
+    wm_data, wm_run = world_model_stage(base, wm_episodes, quick, world_model, stage) if ceiling != "only" else (None, None)
     bc_dir = bc_stage(base, cams, bc_episodes, bc_steps, estimator_steps, min_std, stage, dims)
+    ceiling_dir = base / (f"ceiling-{bc_dir.name[3:]}-it{iterations}-g{groups}x{group_size}-lr{lr:g}" + ("" if algo == "grpo" else f"-{algo}")
+                          + (f"-seed{seed}" if int(seed) else ""))
+    if train_only:
+        from wmrl.core.checkpoint import resume_checkpoint
+
+        ck = resume_checkpoint(ceiling_dir / "checkpoints")[0]
+        curve = stage("ceiling_rl", lambda: rl_in_true_simulator(EstimatedStatePolicy.load(ck or bc_dir), iterations, groups,
+                                                                 group_size, lr, algo, int(seed), ceiling_dir, int(workers)))
+        return {"trained": str(ceiling_dir), "iterations_done": len(curve), "minutes": minutes}
     record = json.loads((bc_dir / "record.json").read_text())
     start = in_true_world(EstimatedStatePolicy.load(bc_dir))
     before = stage("eval_before", lambda: success_in_task(start, "push-red", eval_episodes, cams))
@@ -262,7 +305,7 @@ def main(quick: bool = False, cameras: str = "none", wm_episodes: int = 300, bc_
                        "estimator_steps": estimator_steps if cams else 0, "iterations": iterations, "groups": groups,
                        "group_size": group_size, "lr": lr, "algo": algo, "training_seeds": 1,
                        "actor_state_dims": list(dims) or "all", "rl_seed": int(seed), "readout": readout},
-           "world_model": str(wm_run)}
+           "world_model": str(wm_run) if wm_run else None}
     if int(fidelity) and ceiling != "only":
         out["closed_loop_fidelity"] = stage("fidelity", lambda: closed_loop_fidelity(
             EstimatedStatePolicy.load(bc_dir), wm_run, int(fidelity)))
@@ -273,7 +316,7 @@ def main(quick: bool = False, cameras: str = "none", wm_episodes: int = 300, bc_
             rl = stage("rl", lambda: imagine(ImagineConfig(
                 policy=bc_dir, policy_type="estimated-state", world_model=wm_run, data=wm_data, out=rl_dir,
                 iterations=iterations, groups=groups, group_size=group_size, lr=lr, algo=algo, state_readout=readout,
-                minibatch_rollouts=max(group_size * 2, groups * group_size // 8),
+                minibatch_rollouts=ppo_minibatch(groups, group_size),
                 ckpt_every=max(1, iterations // 3), seed=int(seed), overwrite=True), progress=False))
             (rl_dir / "result.json").write_text(json.dumps(rl))
         trained = in_true_world(EstimatedStatePolicy.load(rl_dir / "checkpoints" / "last"))
@@ -292,8 +335,12 @@ def main(quick: bool = False, cameras: str = "none", wm_episodes: int = 300, bc_
     if ceiling != "false":  # the same GRPO from the same start, the true simulator as a perfect model
         if cams:
             raise ValueError("the perfect-model ceiling is measured for cameras=none (the actor on the object channel)")
-        perfect = EstimatedStatePolicy.load(bc_dir)  # no cameras: it reads the object channel
-        true_curve = stage("ceiling_rl", lambda: rl_in_true_simulator(perfect, iterations, groups, group_size, lr, algo, int(seed)))
+        from wmrl.core.checkpoint import resume_checkpoint
+
+        ck = resume_checkpoint(ceiling_dir / "checkpoints")[0]
+        perfect = EstimatedStatePolicy.load(ck or bc_dir)  # no cameras: it reads the object channel
+        true_curve = stage("ceiling_rl", lambda: rl_in_true_simulator(perfect, iterations, groups, group_size, lr, algo,
+                                                                      int(seed), ceiling_dir, int(workers)))
         r = stage("ceiling_eval", lambda: success_in_task(in_true_world(perfect), "push-red", eval_episodes, cams))
         out.update({"ceiling_success_rl": r["success"], "ceiling_success_rl_ci": r["ci"], "ceiling_per_seed": r["per_seed"],
                     "ceiling_stalled": r["stalled"], "ceiling_paired": paired_gain(before["outcomes"], r["outcomes"]),
@@ -307,6 +354,6 @@ def main(quick: bool = False, cameras: str = "none", wm_episodes: int = 300, bc_
             + [f"world_model={world_model}"] * bool(world_model) + [f"seed={seed}"] * (int(seed) != 0)
             + [f"groups={groups}"] * (groups != 16) + [f"group_size={group_size}"] * (group_size != 8)
             + [f"readout={readout}"] * (readout != "mean") + [f"work={work}"] * bool(work) + [f"threads={threads}"] * (int(threads) != 2)
-            + [f"fidelity={fidelity}"] * (int(fidelity) != 48))
+            + [f"fidelity={fidelity}"] * (int(fidelity) != 48) + [f"workers={workers}"] * bool(int(workers)))
     return finish(name, out, quick, command="wmrl bench imagination-estimated-state --json" + (" --quick" if quick else "")
                   + (" --options " + " ".join(opts) if opts else ""))

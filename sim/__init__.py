@@ -118,15 +118,22 @@ def _make_registered(env_id: str, kwargs: dict) -> gym.Env:
     return gym.make(env_id, disable_env_checker=True, **kwargs)
 
 
-def make_vector_env(task: str, num_envs: int = 1, asynchronous: bool = True, **kwargs) -> gym.vector.VectorEnv:
+def make_vector_env(task: str, num_envs: int = 1, asynchronous: bool = True, workers: int = 0,
+                    **kwargs) -> gym.vector.VectorEnv:
     """A batched tabletop: `AsyncVectorEnv` (one process per env) or `SyncVectorEnv`, without autoreset: call
     `reset()` for new episodes (as `wmrl.eval.evaluate` does per batch). Why not NEXT_STEP: gymnasium 1.4's
     AsyncVectorEnv without shared memory (our observations hold text) keeps a worker's pending-autoreset flag across
     `reset()`, so the first step after a seeded reset silently became an unseeded reset that ignored the action, and
     recorded episodes began with a frame from another layout. The synchronous one clears that flag on `reset()` but
     refuses (asserts) to step an ended env without autoreset, which the evaluation loop does while the batch's
-    other episodes run on: it keeps NEXT_STEP (the ended env's next step is an ignored reset)."""
+    other episodes run on: it keeps NEXT_STEP (the ended env's next step is an ignored reset).
+    `workers` > 1: `sim.batched.BatchedVectorEnv`, the envs split over that many processes, each stepping its slice
+    synchronously (the synchronous env's semantics; for hundreds of envs on a few cores)."""
     env_id = resolve_task(task)
+    if workers > 1:
+        from sim.batched import BatchedVectorEnv
+
+        return BatchedVectorEnv(env_id, num_envs, min(workers, num_envs), **kwargs)
     fns = [functools.partial(_make_registered, env_id, kwargs) for _ in range(num_envs)]
     if asynchronous and num_envs > 1:
         return gym.vector.AsyncVectorEnv(fns, shared_memory=False, context="spawn",
