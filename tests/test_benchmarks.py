@@ -459,6 +459,35 @@ def test_imagination_estimated_state_benchmark_pairs_its_evaluations(ies_quick):
     assert f["agreement"] == pytest.approx(1 - (f["true_only"] + f["imagined_only"]) / n) and f["state_rest"]
 
 
+def test_perfect_model_ceiling_steps_in_workers_checkpoints_and_resumes(ies_quick, tmp_path):
+    """The perfect-model ceiling's RL with its envs in two worker processes: the workers' simulator steps are counted
+    (80 per rollout at most), it uses the imagination run's minibatch rule, and a rerun from the first checkpoint
+    (the second removed, as a kill would leave it) reproduces the second iteration's record exactly."""
+    import os
+
+    from policies.estimated_state import EstimatedStatePolicy
+
+    mod = runpy.run_path(str(BENCH / "imagination_estimated_state.py"), run_name="bench")
+    assert mod["ppo_minibatch"](16, 8) == 16 and mod["ppo_minibatch"](128, 8) == 128
+    bc = ies_quick[1] / "bc-objects"
+    out = tmp_path / "ceiling"
+    run = lambda: mod["rl_in_true_simulator"](EstimatedStatePolicy.load(bc if not (out / "checkpoints" / "last").exists()
+                                                                        else out / "checkpoints" / "last"),
+                                              2, 2, 2, 1e-4, "ppo", 0, out, workers=2)
+    first = run()
+    assert [c["iteration"] for c in first] == [1, 2]
+    assert 0 < first[0]["true_env_steps"] <= 4 * 80 and first[1]["true_env_steps"] > first[0]["true_env_steps"]
+    ck = out / "checkpoints"
+    assert sorted(p.name for p in ck.glob("ckpt-*")) == ["ckpt-000000001", "ckpt-000000002"]
+    import shutil
+
+    shutil.rmtree(ck / "ckpt-000000002")
+    (ck / ".l").symlink_to("ckpt-000000001")
+    os.replace(ck / ".l", ck / "last")
+    again = run()
+    assert again[1] == first[1]
+
+
 def test_rank_state_population_ranks_actors_trained_and_degraded_here(ies_quick):
     """The state-actor population on the imagination-estimated-state benchmark's quick work folder: the start actor
     and its sampling copy, an actor trained here and its noisy copy, the RL actor found there, paired and ranked

@@ -151,3 +151,34 @@ def test_vector_env_episodes_start_from_their_seeded_reset_and_replay_exactly(as
     shifted = [sim.replay_open_loop("push-red", ep["action"][:-1], seed=rec["seed"], cube_shift=1e-3, until_done=False)[1]
                for rec, ep in zip(r.per_episode, r.episodes)]
     assert max(np.abs(s - ep["observation.environment_state"][-1]).max() for s, ep in zip(shifted, r.episodes)) > 1e-3
+
+
+def test_batched_vector_env_equals_the_synchronous_env():
+    """`make_vector_env(workers=K)`: the envs split over K processes step exactly as one `SyncVectorEnv` of them
+    (observations, rewards, ends and every info entry, across an episode's end and its NEXT_STEP reset), and the
+    workers' simulator steps are counted."""
+    kw = dict(cameras=())
+    sync = sim.make_vector_env("push-red", 5, asynchronous=False, **kw)
+    batched = sim.make_vector_env("push-red", 5, workers=2, **kw)
+    assert batched.sizes == [3, 2]
+    try:
+        a, b = sync.reset(seed=[3, 4, 5, 6, 7]), batched.reset(seed=[3, 4, 5, 6, 7])
+        rng, ended = np.random.default_rng(0), False
+        for _ in range(90):  # past the 80-step horizon: every env ends and is reset by its next step
+            act = rng.uniform(-1, 1, (5, 4)).astype(np.float32)
+            ra, rb = sync.step(act), batched.step(act)
+            for x, y in zip(ra[:4], rb[:4]):
+                if isinstance(x, dict):
+                    assert x.keys() == y.keys() and all(np.array_equal(np.asarray(x[k]), np.asarray(y[k])) for k in x)
+                else:
+                    assert np.array_equal(x, y)
+            assert ra[4].keys() == rb[4].keys()
+            assert all(np.array_equal(np.asarray(ra[4][k]), np.asarray(rb[4][k])) for k in ra[4])
+            ended |= bool((ra[2] | ra[3]).any())
+        assert ended
+        assert 0 < batched.true_steps_taken() <= 5 * 90
+        with pytest.raises(ValueError, match="2 seeds for 5 envs"):
+            batched.reset(seed=[1, 2])
+    finally:
+        sync.close()
+        batched.close()

@@ -662,3 +662,28 @@ def test_the_rest_head_leaves_the_arm_and_cube_training_unchanged(tiny_data, tmp
     shared = [k for k in runs[False]]
     assert shared and all(torch.allclose(runs[True][k], runs[False][k], atol=1e-6) for k in shared)
     assert any(k.startswith("rest.") for k in runs[True])
+
+
+def test_nearest_other_cube_feature_and_the_pairs_head():
+    """`nearest_other` gives each cube its offset to the closest other cube (clipped, never itself); with `pairs`
+    the cube head reads it, so moving a far cube next to another changes that cube's prediction, while without it
+    the prediction is blind to the other cubes."""
+    from world_models.video.state_channel import PAIR_RANGE, nearest_other
+
+    cubes = torch.tensor([[0.0, 0.0, 0.02], [0.05, 0.0, 0.02], [0.0, 2.0, -5.0]])
+    off = nearest_other(cubes)
+    assert torch.allclose(off[0], torch.tensor([0.05, 0.0, 0.0])) and torch.allclose(off[1], torch.tensor([-0.05, 0.0, 0.0]))
+    assert torch.allclose(off[2], torch.tensor([0.0, -PAIR_RANGE, PAIR_RANGE]))  # a fallen cube: clipped
+    assert torch.equal(nearest_other(cubes[:1]), torch.zeros(1, 3))
+    torch.manual_seed(0)
+    for pairs in (False, True):
+        sc = StateChannel(StateChannelConfig(members=2, hidden=16, pairs=pairs))
+        torch.nn.init.normal_(sc.cube.out.weight)  # zero-initialised outputs would hide every input
+        x = torch.tensor([0.4, 0.0, 0.05, 0.05, 0.4, 0.03, 0.02, 0.5, 0.2, 0.02, 0.3, -0.2, 0.02])
+        y = x.clone()
+        y[10:13] = torch.tensor([0.42, 0.0, 0.02])  # the third cube moved next to the first
+        a = torch.tensor([[0.5, 0.0, 0.0, -1.0]])
+        out_x, logit_x = sc.next(x[None, None].expand(2, 1, -1), a, hard_gate=False)
+        out_y, logit_y = sc.next(y[None, None].expand(2, 1, -1), a, hard_gate=False)
+        assert torch.equal(logit_x[..., 1], logit_y[..., 1])  # the second cube's nearest stays the first
+        assert (not torch.equal(logit_x[..., 0], logit_y[..., 0])) == pairs

@@ -7,13 +7,19 @@ classifier on generated pixels (issue "World model v2"; the same idea as WoVR's 
 conditioning, pushed to the objects). Per member:
 
     arm:   [ee, opening, a]                          -> delta [ee, opening]
-    cube:  [cube - ee, cube_z, opening, a, d_ee_cmd]  -> delta cube, contact-gate logit      (shared by all cubes)
+    cube:  [cube - ee, cube_z, opening, a, d_ee_cmd(, nearest other cube - cube)]  -> delta cube, contact-gate logit
+                                                      (shared by all cubes; the last term with `pairs`)
     rest:  [rest, ee, opening, a]                    -> delta rest     (the other proprioception, e.g. joint angles)
 
 The rest head exists so that a policy reading all of `observation.state` sees, inside a rollout, proprioception
 from the channel and none read back from generated frames (issue "World model v2", item 1): joint angles from
 frame heads on generated latents erred by ~1 std of a policy's input after 16 one-action steps, and an actor that
 succeeds 54-58% in the simulator succeeded 2% closed-loop in imagination.
+
+Without `pairs` each cube sees only the hand: a cube pushed by another cube cannot be predicted, and what the
+channel learns instead is that cubes near a moving hand sometimes move (the non-target cube then drifts in
+imagination). With `pairs` the cube head also reads the offset to its nearest other cube (PointNet-style shared
+head, one neighbour: enough for pushes that chain through one cube).
 
 The contact gate g = sigmoid(logit) multiplies the cube's change; it is trained to tell whether the cube moves at
 all (BCE on |delta| > 0.5 mm), and is thresholded at 0.5 inside rollouts, so untouched cubes stay exactly still
@@ -49,6 +55,7 @@ class StateChannelConfig:
     hidden: int = 128
     ee_step: float = 0.05  # m per control step at |action| = 1 (the commanded displacement, an input feature)
     n_rest: int = 0  # proprioception besides ee and opening the channel also predicts (joint angles); 0: none
+    pairs: bool = False  # the cube head also reads the offset to the nearest other cube (cube-cube pushes)
 
     @property
     def n_arm_objects(self) -> int:
@@ -58,6 +65,22 @@ class StateChannelConfig:
     @property
     def dim(self) -> int:
         return self.n_arm_objects + self.n_rest
+
+
+PAIR_RANGE = 0.3  # m: offsets to another cube are clipped here (a cube that fell off the table is metres away)
+
+
+def nearest_other(cubes: torch.Tensor) -> torch.Tensor:
+    """(..., n, 3) cube centres -> (..., n, 3): each cube's offset to its nearest other cube (clipped to +-PAIR_RANGE;
+    zeros when there is no other cube)."""
+    n = cubes.shape[-2]
+    if n < 2:
+        return torch.zeros_like(cubes)
+    off = cubes[..., None, :, :] - cubes[..., :, None, :]  # [..., i, j] = cube_j - cube_i
+    dist = off.norm(dim=-1) + torch.eye(n, device=cubes.device) * 1e6  # never oneself
+    j = dist.argmin(-1)  # (..., n)
+    pick = torch.gather(off, -2, j[..., None, None].expand(*j.shape, 1, 3)).squeeze(-2)
+    return pick.clamp(-PAIR_RANGE, PAIR_RANGE)
 
 
 class _EnsembleMLP(nn.Module):
@@ -77,7 +100,7 @@ class StateChannel(nn.Module):
         self.cfg = cfg
         A, M, h = cfg.action_dim, cfg.members, cfg.hidden
         self.arm = _EnsembleMLP(M, 4 + A, 4, h)
-        self.cube = _EnsembleMLP(M, 3 + 1 + 1 + A + 3, 4, h)
+        self.cube = _EnsembleMLP(M, 3 + 1 + 1 + A + 3 + 3 * cfg.pairs, 4, h)
         self.rest = _EnsembleMLP(M, cfg.n_rest + 4 + A, cfg.n_rest, h) if cfg.n_rest else None
 
     def next(self, x: torch.Tensor, a: torch.Tensor, hard_gate: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
@@ -89,8 +112,11 @@ class StateChannel(nn.Module):
         cubes = x[..., 4 : self.cfg.n_arm_objects].reshape(M, N, self.cfg.n_cubes, 3)
         d_cmd = (a[..., :3] * self.cfg.ee_step)[:, :, None].expand(-1, -1, self.cfg.n_cubes, -1)
         rel = cubes - ee[:, :, None]
-        feats = torch.cat([rel * SCALE, cubes[..., 2:] * SCALE, opening[:, :, None].expand(-1, -1, self.cfg.n_cubes, -1) * SCALE,
-                           a[:, :, None].expand(-1, -1, self.cfg.n_cubes, -1), d_cmd * SCALE], -1)
+        feats = [rel * SCALE, cubes[..., 2:] * SCALE, opening[:, :, None].expand(-1, -1, self.cfg.n_cubes, -1) * SCALE,
+                 a[:, :, None].expand(-1, -1, self.cfg.n_cubes, -1), d_cmd * SCALE]
+        if self.cfg.pairs:
+            feats.append(nearest_other(cubes) * SCALE)
+        feats = torch.cat(feats, -1)
         out = self.cube(feats.reshape(M, N * self.cfg.n_cubes, -1)).reshape(M, N, self.cfg.n_cubes, 4)
         logit = out[..., 3]
         gate = (logit > 0).float() if hard_gate else torch.sigmoid(logit)
