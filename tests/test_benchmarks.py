@@ -488,6 +488,32 @@ def test_perfect_model_ceiling_steps_in_workers_checkpoints_and_resumes(ies_quic
     assert again[1] == first[1]
 
 
+def test_rl_checkpoint_selection_pools_checkpoints_and_reports_each_models_pick(ies_quick, tmp_path):
+    """The checkpoint-selection benchmark on the quick work folder's RL run: the start actor and the run's checkpoint
+    are ranked in the training model and a held-out one (the same tiny model here) on paired layouts; the deterministic
+    actors' true outcomes agree between the two rankings; the pick rule on a hand example; runs from another start
+    are refused."""
+    import shutil
+
+    import yaml
+
+    mod = runpy.run_path(str(BENCH / "rl_checkpoint_selection.py"), run_name="bench")
+    p = mod["picked"]([0.3, 0.5, 0.5, 0.4], [0.27, 0.35, 0.31, 0.30], [0, 20, 40, 60])
+    assert p == {"iteration": 40, "true_success": 0.31, "true_regret": pytest.approx(0.04)}  # the later of a tie
+    work = ies_quick[1]
+    rl = next(work.glob("rl-objects-*"))
+    r = mod["main"](quick=True, work=str(tmp_path), runs=str(rl), heldout=str(work / "wm"))
+    its = [c["iteration"] for c in r["checkpoints"]]
+    assert its[0] == 0 and its[1:] == sorted(int(c.name[5:14]) for c in rl.glob("checkpoints/ckpt-*"))
+    assert all(c["true_success"] == c["true_success_heldout_run"] for c in r["checkpoints"])
+    other = tmp_path / "other"
+    shutil.copytree(rl, other, symlinks=True)
+    cfg = yaml.safe_load((other / "config.yaml").read_text())
+    (other / "config.yaml").write_text(yaml.safe_dump({**cfg, "policy": "elsewhere"}))
+    with pytest.raises(ValueError, match="one training world model and start actor"):
+        mod["checkpoints"]([rl, other])
+
+
 def test_rank_state_population_ranks_actors_trained_and_degraded_here(ies_quick):
     """The state-actor population on the imagination-estimated-state benchmark's quick work folder: the start actor
     and its sampling copy, an actor trained here and its noisy copy, the RL actor found there, paired and ranked
