@@ -15,6 +15,9 @@ def test_collect_writes_a_dataset_and_refuses_to_clobber(tmp_path, capsys):
     assert "already exists" in capsys.readouterr().err
     assert main(["collect", "--task", "lift-red", "--episodes", "1", "--out", str(out), "--resume"]) == 0
     assert LeRobotV3Dataset(out).num_episodes == 4
+    from wmrl.eval.record import recorded_seeds
+
+    assert recorded_seeds(out) == [0, 1, 2, 3]  # the layouts, kept so a ranking can refuse to score on them
 
 
 def test_unknown_names_list_valid_ones(tmp_path, capsys):

@@ -209,6 +209,25 @@ def test_a_world_model_of_another_task_is_refused_with_both_names(trained, tiny_
                               out=tmp_path / "im"), progress=False)
 
 
+def test_rank_refuses_layouts_the_world_models_data_was_recorded_on(trained, tiny_data, tmp_path):
+    """`tiny_data` was collected from seed 0 (8 episodes): a ranking from seed 5 would score 3 of its layouts
+    (a repeat from seed 5 + 1,000,003 none), and is refused before anything is written unless allowed; the default
+    seed is clear of them."""
+    from wmrl.eval.rank import FRESH_LAYOUTS, seen_layouts
+    from wmrl.eval.record import recorded_seeds
+
+    assert recorded_seeds(tiny_data) == list(range(8))
+    assert seen_layouts(tiny_data, 5, 4, repeat=True) == [5, 6, 7]
+    assert seen_layouts(tiny_data, FRESH_LAYOUTS, 4, repeat=True) == []
+    with pytest.raises(ValueError, match=r"3 of the ranking's layouts \(reset seeds 5..7\).*--seed"):
+        run_rank(RankConfig(policies=("random",), world_model=trained, data=tiny_data, seed=5, episodes=4,
+                            out=tmp_path / "rank"), progress=False)
+    assert not (tmp_path / "rank").exists()
+    r = run_rank(RankConfig(policies=("scripted", "random"), world_model=trained, data=tiny_data, seed=5, episodes=4, num_envs=2,
+                            noise_ceiling=False, allow_seen_layouts=True, out=tmp_path / "rank"), progress=False)
+    assert r["seen_layouts"] == 3 and r["policies"][0]["true_seeds"] == [5, 6, 7, 8]
+
+
 def test_rank_writes_statistics_and_scatter(trained, tiny_data, tmp_path):
     r = run_rank(RankConfig(policies=("scripted", "scripted:failure_prob=1.0", "random"), world_model=trained,
                             data=tiny_data, episodes=2, num_envs=2, out=tmp_path / "rank"), progress=False)

@@ -23,7 +23,7 @@ from wmrl.core.report import metrics_table, plot_curves, write_report
 from wmrl.core.run import Tracker, start_run
 from wmrl.datasets import LeRobotV3Dataset
 from wmrl.eval import evaluate_on_tasks
-from wmrl.eval.rank import RankConfig, run_rank
+from wmrl.eval.rank import FRESH_LAYOUTS, RankConfig, run_rank
 from wmrl.eval.world_model import auroc_plot, gain_plot, pair_auroc, success_pairs, window_fidelity
 from wmrl.rl.coevolve import evolve_world_model, hallucination_rate
 from wmrl.rl.imagine import ImagineConfig, imagine
@@ -162,7 +162,7 @@ def run_demo(cfg: DemoConfig, progress: bool = True) -> dict:
     rank = stage("ranking", lambda: run_rank(RankConfig(
         policies=tuple(population), world_model=run / "coevolution" / "world_model", task=cfg.task,
         episodes=cfg.rank_episodes, num_envs=min(10, cfg.rank_episodes), out=run / "ranking", overwrite=True,
-        seed=cfg.seed), progress=progress))
+        seed=FRESH_LAYOUTS + cfg.seed), progress=progress))  # layouts the demo's data was not recorded on
 
     summary = {
         "run_dir": str(run), "minutes": (time.time() - t0) / 60, "stage_minutes": stage.minutes,

@@ -39,6 +39,10 @@ from world_models.video.train import check_world_model_task, world_model_data
 WORKERS = ("local", "ray")
 
 
+FRESH_LAYOUTS = 1_000_000  # the default first ranking layout: far past the seeds `wmrl collect` numbers episodes with
+REPEAT_OFFSET = 1_000_003  # the noise ceiling's second true evaluation runs on layouts this far from the paired ones
+
+
 @dataclass
 class RankConfig:
     policies: tuple[str, ...] = ("scripted", "scripted:noise=0.5", "scripted:failure_prob=0.5", "random")
@@ -51,7 +55,13 @@ class RankConfig:
     """Episodes per policy, in each of the two environments (paired: the same layouts)."""
     num_envs: int = 10
     """Imagined episodes run as one batch."""
-    seed: int = 0
+    seed: int = FRESH_LAYOUTS
+    """The first paired layout's reset seed (episode k: seed + k; the noise ceiling's repeat: 1,000,003 later). The
+    default is clear of the layouts `wmrl collect` records on (its episodes take seeds --seed, --seed + 1, ...);
+    a ranking on layouts the world model's data was recorded on is refused (`allow_seen_layouts`)."""
+    allow_seen_layouts: bool = False
+    """Rank even where the paired layouts include ones the world model's data was recorded on (a model and a BC
+    policy score better on their training layouts: on push-red the same actor succeeds 58% there, 30% on fresh ones)."""
     workers: str = "local"
     num_workers: int = 2
     noise_ceiling: bool = True
@@ -278,7 +288,7 @@ def score_policy(spec: str, world_model: str, data: str, task: str, episodes: in
     out = {"policy": spec}
     runs = [("imagined", wm_env, seed, dict(start_from=true_env, chunked=True)), ("true", true_env, seed, {})]
     if noise_ceiling:
-        runs.append(("true_repeat", true_env, seed + 1_000_003, {}))
+        runs.append(("true_repeat", true_env, seed + REPEAT_OFFSET, {}))
     try:
         for name, env, s, kw in runs:
             if objects and name == "imagined":  # built against the cameras, then set to read the predicted objects
@@ -373,9 +383,25 @@ def plot_scatter(rows: list[dict], path: Path, stats: dict) -> Path:
     return path
 
 
+def seen_layouts(data: Path, seed: int, episodes: int, repeat: bool) -> list[int]:
+    """The paired layouts (and the noise ceiling's repeat ones) that `data` was recorded on, by reset seed (empty
+    when its recording kept no seeds)."""
+    from wmrl.eval.record import recorded_seeds
+
+    seen = set(recorded_seeds(data) or ())
+    ours = set(range(seed, seed + episodes)) | (set(range(seed + REPEAT_OFFSET, seed + REPEAT_OFFSET + episodes)) if repeat else set())
+    return sorted(ours & seen)
+
+
 def run_rank(cfg: RankConfig, progress: bool = True) -> dict:
     data = cfg.data or world_model_data(cfg.world_model)
     check_world_model_task(cfg.world_model, data, [cfg.task], f"--task {cfg.task}")
+    seen = seen_layouts(Path(data), cfg.seed, cfg.episodes, cfg.noise_ceiling)
+    if seen and not cfg.allow_seen_layouts:
+        raise ValueError(f"{len(seen)} of the ranking's layouts (reset seeds {seen[0]}..{seen[-1]}) were recorded in the "
+                         f"world model's data {data}: imagination and any policy trained on it are scored on what they "
+                         f"learned from; pass --seed S with layouts it has not seen (default {FRESH_LAYOUTS}), or "
+                         "--allow-seen-layouts")
     run = start_run(cfg)
     t0 = time.time()
     rows = score_population(list(cfg.policies), str(cfg.world_model), str(data), cfg.task, cfg.episodes, cfg.num_envs,
@@ -384,7 +410,8 @@ def run_rank(cfg: RankConfig, progress: bool = True) -> dict:
     stats = (ranking_report(rows, cfg.bootstrap, cfg.seed) if len(learned) >= 2 else
              rank_statistics([r["imagined_success"] for r in rows], [r["true_success"] for r in rows]))
     plot_scatter(rows, run / "ranking.png", stats)
-    result = {**stats, "policies": rows, "minutes": (time.time() - t0) / 60, "run_dir": str(run)}
+    result = {**stats, "policies": rows, "first_layout_seed": cfg.seed, "seen_layouts": len(seen),
+              "minutes": (time.time() - t0) / 60, "run_dir": str(run)}
     write_json(run / "ranking.json", result)
     tracker = Tracker(run)
     tracker.log({k: v for k, v in result.items() if k != "policies"})

@@ -92,6 +92,7 @@ def record(policy, env, episodes: int, out: Path, *, seed: int, source: str, pol
     (`mode`: create | overwrite | resume). Returns the evaluation and the number of frames written."""
     writer: list[LeRobotV3Writer] = []
     fps, robot_type = int(env.metadata.get("render_fps", 10)), env.metadata.get("robot_type")  # the suite's control rate
+    before = recorded_seeds(out) if mode == "resume" else []
 
     def on_episode(ep: dict) -> None:
         if not writer:  # features come from the first episode
@@ -101,5 +102,21 @@ def record(policy, env, episodes: int, out: Path, *, seed: int, source: str, pol
 
     result = evaluate(policy, env, episodes, seed=seed, source=source, policy_id=policy_id, on_episode=on_episode,
                       progress=progress)
+    # the layouts this data was recorded on (episodes end, and are written, in the order of `per_episode`), so a
+    # ranking or an evaluation can refuse to score on the layouts a model or a policy learned from
+    if before is not None:
+        writer[0].extra_meta["episode_seeds"] = before + [int(r["seed"]) for r in result.per_episode]
     writer[0].finalize()
     return result, writer[0].num_frames
+
+
+def recorded_seeds(root: Path) -> list[int] | None:
+    """The reset seed of every episode of a dataset `record` wrote (`meta/wmrl.json`), in episode order; None for
+    data recorded before seeds were kept, or written by anything else."""
+    import json
+
+    meta = Path(root) / "meta" / "wmrl.json"
+    if not meta.exists():
+        return None
+    seeds = json.loads(meta.read_text()).get("episode_seeds")
+    return [int(s) for s in seeds] if isinstance(seeds, list) else None
