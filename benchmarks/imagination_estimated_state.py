@@ -97,10 +97,11 @@ def rl_in_true_simulator(policy, iterations: int, groups: int, group_size: int, 
     """GRPO (or PPO) exactly as `wmrl imagine` runs it (`collect_rollouts`, `update`), in the true simulator.
     `workers` > 1 steps the envs in that many processes (`sim.batched`). With `out`, the policy is checkpointed
     there (every quarter of the run, all kept) with the per-iteration record in `curve.json`, and a rerun resumes
-    from the last checkpoint (`policy` must then be loaded from it). Returns the per-iteration record."""
+    from the last checkpoint (its weights loaded into `policy`, which is trained in place). Returns the per-iteration
+    record."""
     import torch
 
-    from wmrl.core.checkpoint import commit_checkpoint, load_train_state, resume_checkpoint, save_train_state
+    from wmrl.core.checkpoint import commit_checkpoint, load_state, load_train_state, resume_checkpoint, save_train_state
     from wmrl.core.io import write_json
     from wmrl.rl.imagine import ImagineConfig, update
     from wmrl.rl.rollouts import collect_rollouts
@@ -112,6 +113,7 @@ def rl_in_true_simulator(policy, iterations: int, groups: int, group_size: int, 
     start, curve = 0, []
     ck = resume_checkpoint(out / "checkpoints")[0] if out is not None else None
     if ck is not None:
+        load_state(policy, ck)
         start = load_train_state(ck, {"policy": opt})["step"]
         curve = json.loads((out / "curve.json").read_text())[:start]
     env = TrueGroupEnv("push-red", groups * group_size, workers=workers)
@@ -284,10 +286,7 @@ def main(quick: bool = False, cameras: str = "none", wm_episodes: int = 300, bc_
     ceiling_dir = base / (f"ceiling-{bc_dir.name[3:]}-it{iterations}-g{groups}x{group_size}-lr{lr:g}" + ("" if algo == "grpo" else f"-{algo}")
                           + (f"-seed{seed}" if int(seed) else ""))
     if train_only:
-        from wmrl.core.checkpoint import resume_checkpoint
-
-        ck = resume_checkpoint(ceiling_dir / "checkpoints")[0]
-        curve = stage("ceiling_rl", lambda: rl_in_true_simulator(EstimatedStatePolicy.load(ck or bc_dir), iterations, groups,
+        curve = stage("ceiling_rl", lambda: rl_in_true_simulator(EstimatedStatePolicy.load(bc_dir), iterations, groups,
                                                                  group_size, lr, algo, int(seed), ceiling_dir, int(workers)))
         return {"trained": str(ceiling_dir), "iterations_done": len(curve), "minutes": minutes}
     record = json.loads((bc_dir / "record.json").read_text())
@@ -335,10 +334,7 @@ def main(quick: bool = False, cameras: str = "none", wm_episodes: int = 300, bc_
     if ceiling != "false":  # the same GRPO from the same start, the true simulator as a perfect model
         if cams:
             raise ValueError("the perfect-model ceiling is measured for cameras=none (the actor on the object channel)")
-        from wmrl.core.checkpoint import resume_checkpoint
-
-        ck = resume_checkpoint(ceiling_dir / "checkpoints")[0]
-        perfect = EstimatedStatePolicy.load(ck or bc_dir)  # no cameras: it reads the object channel
+        perfect = EstimatedStatePolicy.load(bc_dir)  # no cameras: it reads the object channel; resumed if trained before
         true_curve = stage("ceiling_rl", lambda: rl_in_true_simulator(perfect, iterations, groups, group_size, lr, algo,
                                                                       int(seed), ceiling_dir, int(workers)))
         r = stage("ceiling_eval", lambda: success_in_task(in_true_world(perfect), "push-red", eval_episodes, cams))

@@ -471,9 +471,7 @@ def test_perfect_model_ceiling_steps_in_workers_checkpoints_and_resumes(ies_quic
     assert mod["ppo_minibatch"](16, 8) == 16 and mod["ppo_minibatch"](128, 8) == 128
     bc = ies_quick[1] / "bc-objects"
     out = tmp_path / "ceiling"
-    run = lambda: mod["rl_in_true_simulator"](EstimatedStatePolicy.load(bc if not (out / "checkpoints" / "last").exists()
-                                                                        else out / "checkpoints" / "last"),
-                                              2, 2, 2, 1e-4, "ppo", 0, out, workers=2)
+    run = lambda: mod["rl_in_true_simulator"](EstimatedStatePolicy.load(bc), 2, 2, 2, 1e-4, "ppo", 0, out, workers=2)
     first = run()
     assert [c["iteration"] for c in first] == [1, 2]
     assert 0 < first[0]["true_env_steps"] <= 4 * 80 and first[1]["true_env_steps"] > first[0]["true_env_steps"]

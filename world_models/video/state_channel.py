@@ -16,10 +16,10 @@ from the channel and none read back from generated frames (issue "World model v2
 frame heads on generated latents erred by ~1 std of a policy's input after 16 one-action steps, and an actor that
 succeeds 54-58% in the simulator succeeded 2% closed-loop in imagination.
 
-Without `pairs` each cube sees only the hand: a cube pushed by another cube cannot be predicted, and what the
-channel learns instead is that cubes near a moving hand sometimes move (the non-target cube then drifts in
-imagination). With `pairs` the cube head also reads the offset to its nearest other cube (PointNet-style shared
-head, one neighbour: enough for pushes that chain through one cube).
+Without `pairs` each cube sees only the hand, so a cube pushed by another cube cannot be predicted from its input.
+With `pairs` the cube head also reads the offset to its nearest other cube (one neighbour, shared head). Measured on
+push-red it makes the expert's closed loop in imagination worse (two channel seeds; README, state channel), so it
+is off by default.
 
 The contact gate g = sigmoid(logit) multiplies the cube's change; it is trained to tell whether the cube moves at
 all (BCE on |delta| > 0.5 mm), and is thresholded at 0.5 inside rollouts, so untouched cubes stay exactly still
