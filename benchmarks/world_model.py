@@ -46,12 +46,15 @@ def _trained(cfg) -> bool:
 
 
 def main(quick: bool = False, size: str = "small", device: str = "cpu", steps_scale: float = 1.0,
-         batch_size: int = 32, amp: bool = False, compile: str | None = None, train_only: bool = False) -> dict:
+         batch_size: int = 32, amp: bool = False, compile: str | None = None, train_only: bool = False,
+         deterministic: bool = True) -> dict:
     """The defaults are the committed CPU numbers. Anything else (e.g. `--size base --device cuda --steps-scale 5`)
     trains in its own work folder and writes `world-model-SIZE-DEVICE.json`, never the CPU result.
 
     `train_only`: collect and train, measure nothing (on a lent device, whose time is short); copy the work folder
-    back and run the same options without it to measure here (finished trainings are not touched)."""
+    back and run the same options without it to measure here (finished trainings are not touched).
+    `deterministic=false` skips the deterministic baseline (its `deterministic_*` keys are then absent): on a lent
+    device its training costs a third of the budget that the diffusion model could use instead."""
     from wmrl.commands.collect import CollectConfig, collect
     from wmrl.eval.world_model import (auroc_plot, cube_error_at_episode_end, cube_error_in_true_sim, gain_plot,
                                        hallucination, pair_auroc, success_pairs, window_fidelity)
@@ -82,7 +85,7 @@ def main(quick: bool = False, size: str = "small", device: str = "cpu", steps_sc
     det_resume = (det_run / "checkpoints/last/train_state.json").exists()
     dcfg = TrainWMConfig(data=data, out=det_run, deterministic=True, init_from=run, state_channel=False, videos=0,
                          resume=det_resume, overwrite=not det_resume, **{**steps, "ae_steps": 0, "state_steps": 0})
-    if not _trained(dcfg):
+    if deterministic and not _trained(dcfg):
         train_world_model(dcfg, progress=not quick)
     if train_only:
         where = device_name(device)
@@ -102,12 +105,13 @@ def main(quick: bool = False, size: str = "small", device: str = "cpu", steps_sc
     ifid = window_fidelity(model, held, "push-red", 12 if quick else 240, H16, seed=0, steps=1)
     for k in IMAGINATION_KEYS:
         out[f"imagination_{k}"] = ifid[k]
-    det = VideoWorldModel.load(det_run / "checkpoints/last", device="cpu").eval()
-    dfid = window_fidelity(det, held, "push-red", 12 if quick else 240, H16, seed=0)
-    for k in IMAGINATION_KEYS:
-        out[f"deterministic_{k}"] = dfid[k]
-    if "joint_error_rad_h16" in dfid:  # the baseline has no state channel: its joint angles are its frame heads'
-        out["joint_error_rad_h16_frame_heads"] = dfid["joint_error_rad_h16"]
+    det = VideoWorldModel.load(det_run / "checkpoints/last", device="cpu").eval() if deterministic else None
+    if det is not None:
+        dfid = window_fidelity(det, held, "push-red", 12 if quick else 240, H16, seed=0)
+        for k in IMAGINATION_KEYS:
+            out[f"deterministic_{k}"] = dfid[k]
+        if "joint_error_rad_h16" in dfid:  # the baseline has no state channel: its joint angles are its frame heads'
+            out["joint_error_rad_h16_frame_heads"] = dfid["joint_error_rad_h16"]
     if model.state_channel is not None:
         cube = cube_error_at_episode_end(model, held)
         out["cube_error_cm_end"], out["cube_error_cm_end_p90"] = float(np.median(cube)), float(np.percentile(cube, 90))
@@ -153,7 +157,8 @@ def main(quick: bool = False, size: str = "small", device: str = "cpu", steps_sc
         docs = ROOT / "docs"
         gain_plot(run / "psnr_gain_h16.png", pw["gain"], pw["motion"], pw["masked_gain"])
         auroc_plot(run / "auroc_pairs.png", scores, truth)
-        write_side_by_side(det, held, det_run / "videos", n=3)
+        if det is not None:
+            write_side_by_side(det, held, det_run / "videos", n=3)
         if default:
             import shutil
 
@@ -169,5 +174,5 @@ def main(quick: bool = False, size: str = "small", device: str = "cpu", steps_sc
     if default:
         return finish("world-model", out, quick)
     opts = (f"size={size} device={device} steps_scale={steps_scale} batch_size={batch_size}" + (" amp=true" if amp else "")
-            + (f" compile={compile}" if compile else ""))
+            + (f" compile={compile}" if compile else "") + ("" if deterministic else " deterministic=false"))
     return finish(f"world-model-{tag}", out, quick, command=f"wmrl bench world-model --json --options {opts}")

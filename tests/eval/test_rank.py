@@ -217,8 +217,8 @@ def test_rank_refuses_layouts_the_world_models_data_was_recorded_on(trained, tin
     from wmrl.eval.record import recorded_seeds
 
     assert recorded_seeds(tiny_data) == list(range(8))
-    assert seen_layouts(tiny_data, 5, 4, repeat=True) == [5, 6, 7]
-    assert seen_layouts(tiny_data, FRESH_LAYOUTS, 4, repeat=True) == []
+    assert seen_layouts([tiny_data], 5, 4, repeat=True) == {str(tiny_data): [5, 6, 7]}
+    assert seen_layouts([tiny_data, trained], FRESH_LAYOUTS, 4, repeat=True) == {}
     with pytest.raises(ValueError, match=r"3 of the ranking's layouts \(reset seeds 5..7\).*--seed"):
         run_rank(RankConfig(policies=("random",), world_model=trained, data=tiny_data, seed=5, episodes=4,
                             out=tmp_path / "rank"), progress=False)
@@ -226,6 +226,64 @@ def test_rank_refuses_layouts_the_world_models_data_was_recorded_on(trained, tin
     r = run_rank(RankConfig(policies=("scripted", "random"), world_model=trained, data=tiny_data, seed=5, episodes=4, num_envs=2,
                             noise_ceiling=False, allow_seen_layouts=True, out=tmp_path / "rank"), progress=False)
     assert r["seen_layouts"] == 3 and r["policies"][0]["true_seeds"] == [5, 6, 7, 8]
+
+
+def _copy_with_seeds(src, dst, seeds):
+    """A copy of dataset `src` whose recording says its episodes were reset with `seeds`."""
+    import shutil
+
+    shutil.copytree(src, dst)
+    meta = json.loads((dst / "meta/wmrl.json").read_text())
+    (dst / "meta/wmrl.json").write_text(json.dumps({**meta, "episode_seeds": list(seeds)}))
+    return dst
+
+
+def test_rank_refuses_layouts_a_policy_learned_from(trained, tiny_data, tiny_policy, tmp_path):
+    """A policy's lineage is followed: the BC data its config.yaml names, from a checkpoint folder inside the
+    run too, and the DAgger rounds recorded inside it. A ranking on those layouts is refused naming the source."""
+    import shutil
+
+    import yaml
+
+    from wmrl.eval.rank import FRESH_LAYOUTS, learned_layouts
+
+    bc = _copy_with_seeds(tiny_data, tmp_path / "bc", range(FRESH_LAYOUTS + 2, FRESH_LAYOUTS + 10))
+    pol = tmp_path / "pol"
+    shutil.copytree(tiny_policy, pol)
+    cfg = yaml.safe_load((pol / "config.yaml").read_text())
+    (pol / "config.yaml").write_text(yaml.safe_dump({**cfg, "data": [str(bc)]}))
+    assert learned_layouts(pol) == {str(bc): list(range(FRESH_LAYOUTS + 2, FRESH_LAYOUTS + 10))}
+    assert learned_layouts(pol / "checkpoints" / "last") == learned_layouts(pol)
+    _copy_with_seeds(tiny_data, pol / "dagger" / "round_00", range(50, 58))
+    assert learned_layouts(pol)[str(pol / "dagger" / "round_00")] == list(range(50, 58))
+    with pytest.raises(ValueError, match=rf"2 of the ranking's layouts \(reset seeds {FRESH_LAYOUTS + 2}..{FRESH_LAYOUTS + 3}\)"
+                                         rf".*{bc}: 2"):
+        run_rank(RankConfig(policies=(str(pol), "random"), world_model=trained, data=tiny_data, episodes=4,
+                            noise_ceiling=False, out=tmp_path / "rank"), progress=False)
+    assert not (tmp_path / "rank").exists()
+
+
+def test_learned_layouts_of_a_world_model_include_its_state_dagger_rounds(tiny_data, tmp_path, monkeypatch):
+    """A world model run with state-DAgger rounds learned the layouts its rounds imagined the expert from: the
+    ones `_round` actually passes to the simulator (spied), by hand: 1,000,000 + 10,000 round + 1,000 (seed % 10)."""
+    import yaml
+
+    from wmrl.eval.rank import learned_layouts
+    from world_models.video import state_dagger
+
+    run = tmp_path / "wm"
+    run.mkdir()
+    (run / "config.yaml").write_text(yaml.safe_dump({"data": str(tiny_data), "extra_data": [], "seed": 3,
+                                                     "state_dagger_rounds": 2, "state_dagger_starts": 5}))
+    by_hand = [1_003_000 + j for j in range(5)] + [1_013_000 + j for j in range(5)]
+    got = learned_layouts(run)
+    assert got[f"{run} (state DAgger)"] == by_hand and got[str(tiny_data)] == list(range(8))
+    used = []
+    monkeypatch.setattr(state_dagger, "imagined_visits", lambda model, replay, task, seeds, *a: (used.extend(seeds), ([], 0.0))[1])
+    monkeypatch.setattr(state_dagger, "true_continuations", lambda *a: ([], 0))
+    for r in range(2):
+        state_dagger._round(None, None, ["push-red"], state_dagger.StateDaggerConfig(rounds=2, starts=5), r, 3)
+    assert used == by_hand
 
 
 def test_rank_writes_statistics_and_scatter(trained, tiny_data, tmp_path):

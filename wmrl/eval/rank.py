@@ -39,8 +39,13 @@ from world_models.video.train import check_world_model_task, world_model_data
 WORKERS = ("local", "ray")
 
 
-FRESH_LAYOUTS = 1_000_000  # the default first ranking layout: far past the seeds `wmrl collect` numbers episodes with
+# The default first ranking layout: clear of every range this project's own data generation uses (`wmrl collect`
+# numbers episodes from --seed; a policy's DAgger round i records from seed + 1,000,000 (i + 1); a world model's
+# state-DAgger rounds imagine from 1,000,000 + 10,000 round + ...). It was 1,000,000 until those were found to overlap.
+FRESH_LAYOUTS = 1_000_000_000
 REPEAT_OFFSET = 1_000_003  # the noise ceiling's second true evaluation runs on layouts this far from the paired ones
+# config.yaml keys that name what a run learned from (datasets, or runs followed in turn)
+INPUT_KEYS = ("data", "extra_data", "init_from", "policy", "world_model")
 
 
 @dataclass
@@ -383,24 +388,77 @@ def plot_scatter(rows: list[dict], path: Path, stats: dict) -> Path:
     return path
 
 
-def seen_layouts(data: Path, seed: int, episodes: int, repeat: bool) -> list[int]:
-    """The paired layouts (and the noise ceiling's repeat ones) that `data` was recorded on, by reset seed (empty
-    when its recording kept no seeds)."""
-    from wmrl.eval.record import recorded_seeds
+def learned_layouts(folder: str | Path) -> dict[str, list[int]]:
+    """The true layouts (reset seeds) a run or dataset learned from, by where each came from: a dataset's recorded
+    episode seeds (`meta/wmrl.json`); for a run (a folder with config.yaml, or a checkpoint inside one), the inputs
+    its config names (`INPUT_KEYS`: datasets, and runs followed in turn: an RL run's starting policy, a world
+    model's `init_from`), the datasets recorded inside it (a policy's DAgger rounds) and a world model's
+    state-DAgger rounds. What cannot be found, or data recorded before seeds were kept, adds nothing: unknown, not
+    fresh."""
+    import sim as _sim
+    import yaml
 
-    seen = set(recorded_seeds(data) or ())
-    ours = set(range(seed, seed + episodes)) | (set(range(seed + REPEAT_OFFSET, seed + REPEAT_OFFSET + episodes)) if repeat else set())
-    return sorted(ours & seen)
+    from wmrl.datasets.lerobot_v3 import LeRobotV3Dataset
+    from wmrl.eval.record import recorded_seeds
+    from world_models.video.state_dagger import round_layouts
+
+    out: dict[str, list[int]] = {}
+    todo, visited = [Path(folder)], set()
+    while todo:
+        p = todo.pop()
+        if not p.exists() or p.resolve() in visited:
+            continue
+        visited.add(p.resolve())
+        if (p / "meta/info.json").is_file():
+            if seeds := recorded_seeds(p):
+                out[str(p)] = sorted(set(seeds))
+            continue
+        run = next((q for q in (p, *list(p.parents)[:3]) if (q / "config.yaml").is_file()), None)
+        if run is None or (run != p and run.resolve() in visited):
+            continue
+        visited.add(run.resolve())
+        cfg = yaml.safe_load((run / "config.yaml").read_text()) or {}
+        named = {k: [Path(v) for v in np.atleast_1d(cfg.get(k) or []).tolist() if isinstance(v, str)] for k in INPUT_KEYS}
+        todo += [q for qs in named.values() for q in qs]
+        todo += [m.parent.parent for m in (*run.glob("*/meta/info.json"), *run.glob("*/*/meta/info.json"))]
+        rounds = int(cfg.get("state_dagger_rounds") or 0)
+        data = [d for d in named["data"] + named["extra_data"] if (d / "meta/info.json").is_file()]
+        if rounds and data:  # the tasks as the training run shared its starts over them
+            tasks = sorted({_sim.task_from_instruction(t) for d in data for t in LeRobotV3Dataset(d).tasks})
+            seed, starts = int(cfg.get("seed") or 0), int(cfg.get("state_dagger_starts") or 150)
+            out[f"{run} (state DAgger)"] = sorted(x for r in range(rounds)
+                                                  for xs in round_layouts(r, seed, tasks, starts).values() for x in xs)
+    return out
+
+
+def ranking_layouts(seed: int, episodes: int, repeat: bool) -> set[int]:
+    """The paired layouts of a ranking, and the noise ceiling's repeat ones."""
+    return set(range(seed, seed + episodes)) | (set(range(seed + REPEAT_OFFSET, seed + REPEAT_OFFSET + episodes)) if repeat else set())
+
+
+def seen_layouts(folders: list[str | Path], seed: int, episodes: int, repeat: bool) -> dict[str, list[int]]:
+    """Per source that holds any (see `learned_layouts`), the ranking's layouts that the world model, its data or
+    a learned policy in `folders` learned from."""
+    ours = ranking_layouts(seed, episodes, repeat)
+    out: dict[str, list[int]] = {}
+    for f in folders:
+        for src, seeds in learned_layouts(f).items():
+            if hit := sorted(ours.intersection(seeds)):
+                out[src] = hit
+    return out
 
 
 def run_rank(cfg: RankConfig, progress: bool = True) -> dict:
     data = cfg.data or world_model_data(cfg.world_model)
     check_world_model_task(cfg.world_model, data, [cfg.task], f"--task {cfg.task}")
-    seen = seen_layouts(Path(data), cfg.seed, cfg.episodes, cfg.noise_ceiling)
+    fitted = [parse_policy_spec(s).path for s in cfg.policies if not is_anchor(s)]
+    by_source = seen_layouts([data, cfg.world_model, *fitted], cfg.seed, cfg.episodes, cfg.noise_ceiling)
+    seen = sorted(set().union(*by_source.values()))
     if seen and not cfg.allow_seen_layouts:
-        raise ValueError(f"{len(seen)} of the ranking's layouts (reset seeds {seen[0]}..{seen[-1]}) were recorded in the "
-                         f"world model's data {data}: imagination and any policy trained on it are scored on what they "
-                         f"learned from; pass --seed S with layouts it has not seen (default {FRESH_LAYOUTS}), or "
+        where = "; ".join(f"{src}: {len(x)}" for src, x in list(by_source.items())[:3])
+        raise ValueError(f"{len(seen)} of the ranking's layouts (reset seeds {seen[0]}..{seen[-1]}) were learned from "
+                         f"by the world model or a policy ({where}): they would be scored on what they were fitted "
+                         f"to; pass --seed S with layouts none has seen (default {FRESH_LAYOUTS}), or "
                          "--allow-seen-layouts")
     run = start_run(cfg)
     t0 = time.time()
@@ -411,6 +469,7 @@ def run_rank(cfg: RankConfig, progress: bool = True) -> dict:
              rank_statistics([r["imagined_success"] for r in rows], [r["true_success"] for r in rows]))
     plot_scatter(rows, run / "ranking.png", stats)
     result = {**stats, "policies": rows, "first_layout_seed": cfg.seed, "seen_layouts": len(seen),
+              "seen_layout_sources": {src: len(x) for src, x in by_source.items()},
               "minutes": (time.time() - t0) / 60, "run_dir": str(run)}
     write_json(run / "ranking.json", result)
     tracker = Tracker(run)

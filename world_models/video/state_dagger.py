@@ -142,16 +142,25 @@ def dagger_round(model, replay, tasks: list[str], cfg: StateDaggerConfig, round_
         model.train(training)
 
 
+def round_layouts(round_index: int, seed: int, tasks: list[str], starts: int) -> dict[str, list[int]]:
+    """The true layouts (reset seeds) that round `round_index` of a run with training seed `seed` imagines the
+    expert from, per task (the `starts` shared out over the tasks). The model learns these layouts' dynamics, so a
+    ranking must not be scored on them (`wmrl.eval.rank.learned_layouts` reads them from here)."""
+    base = 1_000_000 + 10_000 * round_index + 1_000 * (seed % 10)
+    out = {}
+    for k, task in enumerate(tasks):
+        n = starts // len(tasks) + (k < starts % len(tasks))
+        if n:
+            out[task] = list(range(base + 100 * k, base + 100 * k + n))
+    return out
+
+
 def _round(model, replay, tasks: list[str], cfg: StateDaggerConfig, round_index: int, seed: int) -> tuple[list[dict], dict]:
     rng = np.random.default_rng(seed)
-    base = 1_000_000 + 10_000 * round_index + 1_000 * (seed % 10)
     episodes, scenes, succ, refused = [], 0, [], 0
-    for k, task in enumerate(tasks):  # the starts shared out over the data's tasks
-        n = cfg.starts // len(tasks) + (k < cfg.starts % len(tasks))
-        if n == 0:
-            continue
-        kept, s = imagined_visits(model, replay, task, list(range(base + 100 * k, base + 100 * k + n)), cfg.noise,
-                                  cfg.every, seed)
+    for task, layouts in round_layouts(round_index, seed, tasks, cfg.starts).items():
+        n = len(layouts)
+        kept, s = imagined_visits(model, replay, task, layouts, cfg.noise, cfg.every, seed)
         succ.append(s)
         scenes += len(kept)
         m = min(len(kept), max(1, cfg.per_round * n // cfg.starts))
