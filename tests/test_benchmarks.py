@@ -43,7 +43,8 @@ def test_world_model_benchmark_reports_every_result_key():
               "cube_error_cm_end", "ee_error_cm_h16", "success_auroc_matched_state", "success_auroc_matched_frames",
               "success_auroc_80step", "success_auroc_real_ceiling", "hallucinated_success_expert",
               "random_policy_imagined_minus_true", "train_minutes", "train_steps_per_s", "n_windows", "n_pairs",
-              "joint_error_rad_h16"):
+              "joint_error_rad_h16", "static_psnr_gap_to_identity_ceiling", "latent_error_h1_model_static",
+              "latent_error_h1_copy_static", "latent_error_h16_model_motion"):
         assert k in r and r[k] == r[k], k  # present and not NaN
     assert r["joint_source"] == "state channel"  # no proprioception read back from generated frames
     lo, hi = r["motion_psnr_gain_h16_ci"]
@@ -523,6 +524,8 @@ def test_rank_state_population_ranks_actors_trained_and_degraded_here(ies_quick)
     assert specs == ["estimated-state:rank-actors/bc-objects-32x2-10",
                      "estimated-state:rank-actors/bc-objects-32x2-10:noise=0.3", "random"]
     assert r["n_policies"] == 2 and r["episodes_per_policy"] == 2 and "rank_noise_ceiling" in r
+    from wmrl.eval.rank import FRESH_LAYOUTS
+    assert r["first_layout_seed"] == FRESH_LAYOUTS and r["seen_layouts"] == 0  # none the models learned from
     # an episode's best dense reward is 1 where it succeeds: progress is at least the success rate, on both sides
     assert "rank_spearman_progress" in r
     assert all(p[f"{k}_progress"] >= p[f"{k}_success"] for p in r["population"] for k in ("imagined", "true"))

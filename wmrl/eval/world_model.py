@@ -63,10 +63,21 @@ def window_fidelity(model, held, task: str, n_windows: int = 240, horizon: int =
             masks[c].append(m[c])
     env.close()
     with torch.no_grad():  # the autoencoder's reconstruction of the real frames: the ceiling of a latent model
-        rec = model.decode_frames(model.encode_frames({c: real[c][:, horizon - 1] for c in cams}))
+        z_real = model.encode_frames({c: real[c][:, horizon - 1] for c in cams})
+        rec = model.decode_frames(z_real)
+        # the same real latents through the identity path the model decodes with (frame0 + dec(z) - dec(z0)): the
+        # ceiling of this model's frames, higher where little changes
+        z0 = model.encode_frames(last)
+        ident = model.decode_frames(z_real, (z0, last))
+        # where a loss is made: the model's latent error and copy-last's (z0), rms over the latent, at h1 and h
+        z_at = {1: model.encode_frames({c: real[c][:, 0] for c in cams}), horizon: z_real}
+    for hh, zr in z_at.items():
+        for name, zp in (("model", r["latents"][:, hh - 1]), ("copy", z0)):
+            rms = (zp - zr).pow(2).mean((1, 2, 3)).sqrt().numpy()
+            out[f"latent_error_h{hh}_{name}_motion"], out[f"latent_error_h{hh}_{name}_static"] = _mean(rms[motion]), _mean(rms[~motion])
     per = {}
     for name, pred in (("model", {c: r["pred"][c][:, horizon - 1] for c in cams}), ("copy", last),
-                       ("ceiling", {c: rec[c].numpy() for c in cams})):
+                       ("ceiling", {c: rec[c].numpy() for c in cams}), ("identity_ceiling", {c: ident[c].numpy() for c in cams})):
         per[name] = np.mean([psnr(pred[c], real[c][:, horizon - 1]) for c in cams], 0)
         with np.errstate(all="ignore"):  # a camera may show no arm or cube in a window: NaN there, skipped
             m = np.stack([psnr(pred[c], real[c][:, horizon - 1], np.stack(masks[c])) for c in cams])
@@ -80,7 +91,8 @@ def window_fidelity(model, held, task: str, n_windows: int = 240, horizon: int =
     out[f"masked_psnr_gain_h{h}"] = _mean(mgain[motion])
     out[f"masked_psnr_gain_h{h}_ci"] = bootstrap_ci(mgain[motion])
     out["static_psnr_gap_to_ceiling"] = _mean((per["model"] - per["ceiling"])[~motion])
-    for k in ("model", "copy", "ceiling"):
+    out["static_psnr_gap_to_identity_ceiling"] = _mean((per["model"] - per["identity_ceiling"])[~motion])
+    for k in ("model", "copy", "ceiling", "identity_ceiling"):
         out[f"psnr_h{h}_{k}_motion"] = _mean(per[k][motion])
         out[f"psnr_h{h}_{k}_static"] = _mean(per[k][~motion])
         out[f"masked_psnr_h{h}_{k}_motion"] = _mean(per[k + "_masked"][motion])
