@@ -395,7 +395,6 @@ def learned_layouts(folder: str | Path) -> dict[str, list[int]]:
     model's `init_from`), the datasets recorded inside it (a policy's DAgger rounds) and a world model's
     state-DAgger rounds. What cannot be found, or data recorded before seeds were kept, adds nothing: unknown, not
     fresh."""
-    import sim as _sim
     import yaml
 
     from wmrl.datasets.lerobot_v3 import LeRobotV3Dataset
@@ -424,7 +423,7 @@ def learned_layouts(folder: str | Path) -> dict[str, list[int]]:
         rounds = int(cfg.get("state_dagger_rounds") or 0)
         data = [d for d in named["data"] + named["extra_data"] if (d / "meta/info.json").is_file()]
         if rounds and data:  # the tasks as the training run shared its starts over them
-            tasks = sorted({_sim.task_from_instruction(t) for d in data for t in LeRobotV3Dataset(d).tasks})
+            tasks = sorted({sim.task_from_instruction(t) for d in data for t in LeRobotV3Dataset(d).tasks})
             seed, starts = int(cfg.get("seed") or 0), int(cfg.get("state_dagger_starts") or 150)
             out[f"{run} (state DAgger)"] = sorted(x for r in range(rounds)
                                                   for xs in round_layouts(r, seed, tasks, starts).values() for x in xs)
