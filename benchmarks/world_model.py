@@ -48,14 +48,16 @@ def _trained(cfg) -> bool:
 
 def main(quick: bool = False, size: str = "small", device: str = "cpu", steps_scale: float = 1.0,
          batch_size: int = 32, amp: bool = False, compile: str | None = None, train_only: bool = False,
-         deterministic: bool = True) -> dict:
+         deterministic: bool = True, motion_weight: float = 3.0) -> dict:
     """The defaults are the committed CPU numbers. Anything else (e.g. `--size base --device cuda --steps-scale 5`)
     trains in its own work folder and writes `world-model-SIZE-DEVICE.json`, never the CPU result.
 
     `train_only`: collect and train, measure nothing (on a lent device, whose time is short); copy the work folder
     back and run the same options without it to measure here (finished trainings are not touched).
     `deterministic=false` skips the deterministic baseline (its `deterministic_*` keys are then absent): on a lent
-    device its training costs a third of the budget that the diffusion model could use instead."""
+    device its training costs a third of the budget that the diffusion model could use instead.
+    `motion_weight`: the dynamics loss's weight on changing latents (`TrainWMConfig.motion_weight`); another value
+    trains in its own work folder (`...-mwW`)."""
     from wmrl.commands.collect import CollectConfig, collect
     from wmrl.eval.world_model import (auroc_plot, cube_error_at_episode_end, cube_error_in_true_sim, gain_plot,
                                        hallucination, pair_auroc, success_pairs, window_fidelity)
@@ -63,14 +65,15 @@ def main(quick: bool = False, size: str = "small", device: str = "cpu", steps_sc
     from world_models.video.evaluate import write_side_by_side
     from world_models.video.train import TrainWMConfig, load_split, train_world_model
 
-    default = (size, device, steps_scale, batch_size) == ("small", "cpu", 1.0, 32)
-    tag = "full" if default else f"{size}-{device.split(':')[0]}" + (f"-x{steps_scale:g}" if steps_scale != 1 else "")
+    default = (size, device, steps_scale, batch_size, float(motion_weight)) == ("small", "cpu", 1.0, 32, 3.0)
+    tag = "full" if default else (f"{size}-{device.split(':')[0]}" + (f"-x{steps_scale:g}" if steps_scale != 1 else "")
+                                  + (f"-mw{float(motion_weight):g}" if float(motion_weight) != 3.0 else ""))
     work = Path(tempfile.mkdtemp(prefix="wmrl-bench-wm-")) if quick else WORK / tag  # quick: always fresh
     n_eps = 16 if quick else 300
     mix = dict(failures=0.3, noise=0.05, perturbed=0.25)
     base = TrainWMConfig(data=Path("."), out=Path("."))
     steps = dict(ae_steps=20, state_steps=20, dyn_steps=20, unroll_steps=10, size="tiny", batch_size=8) if quick else dict(
-        size=size, device=device, batch_size=batch_size, amp=amp, compile=compile,
+        size=size, device=device, batch_size=batch_size, amp=amp, compile=compile, motion_weight=float(motion_weight),
         **{k: int(getattr(base, k) * steps_scale) for k in ("ae_steps", "state_steps", "dyn_steps", "unroll_steps")})
     data = work / "data"
     if not (data / "meta/info.json").exists():
@@ -152,6 +155,7 @@ def main(quick: bool = False, size: str = "small", device: str = "cpu", steps_sc
     out["config"] = {"size": model.cfg.size, "context": model.cfg.context, "chunk": model.cfg.chunk,
                      "latent": [model.cfg.frame_channels, model.cfg.latent_size, model.cfg.latent_size],
                      "params_m": sum(p.numel() for p in model.parameters()) / 1e6, "device": device, "amp": amp, "compile": compile,
+                     "motion_weight": model.cfg.motion_weight,
                      **(json.loads((work / "trained_on.json").read_text()) if (work / "trained_on.json").exists() else {}),
                      **{k: getattr(tcfg, k) for k in ("ae_steps", "state_steps", "dyn_steps", "unroll_steps", "batch_size")}}
     if not quick:
@@ -175,5 +179,6 @@ def main(quick: bool = False, size: str = "small", device: str = "cpu", steps_sc
     if default:
         return finish("world-model", out, quick)
     opts = (f"size={size} device={device} steps_scale={steps_scale} batch_size={batch_size}" + (" amp=true" if amp else "")
-            + (f" compile={compile}" if compile else "") + ("" if deterministic else " deterministic=false"))
+            + (f" compile={compile}" if compile else "") + ("" if deterministic else " deterministic=false")
+            + (f" motion_weight={float(motion_weight):g}" if float(motion_weight) != 3.0 else ""))
     return finish(f"world-model-{tag}", out, quick, command=f"wmrl bench world-model --json --options {opts}")
