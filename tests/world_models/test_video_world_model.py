@@ -687,3 +687,27 @@ def test_nearest_other_cube_feature_and_the_pairs_head():
         out_y, logit_y = sc.next(y[None, None].expand(2, 1, -1), a, hard_gate=False)
         assert torch.equal(logit_x[..., 1], logit_y[..., 1])  # the second cube's nearest stays the first
         assert (not torch.equal(logit_x[..., 0], logit_y[..., 0])) == pairs
+
+
+def test_the_motion_weight_scales_the_loss_where_the_target_moves_and_reaches_the_model(tiny_data):
+    """`motion_weight` w: a target equal to the last context frame keeps the plain loss; one that moves by >= 0.5
+    everywhere gets (1 + w) times it. `wmrl train-wm --motion-weight` sets it in the model's config."""
+    from wmrl.datasets.lerobot_v3 import LeRobotV3Dataset
+    from world_models.video.train import model_config
+
+    torch.manual_seed(0)
+    plain = VideoWorldModel(WorldModelConfig(size="tiny", task_vocab=VOCAB, deterministic=True, context_noise_max=0.0,
+                                             motion_weight=0.0))
+    weighted = VideoWorldModel(dataclasses.replace(plain.cfg, motion_weight=3.0))
+    weighted.load_state_dict(plain.state_dict())
+    B, C, S = 4, plain.cfg.frame_channels, plain.cfg.latent_size
+    ctx = torch.randn(B, 2, C, S, S)
+    args = (torch.zeros(B, 4), torch.zeros(B, 4, 4), torch.ones(B, 4))
+    still = ctx[:, -1:].expand(-1, 4, -1, -1, -1).clone()
+    moved = still + 1.0
+    loss = lambda m, fut: m.dynamics_loss(ctx, ctx[:, 0], fut, *args).item()
+    assert loss(weighted, still) == pytest.approx(loss(plain, still))
+    assert loss(weighted, moved) == pytest.approx(4.0 * loss(plain, moved))
+    ds = LeRobotV3Dataset(tiny_data)
+    assert model_config(TrainWMConfig(data=tiny_data, motion_weight=0.0), ds).motion_weight == 0.0
+    assert model_config(TrainWMConfig(data=tiny_data), ds).motion_weight == 3.0
