@@ -62,10 +62,10 @@ class RankConfig:
     """Imagined episodes run as one batch."""
     seed: int = FRESH_LAYOUTS
     """The first paired layout's reset seed (episode k: seed + k; the noise ceiling's repeat: 1,000,003 later). The
-    default is clear of the layouts `wmrl collect` records on (its episodes take seeds --seed, --seed + 1, ...);
-    a ranking on layouts the world model's data was recorded on is refused (`allow_seen_layouts`)."""
+    default is clear of every range this project's data generation uses (`FRESH_LAYOUTS`); a ranking on layouts the
+    world model or a learned policy learned from (`learned_layouts`) is refused (`allow_seen_layouts`)."""
     allow_seen_layouts: bool = False
-    """Rank even where the paired layouts include ones the world model's data was recorded on (a model and a BC
+    """Rank even where the paired layouts include ones the world model or a policy learned from (a model and a BC
     policy score better on their training layouts: on push-red the same actor succeeds 58% there, 30% on fresh ones)."""
     workers: str = "local"
     num_workers: int = 2
