@@ -33,7 +33,7 @@ from wmrl.core.io import atomic_path, write_json
 from wmrl.core.run import Tracker, start_run
 from world_models.env import make_imagination_env
 from world_models.factory import make_world_model
-from world_models.video.train import check_world_model_task, world_model_data
+from world_models.video.train import TrainWMConfig, check_world_model_task, world_model_data
 
 
 WORKERS = ("local", "ray")
@@ -424,7 +424,7 @@ def learned_layouts(folder: str | Path) -> dict[str, list[int]]:
         data = [d for d in named["data"] + named["extra_data"] if (d / "meta/info.json").is_file()]
         if rounds and data:  # the tasks as the training run shared its starts over them
             tasks = sorted({sim.task_from_instruction(t) for d in data for t in LeRobotV3Dataset(d).tasks})
-            seed, starts = int(cfg.get("seed") or 0), int(cfg.get("state_dagger_starts") or 150)
+            seed, starts = int(cfg.get("seed") or 0), int(cfg.get("state_dagger_starts") or TrainWMConfig.state_dagger_starts)
             out[f"{run} (state DAgger)"] = sorted(x for r in range(rounds)
                                                   for xs in round_layouts(r, seed, tasks, starts).values() for x in xs)
     return out
