@@ -48,7 +48,7 @@ def _trained(cfg) -> bool:
 
 def main(quick: bool = False, size: str = "small", device: str = "cpu", steps_scale: float = 1.0,
          batch_size: int = 32, amp: bool = False, compile: str | None = None, train_only: bool = False,
-         deterministic: bool = True, motion_weight: float = 3.0) -> dict:
+         deterministic: bool = True, motion_weight: float = 3.0, episodes: int = 300) -> dict:
     """The defaults are the committed CPU numbers. Anything else (e.g. `--size base --device cuda --steps-scale 5`)
     trains in its own work folder and writes `world-model-SIZE-DEVICE.json`, never the CPU result.
 
@@ -57,7 +57,10 @@ def main(quick: bool = False, size: str = "small", device: str = "cpu", steps_sc
     `deterministic=false` skips the deterministic baseline (its `deterministic_*` keys are then absent): on a lent
     device its training costs a third of the budget that the diffusion model could use instead.
     `motion_weight`: the dynamics loss's weight on changing latents (`TrainWMConfig.motion_weight`); another value
-    trains in its own work folder (`...-mwW`)."""
+    trains in its own work folder (`...-mwW`).
+    `episodes`: training data in all. The 300-episode dataset (seeds 0..299, its last 30 held out) stays, so every
+    run is measured on the same held-out windows; the rest are recorded with the same mix from seed 300 on and all
+    go to training (`...-epN`)."""
     from wmrl.commands.collect import CollectConfig, collect
     from wmrl.eval.world_model import (auroc_plot, cube_error_at_episode_end, cube_error_in_true_sim, gain_plot,
                                        hallucination, pair_auroc, success_pairs, window_fidelity)
@@ -65,30 +68,36 @@ def main(quick: bool = False, size: str = "small", device: str = "cpu", steps_sc
     from world_models.video.evaluate import write_side_by_side
     from world_models.video.train import TrainWMConfig, load_split, train_world_model
 
-    default = (size, device, steps_scale, batch_size, float(motion_weight)) == ("small", "cpu", 1.0, 32, 3.0)
+    if episodes < 300:
+        raise ValueError(f"episodes must be >= 300 (the dataset with the held-out episodes), got {episodes}")
+    n_eps, n_extra = (16, 0) if quick else (300, episodes - 300)
+    default = (size, device, steps_scale, batch_size, float(motion_weight), episodes) == ("small", "cpu", 1.0, 32, 3.0, 300)
     tag = "full" if default else (f"{size}-{device.split(':')[0]}" + (f"-x{steps_scale:g}" if steps_scale != 1 else "")
-                                  + (f"-mw{float(motion_weight):g}" if float(motion_weight) != 3.0 else ""))
+                                  + (f"-mw{float(motion_weight):g}" if float(motion_weight) != 3.0 else "")
+                                  + (f"-ep{episodes}" if episodes != 300 else ""))
     work = Path(tempfile.mkdtemp(prefix="wmrl-bench-wm-")) if quick else WORK / tag  # quick: always fresh
-    n_eps = 16 if quick else 300
     mix = dict(failures=0.3, noise=0.05, perturbed=0.25)
     base = TrainWMConfig(data=Path("."), out=Path("."))
     steps = dict(ae_steps=20, state_steps=20, dyn_steps=20, unroll_steps=10, size="tiny", batch_size=8) if quick else dict(
         size=size, device=device, batch_size=batch_size, amp=amp, compile=compile, motion_weight=float(motion_weight),
         **{k: int(getattr(base, k) * steps_scale) for k in ("ae_steps", "state_steps", "dyn_steps", "unroll_steps")})
-    data = work / "data"
-    if not (data / "meta/info.json").exists():
-        collect(CollectConfig(task="push-red", episodes=n_eps, out=data, overwrite=True, post_success_steps=3, **mix),
-                progress=not quick)
+    data, extra = work / "data", work / "extra-data"
+    for out_dir, n, seed in ((data, n_eps, 0), (extra, n_extra, n_eps)):
+        if n and not (out_dir / "meta/info.json").exists():
+            collect(CollectConfig(task="push-red", episodes=n, out=out_dir, overwrite=True, post_success_steps=3, seed=seed,
+                                  **mix), progress=not quick)
     run = work / "model"
     resume = (run / "checkpoints/last/train_state.json").exists()
-    tcfg = TrainWMConfig(data=data, out=run, videos=3, resume=resume, overwrite=not resume, **steps)
+    tcfg = TrainWMConfig(data=data, out=run, videos=3, resume=resume, overwrite=not resume,
+                         extra_data=(extra,) if n_extra else (), **steps)
     if not _trained(tcfg):
         train_world_model(tcfg, progress=not quick)
     # the deterministic baseline: the same backbone regressing the change (the conditional mean), on the same latents
     det_run = work / "deterministic"
     det_resume = (det_run / "checkpoints/last/train_state.json").exists()
     dcfg = TrainWMConfig(data=data, out=det_run, deterministic=True, init_from=run, state_channel=False, videos=0,
-                         resume=det_resume, overwrite=not det_resume, **{**steps, "ae_steps": 0, "state_steps": 0})
+                         resume=det_resume, overwrite=not det_resume, extra_data=tcfg.extra_data,
+                         **{**steps, "ae_steps": 0, "state_steps": 0})
     if deterministic and not _trained(dcfg):
         train_world_model(dcfg, progress=not quick)
     if train_only:
@@ -97,9 +106,9 @@ def main(quick: bool = False, size: str = "small", device: str = "cpu", steps_sc
         return {"trained": str(work), "train_device": where}
     ts = json.loads((run / "checkpoints/last/train_state.json").read_text())
     model = VideoWorldModel.load(run / "checkpoints/last", device="cpu").eval()
-    _, _, held = load_split(data, 0.1, keep=("qpos",))
-    out: dict = {"dataset_episodes": n_eps, "data_mix": mix, "heldout_episodes": held.num_episodes,
-                 "success_source": model.success_source}
+    _, train, held = load_split(data, 0.1, keep=("qpos",), extra=tcfg.extra_data)
+    out: dict = {"dataset_episodes": n_eps + n_extra, "data_mix": mix, "heldout_episodes": held.num_episodes,
+                 "train_episodes": train.num_episodes, "success_source": model.success_source}
 
     # ---- fidelity on the fixed window set, state errors
     fid = window_fidelity(model, held, "push-red", 12 if quick else 240, H16, seed=0)
@@ -109,6 +118,12 @@ def main(quick: bool = False, size: str = "small", device: str = "cpu", steps_sc
     ifid = window_fidelity(model, held, "push-red", 12 if quick else 240, H16, seed=0, steps=1)
     for k in IMAGINATION_KEYS:
         out[f"imagination_{k}"] = ifid[k]
+    # generalisation: the same measurement on windows of training episodes (fit_*); a large gap is overfitting
+    for name, st in (("", None), ("imagination_", 1)):
+        f = window_fidelity(model, train, "push-red", 12 if quick else 240, H16, seed=0, steps=st, controllability=False)
+        for k in ("motion_psnr_gain_h16", "static_psnr_gain_h16", "masked_psnr_gain_h16"):
+            out[f"fit_{name}{k}"] = f[k]
+        out[f"{name}generalisation_gap_motion_h16"] = f["motion_psnr_gain_h16"] - out[f"{name}motion_psnr_gain_h16"]
     det = VideoWorldModel.load(det_run / "checkpoints/last", device="cpu").eval() if deterministic else None
     if det is not None:
         dfid = window_fidelity(det, held, "push-red", 12 if quick else 240, H16, seed=0)

@@ -60,6 +60,11 @@ def test_world_model_benchmark_reports_every_result_key():
     # the setting imagination samples with is measured beside the model's default and the deterministic baseline
     for k in ("motion_psnr_gain_h16", "static_psnr_gap_to_ceiling", "psnr_h16_model_static_wrist"):
         assert r[f"imagination_{k}"] == r[f"imagination_{k}"] and r[f"deterministic_{k}"] == r[f"deterministic_{k}"]
+    # generalisation: the same measurement on training windows, and the gap is their difference
+    for name in ("", "imagination_"):
+        assert r[f"{name}generalisation_gap_motion_h16"] == pytest.approx(
+            r[f"fit_{name}motion_psnr_gain_h16"] - r[f"{name}motion_psnr_gain_h16"])
+    assert r["train_episodes"] + r["heldout_episodes"] == r["dataset_episodes"]
 
 
 def test_world_model_benchmark_leaves_a_finished_training_alone(tmp_path):

@@ -65,6 +65,35 @@ def test_training_losses_go_down(trained):
     assert (trained / "checkpoints/last/model.safetensors").exists()
 
 
+def test_fixed_window_losses_are_logged_per_phase_repeatable_and_leave_training_unchanged(trained, tiny_data, tmp_path):
+    # the trained fixture evaluates at each phase's end: autoencoder, state channel, dynamics (both phases)
+    for key, steps in (("ae_loss", {30}), ("state_loss", {50}), ("dyn_loss", {80, 86})):
+        for split in ("val", "fit"):
+            got = _losses(trained, f"{split}_{key}")
+            assert set(got) == steps and all(np.isfinite(v) for v in got.values()), (split, key)
+    assert (trained / "losses.png").exists()
+    # the same windows and noise each call: a model evaluated twice gives the same numbers, and the global RNG
+    # (which training draws from) is left where it was
+    cfg = _cfg(tiny_data, tmp_path / "unused")
+    model = VideoWorldModel.load(trained / "checkpoints/last")
+    _, train, held = load_split(tiny_data, cfg.holdout)
+    samplers = {"val": WindowSampler(held, "cpu", model.cfg, wm_train.encode_all(model, held)),
+                "fit": WindowSampler(train, "cpu", model.cfg, wm_train.encode_all(model, train))}
+    torch.manual_seed(7)
+    a = wm_train.fixed_window_losses(model, samplers, 2, cfg)
+    after = torch.rand(1)
+    torch.manual_seed(7)
+    assert wm_train.fixed_window_losses(model, samplers, 2, cfg) == a and torch.equal(torch.rand(1), after)
+    assert a["val_dyn_loss"] != a["fit_dyn_loss"]  # different episodes
+    # training with the evaluations gives the same losses as without them
+    kw = dict(ae_steps=6, state_steps=4, dyn_steps=6, unroll_steps=2, eval_every=3)
+    train_world_model(_cfg(tiny_data, tmp_path / "with", **kw), progress=False)
+    train_world_model(_cfg(tiny_data, tmp_path / "without", **{**kw, "eval_every": 0}), progress=False)
+    for key in ("ae_loss", "state_loss", "dyn_loss", "unroll_loss"):
+        assert _losses(tmp_path / "with", key) == _losses(tmp_path / "without", key), key
+    assert not _losses(tmp_path / "without", "val_dyn_loss") and set(_losses(tmp_path / "with", "val_dyn_loss")) == {12, 15, 16, 18}
+
+
 def test_resume_reproduces_the_next_loss(tiny_data, tmp_path):
     kw = dict(ae_steps=6, state_steps=0, state_channel=False, unroll_steps=0)
     full = tmp_path / "full"

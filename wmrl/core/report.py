@@ -35,8 +35,10 @@ def write_report(path: Path, title: str, sections: list[tuple[str, str]]) -> Pat
     return path
 
 
-def plot_curves(metrics_jsonl: Path, path: Path, keys: list[str], title: str = "", x: str = "step") -> Path | None:
-    """One panel per metric key, from a run's metrics.jsonl (records that carry `x` and the key)."""
+def plot_curves(metrics_jsonl: Path, path: Path, keys: list[str | tuple[str, ...]], title: str = "",
+                x: str = "step") -> Path | None:
+    """One panel per metric key, from a run's metrics.jsonl (records that carry `x` and the key); a tuple of keys
+    shares one panel (e.g. a training loss and its held-out value), titled by its first key."""
     import json
 
     import matplotlib
@@ -45,14 +47,22 @@ def plot_curves(metrics_jsonl: Path, path: Path, keys: list[str], title: str = "
     import matplotlib.pyplot as plt
 
     recs = [json.loads(line) for line in Path(metrics_jsonl).read_text().splitlines() if line.strip()]
-    series = {k: [(r[x], r[k]) for r in recs if x in r and isinstance(r.get(k), (int, float))] for k in keys}
-    series = {k: v for k, v in series.items() if v}
-    if not series:
+    panels = []
+    for group in keys:
+        group = (group,) if isinstance(group, str) else tuple(group)
+        series = {k: [(r[x], r[k]) for r in recs if x in r and isinstance(r.get(k), (int, float))] for k in group}
+        series = {k: v for k, v in series.items() if v}
+        if series:
+            panels.append((group[0], series))
+    if not panels:
         return None
-    fig, axes = plt.subplots(1, len(series), figsize=(3.2 * len(series), 2.8), squeeze=False)
-    for ax, (k, v) in zip(axes[0], series.items()):
-        ax.plot(*zip(*v), marker=".")
-        ax.set(xlabel=x, title=k)
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.2 * len(panels), 2.8), squeeze=False)
+    for ax, (name, series) in zip(axes[0], panels):
+        for k, v in series.items():
+            ax.plot(*zip(*v), marker="." if len(series) == 1 else None, label=k)
+        if len(series) > 1:
+            ax.legend(fontsize=7)
+        ax.set(xlabel=x, title=name)
         ax.grid(alpha=0.3)
     fig.suptitle(title)
     fig.tight_layout()

@@ -41,10 +41,11 @@ def _mean(x: np.ndarray) -> float:
 
 
 def window_fidelity(model, held, task: str, n_windows: int = 240, horizon: int = H16, seed: int = 0,
-                    steps: int | None = None) -> dict:
+                    steps: int | None = None, controllability: bool = True) -> dict:
     """Fidelity on `fixed_windows(held, n_windows, horizon, seed=seed)`; `held` must keep `qpos` (for the masks).
     `steps`: Euler steps per chunk (None: the model's `sampling_steps`; imagination samples with 1). Returns summary
-    numbers, the model's and copy-last's PSNR per camera, and under `per_window` the arrays the plots use."""
+    numbers, the model's and copy-last's PSNR per camera, and under `per_window` the arrays the plots use.
+    `controllability=False` skips Delta-t PSNR (two more rollouts), e.g. on training windows."""
     wins = fixed_windows(held, n_windows, horizon, model.cfg.context, seed=seed)
     starts = [(w["episode"], w["start"]) for w in wins]
     motion = np.array([w["motion"] for w in wins])
@@ -104,14 +105,14 @@ def window_fidelity(model, held, task: str, n_windows: int = 240, horizon: int =
         pm = np.mean([psnr(r["pred"][c][:, hh - 1], real[c][:, hh - 1]) for c in cams], 0)
         pc = np.mean([psnr(last[c], real[c][:, hh - 1]) for c in cams], 0)
         out[f"motion_psnr_gain_h{hh}"] = _mean((pm - pc)[motion])
-    # controllability (Genie's Delta-t PSNR): true vs shuffled actions, motion windows, horizon 8
-    mstarts = [s for s, m in zip(starts, motion) if m]
-    rt = rollout(model, held, mstarts, 8, steps=steps, seed=seed + 1)
-    rs = rollout(model, held, mstarts, 8, steps=steps, shuffle_actions=True, seed=seed + 1)
-    pt = np.mean([psnr(rt["pred"][c][:, 7], rt["real"][c][:, 7]) for c in cams], 0)
-    ps = np.mean([psnr(rs["pred"][c][:, 7], rs["real"][c][:, 7]) for c in cams], 0)
-    out["delta_t_psnr_h8_motion"] = _mean(pt - ps)
-    out["delta_t_psnr_h8_motion_ci"] = bootstrap_ci(pt - ps)
+    if controllability:  # Genie's Delta-t PSNR: true vs shuffled actions, motion windows, horizon 8
+        mstarts = [s for s, m in zip(starts, motion) if m]
+        rt = rollout(model, held, mstarts, 8, steps=steps, seed=seed + 1)
+        rs = rollout(model, held, mstarts, 8, steps=steps, shuffle_actions=True, seed=seed + 1)
+        pt = np.mean([psnr(rt["pred"][c][:, 7], rt["real"][c][:, 7]) for c in cams], 0)
+        ps = np.mean([psnr(rs["pred"][c][:, 7], rs["real"][c][:, 7]) for c in cams], 0)
+        out["delta_t_psnr_h8_motion"] = _mean(pt - ps)
+        out["delta_t_psnr_h8_motion_ci"] = bootstrap_ci(pt - ps)
     if "ee" in r:
         err = np.linalg.norm(r["ee"] - r["real_state"][..., list(model.cfg.ee_index)], axis=-1) * 100
         out["ee_error_cm_h4"], out[f"ee_error_cm_h{h}"] = float(np.median(err[:, 3])), float(np.median(err[:, h - 1]))

@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 from wmrl.core.checkpoint import (commit_checkpoint, load_train_state, resolve_checkpoint, resume_checkpoint,
                                   save_train_state)
 from wmrl.core.control import EEDeltaControl
+from wmrl.core.report import plot_curves
 from wmrl.core.features import ACTION, OBS_ENV_STATE, OBS_STATE, REWARD, SUCCESS, TERMINATED
 from wmrl.core.run import Tracker, start_run
 from wmrl.replay import EpisodeReplay
@@ -103,6 +104,10 @@ class TrainWMConfig:
     """Share of episodes (the last ones) held out for evaluation and videos."""
     ckpt_every: int = 500
     log_every: int = 50
+    eval_every: int = 500
+    """Every this many steps (and at each phase's end) the current phase's loss on fixed windows, with fixed noise,
+    of held-out episodes (`val_*`) and of training episodes (`fit_*`): their gap shows overfitting, which the running
+    loss (fresh windows and noise each step) cannot. 0: never."""
     videos: int = 3
     seed: int = 0
     device: str = "cpu"
@@ -150,6 +155,44 @@ def ae_weights(x: torch.Tensor, n_cameras: int, fg_weight: float) -> torch.Tenso
     fg = ((xc - xc.mean(dim=1, keepdim=True)).abs().mean(dim=2, keepdim=True) > 0.1).float()
     w = (1 + fg_weight * fg).reshape(-1, 1, *x.shape[2:])
     return w / w.mean()
+
+
+def ae_loss(model: VideoWorldModel, x: torch.Tensor, fg_weight: float) -> torch.Tensor:
+    """The autoencoder's loss on frames x (cameras * B, 3, H, W): foreground-weighted reconstruction error and a
+    small latent penalty."""
+    z = model.ae.encode(x)
+    return (ae_weights(x, len(model.cfg.cameras), fg_weight) * (model.ae.decode(z) - x) ** 2).mean() + 1e-4 * (z**2).mean()
+
+
+EVAL_BATCHES = 4  # batches of fixed windows per evaluation (per split)
+
+
+@torch.no_grad()
+def fixed_window_losses(model: VideoWorldModel, samplers: dict, phase: int, cfg: "TrainWMConfig") -> dict:
+    """The loss of `phase` (0 autoencoder, 1 and >= 4 state channel, 2 and 3 the teacher-forced dynamics loss) on
+    EVAL_BATCHES batches of windows and noise drawn from a fixed seed, the same at every call, for each named
+    sampler ({"val": held-out, "fit": training episodes}). Uncompiled methods (their shapes differ from training's).
+    Keys: `<name>_ae_loss`, `<name>_state_loss`, `<name>_dyn_loss`."""
+    dev = model.device
+    out = {}
+    for name, smp in samplers.items():
+        with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
+            torch.manual_seed(cfg.seed + 12_345)
+            gen = torch.Generator(device=dev).manual_seed(cfg.seed + 12_345)
+            losses = []
+            for _ in range(EVAL_BATCHES):
+                if phase == 0:
+                    key, loss = "ae_loss", ae_loss(model, smp.frames(cfg.batch_size, gen), cfg.fg_weight)
+                elif phase == 1 or phase >= 4:
+                    xs, acts, mask = smp.state_sequences(model.cfg.state_members, 128, cfg.state_unroll, gen)
+                    key, loss = "state_loss", type(model.state_channel).unrolled_loss(model.state_channel, xs, acts, mask)[0]
+                else:
+                    d = smp.sample(cfg.batch_size, cfg.context, cfg.chunk, gen)
+                    key, loss = "dyn_loss", VideoWorldModel.dynamics_loss(model, d["ctx"], d["anchor"], d["future"],
+                                                                          _pose0(model, d), d["poses"], d["mask"])
+                losses.append(float(loss))
+        out[f"{name}_{key}"] = float(np.mean(losses))
+    return out
 
 
 @torch.no_grad()
@@ -352,6 +395,8 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
     n_pos = float(train.data[SUCC][: train.high_water][train.frame_episode[: train.high_water] >= 0].sum())
     pos_weight = torch.tensor(min(20.0, max(1.0, (len(train) - n_pos) / max(n_pos, 1))), device=cfg.device)
     sampler = WindowSampler(train, cfg.device, mcfg)
+    # fixed-window losses on held-out and training episodes (`eval_every`)
+    eval_samplers = {"val": WindowSampler(held, cfg.device, mcfg), "fit": sampler} if cfg.eval_every and held.num_episodes else {}
     task_tokens = model.task.token_ids(sampler.vocab)  # (tasks, n) on the device: no strings in the loop
     if cfg.compile:  # the training losses whole (fewer, fused kernels); parameter names and checkpoints unchanged
         model.ae.compile(mode=cfg.compile)
@@ -377,10 +422,10 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
                 extra["lat_stats"] = True
             else:
                 sampler.lat = encode_all(model, train)
+            if "val" in eval_samplers:
+                eval_samplers["val"].lat = encode_all(model, held)
         if phase == 0:
-            x = sampler.frames(B, gen)
-            z = model.ae.encode(x)
-            loss = (ae_weights(x, len(mcfg.cameras), cfg.fg_weight) * (model.ae.decode(z) - x) ** 2).mean() + 1e-4 * (z**2).mean()
+            loss = ae_loss(model, sampler.frames(B, gen), cfg.fg_weight)
             opt, info = opts["ae"], {"ae_loss": loss}
         elif phase == 1 or phase >= 4:
             while phase >= 4 and dagger_ready <= phase - 4:  # a round's episodes: collected once, kept for resume
@@ -439,11 +484,16 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
         if step % cfg.log_every == 0 or step == total:
             last = {k: float(v.detach()) if torch.is_tensor(v) else float(v) for k, v in info.items()}  # host syncs only here
             tracker.log(last, step=step)
+        if eval_samplers and (step % cfg.eval_every == 0 or step in bounds):
+            tracker.log(fixed_window_losses(model, eval_samplers, phase, cfg), step=step)
             bar.set_postfix({k: f"{v:.3f}" for k, v in list(last.items())[:2]})
         if save:
             _save_checkpoint(run, step, model, opts, {**extra, "seconds": time.time() - t0})
     bar.close()
     minutes = (time.time() - t0) / 60
+    plot_curves(run / "metrics.jsonl", run / "losses.png", [("ae_loss", "fit_ae_loss", "val_ae_loss"),
+                ("state_loss", "fit_state_loss", "val_state_loss"), ("dyn_loss", "fit_dyn_loss", "val_dyn_loss"),
+                ("unroll_loss",)], title="world model: running, fixed training windows (fit), held-out (val)")
     result = {"run_dir": str(run), "steps": step, "train_minutes": minutes, "success_source": model.success_source, **last}
     if cfg.videos:
         from world_models.video.evaluate import write_side_by_side
