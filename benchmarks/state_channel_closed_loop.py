@@ -61,7 +61,10 @@ def state_only_speed(model, replay, envs: int = 50, steps: int = 40, seed: int =
 
 
 def main(quick: bool = False, world_models: str = "", starts: int = 200, readouts: str = "mean,member",
-         name: str = "") -> dict:
+         name: str = "", first_layout: int = 70_000) -> dict:
+    """`first_layout`: the first layout seed (default: the world-model benchmark's closed-loop layouts, which no
+    model trained on); 0 gives the benchmark dataset's own layouts (seeds 0..269 are its training episodes), which
+    separates what the channel failed to learn from what it learned and does not carry to new layouts."""
     from wmrl.eval.loop import wilson_interval
     from wmrl.eval.world_model import hallucination
     from world_models.factory import make_world_model
@@ -71,7 +74,7 @@ def main(quick: bool = False, world_models: str = "", starts: int = 200, readout
     if not runs:
         raise ValueError("options world_models=RUN[,RUN...] is required (runs with a state channel)")
     n = 4 if quick else int(starts)
-    seeds = list(range(70_000, 70_000 + n))  # the world-model benchmark's closed-loop layouts
+    seeds = list(range(int(first_layout), int(first_layout) + n))
     t0 = time.time()
     rows = []
     for run in runs:
@@ -93,9 +96,9 @@ def main(quick: bool = False, world_models: str = "", starts: int = 200, readout
     for row in rows:  # against the first model, same readout, layout by layout
         first = next(r for r in rows if r["readout"] == row["readout"])
         row["paired_vs_first"] = paired_gain(first["per_start"], row["per_start"])
-    out = {"task": "push-red", "policy": "scripted expert, noise 0.1", "starts": n, "rows": rows,
+    out = {"task": "push-red", "policy": "scripted expert, noise 0.1", "starts": n, "first_layout": seeds[0], "rows": rows,
            "state_only_speed": speed, "minutes": (time.time() - t0) / 60}
-    label = name or "-".join(Path(r).name for r in runs)
+    label = (name or "-".join(Path(r).name for r in runs)) + (f"-from{seeds[0]}" if seeds[0] != 70_000 else "")
     return finish(f"state-channel-closed-loop-{label}" if not quick else "state-channel-closed-loop", out, quick,
                   command=f"wmrl bench state-channel-closed-loop --json --options world_models={world_models} "
-                          f"starts={n} readouts={readouts}")
+                          f"starts={n} readouts={readouts}" + (f" first_layout={seeds[0]}" if seeds[0] != 70_000 else ""))
