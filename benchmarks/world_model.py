@@ -48,7 +48,7 @@ def _trained(cfg) -> bool:
 
 def main(quick: bool = False, size: str = "small", device: str = "cpu", steps_scale: float = 1.0,
          batch_size: int = 32, amp: bool = False, compile: str | None = None, train_only: bool = False,
-         deterministic: bool = True, motion_weight: float = 3.0, episodes: int = 300) -> dict:
+         deterministic: bool = True, motion_weight: float = 3.0, episodes: int = 300, extra_envs: int = 2) -> dict:
     """The defaults are the committed CPU numbers. Anything else (e.g. `--size base --device cuda --steps-scale 5`)
     trains in its own work folder and writes `world-model-SIZE-DEVICE.json`, never the CPU result.
 
@@ -60,7 +60,9 @@ def main(quick: bool = False, size: str = "small", device: str = "cpu", steps_sc
     trains in its own work folder (`...-mwW`).
     `episodes`: training data in all. The 300-episode dataset (seeds 0..299, its last 30 held out) stays, so every
     run is measured on the same held-out windows; the rest are recorded with the same mix from seed 300 on and all
-    go to training (`...-epN`)."""
+    go to training (`...-epN`). `extra_envs`: simulator processes recording them (the expert's noise is one stream
+    across the processes, so another value records other, equally distributed episodes; on a lent device's 16 cores,
+    16 records 900 episodes in well under a minute)."""
     from wmrl.commands.collect import CollectConfig, collect
     from wmrl.eval.world_model import (auroc_plot, cube_error_at_episode_end, cube_error_in_true_sim, gain_plot,
                                        hallucination, pair_auroc, success_pairs, window_fidelity)
@@ -82,10 +84,10 @@ def main(quick: bool = False, size: str = "small", device: str = "cpu", steps_sc
         size=size, device=device, batch_size=batch_size, amp=amp, compile=compile, motion_weight=float(motion_weight),
         **{k: int(getattr(base, k) * steps_scale) for k in ("ae_steps", "state_steps", "dyn_steps", "unroll_steps")})
     data, extra = work / "data", work / "extra-data"
-    for out_dir, n, seed in ((data, n_eps, 0), (extra, n_extra, n_eps)):
+    for out_dir, n, seed, envs in ((data, n_eps, 0, 2), (extra, n_extra, n_eps, int(extra_envs))):
         if n and not (out_dir / "meta/info.json").exists():
             collect(CollectConfig(task="push-red", episodes=n, out=out_dir, overwrite=True, post_success_steps=3, seed=seed,
-                                  **mix), progress=not quick)
+                                  num_envs=envs, **mix), progress=not quick)
     run = work / "model"
     resume = (run / "checkpoints/last/train_state.json").exists()
     tcfg = TrainWMConfig(data=data, out=run, videos=3, resume=resume, overwrite=not resume,
@@ -107,7 +109,7 @@ def main(quick: bool = False, size: str = "small", device: str = "cpu", steps_sc
     ts = json.loads((run / "checkpoints/last/train_state.json").read_text())
     model = VideoWorldModel.load(run / "checkpoints/last", device="cpu").eval()
     _, train, held = load_split(data, 0.1, keep=("qpos",), extra=tcfg.extra_data)
-    out: dict = {"dataset_episodes": n_eps + n_extra, "data_mix": mix, "heldout_episodes": held.num_episodes,
+    out: dict = {"dataset_episodes": n_eps + n_extra, "extra_envs": int(extra_envs) if n_extra else None, "data_mix": mix, "heldout_episodes": held.num_episodes,
                  "train_episodes": train.num_episodes, "success_source": model.success_source}
 
     # ---- fidelity on the fixed window set, state errors
