@@ -68,7 +68,8 @@ def main(quick: bool = False, size: str = "small", device: str = "cpu", steps_sc
                                        hallucination, pair_auroc, success_pairs, window_fidelity)
     from world_models.video.model import VideoWorldModel
     from world_models.video.evaluate import write_side_by_side
-    from world_models.video.train import TrainWMConfig, load_split, train_world_model
+    from world_models.video.train import (TrainWMConfig, WindowSampler, encode_all, fixed_window_losses, load_split,
+                                          train_world_model)
 
     if episodes < 300:
         raise ValueError(f"episodes must be >= 300 (the dataset with the held-out episodes), got {episodes}")
@@ -120,7 +121,12 @@ def main(quick: bool = False, size: str = "small", device: str = "cpu", steps_sc
     ifid = window_fidelity(model, held, "push-red", 12 if quick else 240, H16, seed=0, steps=1)
     for k in IMAGINATION_KEYS:
         out[f"imagination_{k}"] = ifid[k]
-    # generalisation: the same measurement on windows of training episodes (fit_*); a large gap is overfitting
+    # generalisation: each phase's loss on fixed windows and noise of held-out (val_*) and training (fit_*) episodes,
+    # as training logs it, for the final model; then the same fidelity on windows of training episodes (fit_*)
+    samplers = {"val": WindowSampler(held, "cpu", model.cfg, encode_all(model, held)),
+                "fit": WindowSampler(train, "cpu", model.cfg, encode_all(model, train))}
+    for phase in (0, 1, 2) if model.state_channel is not None else (0, 2):
+        out.update(fixed_window_losses(model, samplers, phase, tcfg))
     for name, st in (("", None), ("imagination_", 1)):
         f = window_fidelity(model, train, "push-red", 12 if quick else 240, H16, seed=0, steps=st, controllability=False)
         for k in ("motion_psnr_gain_h16", "static_psnr_gain_h16", "masked_psnr_gain_h16"):

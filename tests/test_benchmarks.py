@@ -65,6 +65,8 @@ def test_world_model_benchmark_reports_every_result_key():
         assert r[f"{name}generalisation_gap_motion_h16"] == pytest.approx(
             r[f"fit_{name}motion_psnr_gain_h16"] - r[f"{name}motion_psnr_gain_h16"])
     assert r["train_episodes"] + r["heldout_episodes"] == r["dataset_episodes"]
+    for k in ("ae_loss", "state_loss", "dyn_loss"):
+        assert r[f"val_{k}"] > 0 and r[f"fit_{k}"] > 0
 
 
 def test_world_model_benchmark_leaves_a_finished_training_alone(tmp_path):
