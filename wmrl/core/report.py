@@ -63,6 +63,7 @@ def plot_curves(metrics_jsonl: Path, path: Path, keys: list[str | tuple[str, ...
         if len(series) > 1:
             ax.legend(fontsize=7)
         ax.set(xlabel=x, title=name)
+        ax.xaxis.set_major_locator(plt.MaxNLocator(4))  # five-digit steps: fewer ticks, or the labels run together
         ax.grid(alpha=0.3)
     fig.suptitle(title)
     fig.tight_layout()
