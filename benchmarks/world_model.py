@@ -203,5 +203,6 @@ def main(quick: bool = False, size: str = "small", device: str = "cpu", steps_sc
         return finish("world-model", out, quick)
     opts = (f"size={size} device={device} steps_scale={steps_scale} batch_size={batch_size}" + (" amp=true" if amp else "")
             + (f" compile={compile}" if compile else "") + ("" if deterministic else " deterministic=false")
-            + (f" motion_weight={float(motion_weight):g}" if float(motion_weight) != 3.0 else ""))
+            + (f" motion_weight={float(motion_weight):g}" if float(motion_weight) != 3.0 else "")
+            + (f" episodes={episodes}" if episodes != 300 else "") + (f" extra_envs={extra_envs}" if n_extra and extra_envs != 2 else ""))
     return finish(f"world-model-{tag}", out, quick, command=f"wmrl bench world-model --json --options {opts}")

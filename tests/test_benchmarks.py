@@ -664,3 +664,11 @@ def test_state_channel_closed_loop_pairs_imagination_and_the_simulator_on_the_sa
     assert bench["dagger_log"](tmp_path) == [{"dagger_round": 0, "dagger_imagined_success": 0.4, "dagger_episodes": 9}]
     with pytest.raises(ValueError, match="required"):
         bench["main"](quick=True)
+
+
+def test_world_model_compare_pairs_windows_so_a_model_against_itself_differs_by_nothing():
+    r = _run("world_model_compare")  # quick: one tiny model as both A and B, same sampling noise
+    for name in ("", "imagination_"):
+        assert r[f"{name}psnr_h16_motion_b_minus_a"] == 0.0 and r[f"{name}psnr_h16_motion_b_wins"] == 0.5
+        assert r[f"{name}psnr_h16_motion_a"] == r[f"{name}psnr_h16_motion_b"]
+        assert np.isfinite(r[f"{name}psnr_h16_motion_a_vs_itself"])  # the same model with other sampling noise

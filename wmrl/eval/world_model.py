@@ -41,17 +41,18 @@ def _mean(x: np.ndarray) -> float:
 
 
 def window_fidelity(model, held, task: str, n_windows: int = 240, horizon: int = H16, seed: int = 0,
-                    steps: int | None = None, controllability: bool = True) -> dict:
+                    steps: int | None = None, controllability: bool = True, sample_seed: int | None = None) -> dict:
     """Fidelity on `fixed_windows(held, n_windows, horizon, seed=seed)`; `held` must keep `qpos` (for the masks).
     `steps`: Euler steps per chunk (None: the model's `sampling_steps`; imagination samples with 1). Returns summary
     numbers, the model's and copy-last's PSNR per camera, and under `per_window` the arrays the plots use.
-    `controllability=False` skips Delta-t PSNR (two more rollouts), e.g. on training windows."""
+    `controllability=False` skips Delta-t PSNR (two more rollouts), e.g. on training windows. `sample_seed`: the
+    sampling noise's seed when it should differ from the windows' (default `seed`)."""
     wins = fixed_windows(held, n_windows, horizon, model.cfg.context, seed=seed)
     starts = [(w["episode"], w["start"]) for w in wins]
     motion = np.array([w["motion"] for w in wins])
     out: dict = {"n_windows": len(wins), "n_motion_windows": int(motion.sum()),
                  "windows": [[w["episode"], w["start"], int(w["motion"])] for w in wins]}
-    r = rollout(model, held, starts, horizon, steps=steps, seed=seed)
+    r = rollout(model, held, starts, horizon, steps=steps, seed=seed if sample_seed is None else sample_seed)
     cams = [image_key(c) for c in model.cfg.cameras]
     _, _, real = window_inputs(model, held, starts, horizon)
     last = {c: np.stack([held.data[c][held.episodes[e][0] + t0] for e, t0 in starts]) for c in cams}

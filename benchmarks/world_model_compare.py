@@ -1,0 +1,82 @@
+"""Two world-model benchmark runs on the same held-out windows, paired window by window: does B beat A?
+
+`wmrl bench world-model-compare --json --options a=TAG b=TAG` with TAGs of `runs/bench-world-model/<TAG>` (the work
+folders `wmrl bench world-model` trains in, e.g. `small-cpu-x4` and `small-cpu-x4-ep1200`). Both models roll out
+from the same 240 held-out windows (`fixed_windows`, seed 0) under the recorded actions, at each model's default
+sampling steps and at 1 step (as imagination samples). Per window: PSNR gain over copy-last at h16 (whole frame,
+and masked to the arm and cubes), and B's minus A's, with a bootstrap 95% interval and the share of windows B wins,
+on motion and static windows. The check of the metric, in the same run: A against itself with other sampling noise
+(its difference must sit near 0 and its wins near 0.5). Both runs must hold the same held-out episodes (refused
+otherwise: their frames and actions are compared).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from wmrl.benchutil import finish
+
+WORK = Path(__file__).resolve().parent.parent / "runs" / "bench-world-model"
+
+
+def paired(a: np.ndarray, b: np.ndarray, sel: np.ndarray) -> dict:
+    """B minus A over the selected windows (NaN-free): mean, bootstrap 95% interval, share B wins (ties half)."""
+    from world_models.video.evaluate import bootstrap_ci
+
+    d = (b - a)[sel]
+    d = d[np.isfinite(d)]
+    return {"mean": float(d.mean()), "ci": bootstrap_ci(d), "wins": float(((d > 0) + 0.5 * (d == 0)).mean()), "n": int(len(d))}
+
+
+def main(quick: bool = False, a: str = "", b: str = "", windows: int = 240) -> dict:
+    from wmrl.eval.world_model import window_fidelity
+    from world_models.video.model import VideoWorldModel
+    from world_models.video.train import load_split
+
+    if quick:  # two tiny models on one tiny dataset: a smoke test of the pipeline, not a result
+        import tempfile
+
+        from wmrl.commands.collect import CollectConfig, collect
+        from world_models.video.train import TrainWMConfig, train_world_model
+
+        work = Path(tempfile.mkdtemp(prefix="wmrl-bench-wm-compare-"))
+        # near-success failures run the whole 80 steps, so the held-out episode holds 16-step windows
+        collect(CollectConfig(task="push-red", episodes=10, out=work / "data", failures=1.0, num_envs=1), progress=False)
+        train_world_model(TrainWMConfig(data=work / "data", out=work / "model", size="tiny", ae_steps=10, state_steps=10,
+                                        dyn_steps=10, unroll_steps=0, batch_size=8, videos=0), progress=False)
+        runs = {"a": work, "b": work}
+        windows = 8
+    else:
+        if not a or not b:
+            raise ValueError("options a=TAG b=TAG are required (work folders under runs/bench-world-model)")
+        runs = {"a": WORK / a, "b": WORK / b}
+    models = {k: VideoWorldModel.load(r / "model/checkpoints/last", device="cpu").eval() for k, r in runs.items()}
+    _, _, held = load_split(runs["a"] / "data", 0.1, keep=("qpos",))
+    _, _, held_b = load_split(runs["b"] / "data", 0.1)
+    same = held.episodes == held_b.episodes and all(
+        np.array_equal(held.data[k][: held.high_water], held_b.data[k][: held_b.high_water])
+        for k in ("action", "observation.images.front", "observation.images.wrist"))
+    if not same:
+        raise ValueError(f"{runs['a']} and {runs['b']} hold out different episodes: their windows cannot be paired")
+    out: dict = {"a": str(a or "tiny"), "b": str(b or "tiny"), "n_windows": windows}
+    for name, steps in (("", None), ("imagination_", 1)):
+        fid = {k: window_fidelity(m, held, "push-red", windows, 16, seed=0, steps=steps, controllability=False)["per_window"]
+               for k, m in models.items()}
+        check = window_fidelity(models["a"], held, "push-red", windows, 16, seed=0, steps=steps, controllability=False,
+                                sample_seed=1)["per_window"]
+        motion = fid["a"]["motion"]
+        for split, sel in (("motion", motion), ("static", ~motion)):
+            for key, what in (("gain", "psnr"), ("masked_gain", "masked_psnr")):
+                if key == "masked_gain" and split == "static":
+                    continue  # few arm or cube pixels change in a static window
+                p = paired(fid["a"][key], fid["b"][key], sel)
+                c = paired(fid["a"][key], check[key], sel)
+                tag = f"{name}{what}_h16_{split}"
+                out[f"{tag}_a"], out[f"{tag}_b"] = float(np.nanmean(fid["a"][key][sel])), float(np.nanmean(fid["b"][key][sel]))
+                out[f"{tag}_b_minus_a"], out[f"{tag}_b_minus_a_ci"], out[f"{tag}_b_wins"] = p["mean"], p["ci"], p["wins"]
+                out[f"{tag}_a_vs_itself"], out[f"{tag}_a_vs_itself_wins"] = c["mean"], c["wins"]
+    out["n_motion_windows"] = int(motion.sum())
+    return finish(f"world-model-compare-{a}-vs-{b}" if not quick else "world-model-compare", out, quick,
+                  command=f"wmrl bench world-model-compare --json --options a={a} b={b}")
