@@ -484,9 +484,9 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
         if step % cfg.log_every == 0 or step == total:
             last = {k: float(v.detach()) if torch.is_tensor(v) else float(v) for k, v in info.items()}  # host syncs only here
             tracker.log(last, step=step)
+            bar.set_postfix({k: f"{v:.3f}" for k, v in list(last.items())[:2]})
         if eval_samplers and (step % cfg.eval_every == 0 or step in bounds):
             tracker.log(fixed_window_losses(model, eval_samplers, phase, cfg), step=step)
-            bar.set_postfix({k: f"{v:.3f}" for k, v in list(last.items())[:2]})
         if save:
             _save_checkpoint(run, step, model, opts, {**extra, "seconds": time.time() - t0})
     bar.close()
