@@ -48,7 +48,8 @@ def _trained(cfg) -> bool:
 
 def main(quick: bool = False, size: str = "small", device: str = "cpu", steps_scale: float = 1.0,
          batch_size: int = 32, amp: bool = False, compile: str | None = None, train_only: bool = False,
-         deterministic: bool = True, motion_weight: float = 3.0, episodes: int = 300, extra_envs: int = 2) -> dict:
+         deterministic: bool = True, motion_weight: float = 3.0, episodes: int = 300, extra_envs: int = 2,
+         eval_every: int = 500) -> dict:
     """The defaults are the committed CPU numbers. Anything else (e.g. `--size base --device cuda --steps-scale 5`)
     trains in its own work folder and writes `world-model-SIZE-DEVICE.json`, never the CPU result.
 
@@ -62,7 +63,8 @@ def main(quick: bool = False, size: str = "small", device: str = "cpu", steps_sc
     run is measured on the same held-out windows; the rest are recorded with the same mix from seed 300 on and all
     go to training (`...-epN`). `extra_envs`: simulator processes recording them (the expert's noise is one stream
     across the processes, so another value records other, equally distributed episodes; on a lent device's 16 cores,
-    16 records 900 episodes in well under a minute)."""
+    16 records 900 episodes in well under a minute). `eval_every`: training's fixed-window held-out/training losses
+    (`TrainWMConfig.eval_every`; 0 = only the final model's, measured here; training is the same either way)."""
     from wmrl.commands.collect import CollectConfig, collect
     from wmrl.eval.world_model import (auroc_plot, cube_error_at_episode_end, cube_error_in_true_sim, gain_plot,
                                        hallucination, pair_auroc, success_pairs, window_fidelity)
@@ -83,6 +85,7 @@ def main(quick: bool = False, size: str = "small", device: str = "cpu", steps_sc
     base = TrainWMConfig(data=Path("."), out=Path("."))
     steps = dict(ae_steps=20, state_steps=20, dyn_steps=20, unroll_steps=10, size="tiny", batch_size=8) if quick else dict(
         size=size, device=device, batch_size=batch_size, amp=amp, compile=compile, motion_weight=float(motion_weight),
+        eval_every=int(eval_every),
         **{k: int(getattr(base, k) * steps_scale) for k in ("ae_steps", "state_steps", "dyn_steps", "unroll_steps")})
     data, extra = work / "data", work / "extra-data"
     for out_dir, n, seed, envs in ((data, n_eps, 0, 2), (extra, n_extra, n_eps, int(extra_envs))):
