@@ -49,7 +49,7 @@ def _trained(cfg) -> bool:
 def main(quick: bool = False, size: str = "small", device: str = "cpu", steps_scale: float = 1.0,
          batch_size: int = 32, amp: bool = False, compile: str | None = None, train_only: bool = False,
          deterministic: bool = True, motion_weight: float = 3.0, episodes: int = 300, extra_envs: int = 2,
-         eval_every: int = 500) -> dict:
+         eval_every: int = 500, seed: int = 0) -> dict:
     """The defaults are the committed CPU numbers. Anything else (e.g. `--size base --device cuda --steps-scale 5`)
     trains in its own work folder and writes `world-model-SIZE-DEVICE.json`, never the CPU result.
 
@@ -64,7 +64,10 @@ def main(quick: bool = False, size: str = "small", device: str = "cpu", steps_sc
     go to training (`...-epN`). `extra_envs`: simulator processes recording them (the expert's noise is one stream
     across the processes, so another value records other, equally distributed episodes; on a lent device's 16 cores,
     16 records 900 episodes in well under a minute). `eval_every`: training's fixed-window held-out/training losses
-    (`TrainWMConfig.eval_every`; 0 = only the final model's, measured here; training is the same either way)."""
+    (`TrainWMConfig.eval_every`; 0 = only the final model's, measured here; training is the same either way).
+    `seed`: the training seed (`TrainWMConfig.seed`; the data stay the same), for a second model of one recipe
+    (`...-sN`). The committed CPU result is the default with its deterministic baseline; `deterministic=false` alone
+    writes `world-model-small-cpu.json` instead."""
     from wmrl.commands.collect import CollectConfig, collect
     from wmrl.eval.world_model import (auroc_plot, cube_error_at_episode_end, cube_error_in_true_sim, gain_plot,
                                        hallucination, pair_auroc, success_pairs, window_fidelity)
@@ -76,21 +79,22 @@ def main(quick: bool = False, size: str = "small", device: str = "cpu", steps_sc
     if episodes < 300:
         raise ValueError(f"episodes must be >= 300 (the dataset with the held-out episodes), got {episodes}")
     n_eps, n_extra = (16, 0) if quick else (300, episodes - 300)
-    default = (size, device, steps_scale, batch_size, float(motion_weight), episodes) == ("small", "cpu", 1.0, 32, 3.0, 300)
+    default = (size, device, steps_scale, batch_size, float(motion_weight), episodes, seed, deterministic) == (
+        "small", "cpu", 1.0, 32, 3.0, 300, 0, True)
     tag = "full" if default else (f"{size}-{device.split(':')[0]}" + (f"-x{steps_scale:g}" if steps_scale != 1 else "")
                                   + (f"-mw{float(motion_weight):g}" if float(motion_weight) != 3.0 else "")
-                                  + (f"-ep{episodes}" if episodes != 300 else ""))
+                                  + (f"-ep{episodes}" if episodes != 300 else "") + (f"-s{seed}" if seed else ""))
     work = Path(tempfile.mkdtemp(prefix="wmrl-bench-wm-")) if quick else WORK / tag  # quick: always fresh
     mix = dict(failures=0.3, noise=0.05, perturbed=0.25)
     base = TrainWMConfig(data=Path("."), out=Path("."))
     steps = dict(ae_steps=20, state_steps=20, dyn_steps=20, unroll_steps=10, size="tiny", batch_size=8) if quick else dict(
         size=size, device=device, batch_size=batch_size, amp=amp, compile=compile, motion_weight=float(motion_weight),
-        eval_every=int(eval_every),
+        eval_every=int(eval_every), seed=int(seed),
         **{k: int(getattr(base, k) * steps_scale) for k in ("ae_steps", "state_steps", "dyn_steps", "unroll_steps")})
     data, extra = work / "data", work / "extra-data"
-    for out_dir, n, seed, envs in ((data, n_eps, 0, 2), (extra, n_extra, n_eps, int(extra_envs))):
+    for out_dir, n, first_seed, envs in ((data, n_eps, 0, 2), (extra, n_extra, n_eps, int(extra_envs))):
         if n and not (out_dir / "meta/info.json").exists():
-            collect(CollectConfig(task="push-red", episodes=n, out=out_dir, overwrite=True, post_success_steps=3, seed=seed,
+            collect(CollectConfig(task="push-red", episodes=n, out=out_dir, overwrite=True, post_success_steps=3, seed=first_seed,
                                   num_envs=envs, **mix), progress=not quick)
     run = work / "model"
     resume = (run / "checkpoints/last/train_state.json").exists()
@@ -207,5 +211,6 @@ def main(quick: bool = False, size: str = "small", device: str = "cpu", steps_sc
     opts = (f"size={size} device={device} steps_scale={steps_scale} batch_size={batch_size}" + (" amp=true" if amp else "")
             + (f" compile={compile}" if compile else "") + ("" if deterministic else " deterministic=false")
             + (f" motion_weight={float(motion_weight):g}" if float(motion_weight) != 3.0 else "")
-            + (f" episodes={episodes}" if episodes != 300 else "") + (f" extra_envs={extra_envs}" if n_extra and extra_envs != 2 else ""))
+            + (f" episodes={episodes}" if episodes != 300 else "") + (f" extra_envs={extra_envs}" if n_extra and extra_envs != 2 else "")
+            + (f" seed={seed}" if seed else ""))
     return finish(f"world-model-{tag}", out, quick, command=f"wmrl bench world-model --json --options {opts}")
