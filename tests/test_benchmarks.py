@@ -672,3 +672,46 @@ def test_world_model_compare_pairs_windows_so_a_model_against_itself_differs_by_
         assert r[f"{name}psnr_h16_motion_b_minus_a"] == 0.0 and r[f"{name}psnr_h16_motion_b_wins"] == 0.5
         assert r[f"{name}psnr_h16_motion_a"] == r[f"{name}psnr_h16_motion_b"]
         assert np.isfinite(r[f"{name}psnr_h16_motion_a_vs_itself"])  # the same model with other sampling noise
+
+
+def test_state_channel_visited_error_scores_models_on_the_same_continuations(trained):
+    """Two copies of one model are scored on the same pooled continuations (their paired difference is exactly 0);
+    a channel that predicts no change scores exactly the hold-every-cube-still baseline; recorded windows never hold
+    a cube that left the table."""
+    import copy
+
+    import torch
+
+    from world_models.factory import make_world_model
+    from world_models.video.state_channel import OFF_TABLE_Z
+    from world_models.video.train import load_split, world_model_data
+
+    bench = runpy.run_path(str(BENCH / "state_channel_visited_error.py"), run_name="bench")
+    r = bench["main"](quick=True, world_models=f"{trained},{trained}")
+    assert r["visited_continuations"] > 0 and r["recorded_windows"] > 0
+    for name in ("visited", "recorded"):
+        rows = [row for row in r["rows"] if row["set"] == name]
+        assert rows[0] == rows[1] and rows[2]["world_model"].startswith("still")
+        paired = rows[1]["paired_vs_first_cube_end_cm"]
+        assert paired["mean"] == 0.0 and paired["share_better"] == paired["share_worse"] == 0.0
+
+    model = make_world_model("video", trained)
+    still = copy.deepcopy(model)
+    with torch.no_grad():
+        for head in (still.state_channel.arm, still.state_channel.cube):
+            for p in head.out.parameters():
+                p.zero_()  # no change, gate logit 0: every contact gate closed
+    _, _, held = load_split(world_model_data(trained), 0.1)
+    windows = bench["episodes_from_replay"](held, 4, 2)
+    assert windows and all((w["observation.environment_state"][:, 2:9:3] > OFF_TABLE_Z).all() for w in windows)
+    err = bench["unroll_errors"](still, windows, 4)
+    assert np.allclose(err["cube_end"], err["cube_end_still"]) and err["dragged"].sum() == 0
+    with torch.no_grad():  # every gate open, every cube pushed 5 cm in x per step: all still cubes are dragged
+        still.state_channel.cube.out.bias[..., 0] = 5.0  # cm
+        still.state_channel.cube.out.bias[..., 3] = 10.0  # gate logit
+    pushed = bench["unroll_errors"](still, windows, 4)
+    cubes = np.stack([w["observation.environment_state"][:, :9].reshape(-1, 3, 3) for w in windows])
+    truly_still = (np.linalg.norm(cubes[:, -1] - cubes[:, 0], axis=-1) < 0.005).sum(-1)
+    assert (pushed["dragged"] == truly_still).all() and pushed["missed"].sum() == 0 and truly_still.sum() > 0
+    with pytest.raises(ValueError, match="required"):
+        bench["main"](quick=True)
