@@ -12,9 +12,11 @@ the recorded actions exactly as a rollout does (hard contact gates, the hand kep
 Per model and set: the cubes' mean position error (cm) after 1 step and after the last step (median, mean with a
 bootstrap 95% interval over continuations), the hand's, and two contact mistakes per continuation: a cube the
 channel moves more than 1 cm that truly stayed within 5 mm (`dragged`) and one that truly moved more than 1 cm
-that the channel left within 5 mm (`missed`). Every model after the first also gets its paired difference in the
-last-step cube error (this model minus the first, same continuations, bootstrap 95% interval). The trivial
-baseline each model must beat: every cube held still (`still` row, the last-step error of predicting no motion).
+that the channel left within 5 mm (`missed`); and for cubes that truly moved more than 1 cm, how far along their
+true displacement the channel carried them (`travel_ratio`: 1 all the way, below 1 a shrunk push). Every model
+after the first also gets its paired difference in the last-step cube error (this model minus the first, same
+continuations, bootstrap 95% interval). The trivial baseline each model must beat: every cube held still (`still`
+row, the last-step error of predicting no motion).
 
     wmrl bench state-channel-visited-error --json --options world_models=RUN_A,RUN_B [starts=100 length=12]
 """
@@ -72,9 +74,13 @@ def unroll_errors(model, episodes: list[dict], length: int) -> dict[str, np.ndar
     h_err = (pred[..., :3] - x_true[:, 1:, :3]).norm(dim=-1)
     true_move = (cube(x_true[:, -1]) - cube(x_true[:, 0])).norm(dim=-1)  # (N, cubes)
     pred_move = (cube(pred[:, -1]) - cube(x_true[:, 0])).norm(dim=-1)
+    # how far the channel carries a truly moved cube along its true path (1: all the way; a mean model shrinks kicks)
+    true_d, pred_d = cube(x_true[:, -1]) - cube(x_true[:, 0]), cube(pred[:, -1]) - cube(x_true[:, 0])
+    ratio = (pred_d * true_d).sum(-1) / true_move.clamp(min=1e-9) ** 2
     return {"cube_h1": c_err[:, 0].numpy(), "cube_end": c_err[:, -1].numpy(), "hand_h1": h_err[:, 0].numpy(),
             "hand_end": h_err[:, -1].numpy(), "dragged": ((pred_move > MOVED) & (true_move < STILL)).sum(-1).numpy(),
             "missed": ((true_move > MOVED) & (pred_move < STILL)).sum(-1).numpy(),
+            "travel_ratio": ratio[true_move > MOVED].numpy(),
             "cube_end_still": (cube(x_true[:, :1]) - cube(x_true[:, -1:])).norm(dim=-1).mean(-1)[:, 0].numpy()}
 
 
@@ -90,6 +96,10 @@ def summarise(err: dict[str, np.ndarray]) -> dict:
         cm = err[k] * 100
         out[f"{k}_cm_median"], out[f"{k}_cm_mean"], out[f"{k}_cm_mean_ci"] = float(np.median(cm)), float(cm.mean()), bootstrap_ci(cm)
     out["dragged_per_continuation"], out["missed_per_continuation"] = float(err["dragged"].mean()), float(err["missed"].mean())
+    tr = err["travel_ratio"]
+    out["moved_cubes"] = int(len(tr))
+    out["travel_ratio_median"] = float(np.median(tr)) if len(tr) else None
+    out["travel_ratio_mean_ci"] = bootstrap_ci(np.clip(tr, -2, 3)) if len(tr) else None  # clipped: glancing pushes
     return out
 
 
@@ -123,16 +133,16 @@ def main(quick: bool = False, world_models: str = "", starts: int = 100, length:
     out: dict = {"task": "push-red", "policy": "scripted expert, noise 0.1", "starts": n, "length": int(length),
                  "every": int(every), "visited_scenes": len(scenes), "visited_continuations": len(visited),
                  "visited_refused": refused, "recorded_windows": len(recorded), "visits": visits, "rows": []}
-    for name, eps in (("visited", visited), ("recorded", recorded)):
+    for which, eps in (("visited", visited), ("recorded", recorded)):
         errs = [unroll_errors(m, eps, int(length)) for m in models]
         for r, err in zip(runs, errs):
             d = (err["cube_end"] - errs[0]["cube_end"]) * 100  # this model minus the first, continuation by continuation
-            out["rows"].append({"world_model": r, "set": name, **summarise(err),
+            out["rows"].append({"world_model": r, "set": which, **summarise(err),
                                 "paired_vs_first_cube_end_cm": {"mean": float(d.mean()), "ci": bootstrap_ci(d),
                                                                 "share_better": float((d < 0).mean()),
                                                                 "share_worse": float((d > 0).mean())}})
         still = errs[0]["cube_end_still"] * 100
-        out["rows"].append({"world_model": "still (every cube held still)", "set": name, "n": int(len(still)),
+        out["rows"].append({"world_model": "still (every cube held still)", "set": which, "n": int(len(still)),
                             "cube_end_cm_median": float(np.median(still)), "cube_end_cm_mean": float(still.mean())})
     out["minutes"] = (time.time() - t0) / 60
     label = name or "-".join(Path(r).parent.name if Path(r).name == "model" else Path(r).name for r in runs)

@@ -706,6 +706,7 @@ def test_state_channel_visited_error_scores_models_on_the_same_continuations(tra
     assert windows and all((w["observation.environment_state"][:, 2:9:3] > OFF_TABLE_Z).all() for w in windows)
     err = bench["unroll_errors"](still, windows, 4)
     assert np.allclose(err["cube_end"], err["cube_end_still"]) and err["dragged"].sum() == 0
+    assert len(err["travel_ratio"]) and np.allclose(err["travel_ratio"], 0, atol=1e-4)  # a moved cube left where it was travelled none of its way
     with torch.no_grad():  # every gate open, every cube pushed 5 cm in x per step: all still cubes are dragged
         still.state_channel.cube.out.bias[..., 0] = 5.0  # cm
         still.state_channel.cube.out.bias[..., 3] = 10.0  # gate logit
