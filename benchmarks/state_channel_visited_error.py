@@ -148,4 +148,4 @@ def main(quick: bool = False, world_models: str = "", starts: int = 100, length:
     label = name or "-".join(Path(r).parent.name if Path(r).name == "model" else Path(r).name for r in runs)
     return finish(f"state-channel-visited-error-{label}" if not quick else "state-channel-visited-error", out, quick,
                   command=f"wmrl bench state-channel-visited-error --json --options world_models={world_models} "
-                          f"starts={n} length={length}")
+                          f"starts={n} length={length}" + (f" name={name}" if name else ""))

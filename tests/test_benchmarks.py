@@ -716,3 +716,23 @@ def test_state_channel_visited_error_scores_models_on_the_same_continuations(tra
     assert (pushed["dragged"] == truly_still).all() and pushed["missed"].sum() == 0 and truly_still.sum() > 0
     with pytest.raises(ValueError, match="required"):
         bench["main"](quick=True)
+
+
+def test_state_channel_failure_trace_continues_exactly_the_imagined_failures(trained):
+    """Step 0 places every imagined failure's start (and every true episode's start for the reference); a refused
+    placement is counted, never scored; bad options are refused with the reason."""
+    bench = runpy.run_path(str(BENCH / "state_channel_failure_trace.py"), run_name="bench")
+    r = bench["main"](quick=True, world_models=str(trained))
+    row = r["rows"][0]
+    assert row["imagined_failures"] == round((1 - row["imagined_success"]) * r["starts"])
+    assert row["recoverable"]["0"]["scenes"] == row["imagined_failures"]
+    assert r["true_recoverable"]["0"]["scenes"] == r["starts"] == 4
+    for rows in (row["recoverable"], r["true_recoverable"]):
+        assert [int(t) for t in rows] == list(bench["STEPS"])
+        for t, v in rows.items():
+            assert v["refused"] <= v["scenes"] and (v["recoverable"] is None) == (v["scenes"] == v["refused"])
+            assert v["scenes"] <= rows["0"]["scenes"]  # later steps hold only episodes still running
+    with pytest.raises(ValueError, match="readout"):
+        bench["main"](quick=True, world_models=str(trained), readout="median")
+    with pytest.raises(ValueError, match="required"):
+        bench["main"](quick=True)

@@ -1,0 +1,181 @@
+"""Where the expert's imagined failures go wrong: scenes the true simulator cannot recover from, or scenes it would
+finish?
+
+The noisy scripted expert (noise 0.1) acts closed-loop in each model's state channel from `starts` fresh layouts
+(state only, the chosen readout), as in `state-channel-closed-loop`. For every imagined *failure*, the imagined scene
+at steps 0, 20, 40 and 60 is put in the true simulator (`TabletopEnv.place`: the hand by inverse kinematics, the
+cubes' centres, at rest) and the expert runs there for the episode's remaining steps. The share of those true
+continuations that succeed is the `recoverable` curve:
+- high late in the episode: the channel failed from scenes the simulator finishes from (it does not complete
+  pushes: a model problem from there on);
+- falling with the step: the channel steered the scene somewhere the simulator cannot finish from in the time left
+  either (the failure was made earlier, e.g. a cube pushed the wrong way).
+The time left shrinks with the step, so the curve's reference is the true simulator's own: the expert's true
+episodes from the same layouts, their scenes at the same steps placed and continued the same way
+(`true_recoverable`, over all episodes; those that succeeded have ended, so later steps hold the slower ones).
+Step 0 is the check: the placed start scene must give about the expert's true success (the start is at rest).
+
+    wmrl bench state-channel-failure-trace --json --options world_models=RUN[,RUN] [starts=200 readout=mean]
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+
+from wmrl.benchutil import finish
+
+STEPS = (0, 20, 40, 60)
+
+
+def closed_loop(model, replay, task: str, seeds: list[int], readout: str, horizon: int) -> dict:
+    """The expert closed-loop in the state channel: per episode the scenes (observation.state,
+    observation.environment_state) at every step while alive and whether it succeeded."""
+    import sim
+    from sim import success_and_reward
+    from sim.experts import ScriptedExpert
+    from wmrl.core.features import OBS_ENV_STATE, OBS_STATE, TASK
+    from world_models.env import WorldModelEnv
+
+    env = sim.make_env(task, image_size=model.cfg.image_size).unwrapped
+    try:
+        starts = [env.reset(seed=s)[0] for s in seeds]
+    finally:
+        env.close()
+    batch = {k: np.stack([o[k] for o in starts]) for k in starts[0] if k != TASK}
+    batch[TASK] = [o[TASK] for o in starts]
+    n = len(seeds)
+    venv = WorldModelEnv(model, replay, num_envs=n, max_episode_steps=horizon, decode_images=False, sampling_steps=1,
+                         rules=success_and_reward, state_readout=readout)
+    venv.frames = False  # the expert reads state only
+    obs, _ = venv.reset(seed=0, options={"observations": batch})
+    policy = ScriptedExpert(noise=0.1, seed=0)
+    policy.reset()
+    alive, success = np.ones(n, bool), np.zeros(n, bool)
+    scenes: list[list] = [[] for _ in range(n)]
+    for _ in range(horizon):
+        for i in np.flatnonzero(alive):
+            scenes[i].append((obs[OBS_STATE][i].copy(), obs[OBS_ENV_STATE][i].copy()))
+        obs, _, term, trunc, info = venv.step(np.asarray(policy.select_action(obs), np.float32))
+        success |= alive & info["success"]
+        alive &= ~(term | trunc)
+        if not alive.any():
+            break
+    return {"scenes": scenes, "success": success}
+
+
+def true_episodes(task: str, seeds: list[int], horizon: int) -> dict:
+    """The expert's true episodes from the same layouts: scenes at every step and success."""
+    import sim
+    from sim.experts import ScriptedExpert
+    from wmrl.core.features import OBS_ENV_STATE, OBS_STATE, TASK
+
+    env = sim.make_env(task, cameras=()).unwrapped
+    policy = ScriptedExpert(noise=0.1, seed=0)
+    scenes, success = [], []
+    try:
+        for s in seeds:
+            obs, _ = env.reset(seed=s)
+            policy.reset()
+            sc, ok = [], False
+            for _ in range(horizon):
+                sc.append((obs[OBS_STATE].copy(), obs[OBS_ENV_STATE].copy()))
+                a = policy.select_action({OBS_STATE: obs[OBS_STATE][None], OBS_ENV_STATE: obs[OBS_ENV_STATE][None],
+                                          TASK: [obs[TASK]]})
+                obs, _, term, trunc, info = env.step(np.asarray(a, np.float32)[0])
+                ok |= bool(info["success"])
+                if term or trunc:
+                    break
+            scenes.append(sc)
+            success.append(ok)
+    finally:
+        env.close()
+    return {"scenes": scenes, "success": np.array(success)}
+
+
+def finishes_from(task: str, scenes: list[tuple], horizon: int) -> list[bool | None]:
+    """For each (layout seed, step, observation.state, observation.environment_state): the true simulator put in the
+    scene, the expert for the `horizon - step` steps left; whether it succeeds (None: the placement was refused, a
+    cube thrown more than 3 cm or off the table in the first step, as state DAgger refuses it)."""
+    import sim
+    from sim.experts import ScriptedExpert
+    from wmrl.core.features import OBS_ENV_STATE, OBS_STATE, TASK
+    from world_models.video.state_channel import OFF_TABLE_Z
+    from world_models.video.state_dagger import REFUSE_JUMP
+
+    env = sim.make_env(task, cameras=()).unwrapped
+    policy = ScriptedExpert(noise=0.1, seed=0)
+    out: list[bool | None] = []
+    try:
+        for seed, step, state, env_state in scenes:
+            env.reset(seed=int(seed))
+            obs = env.place(state, env_state)
+            policy.reset()
+            ok, first = False, None
+            for k in range(horizon - step):
+                a = policy.select_action({OBS_STATE: obs[OBS_STATE][None], OBS_ENV_STATE: obs[OBS_ENV_STATE][None],
+                                          TASK: [obs[TASK]]})
+                before = obs[OBS_ENV_STATE][:9].reshape(3, 3).copy()
+                obs, _, term, trunc, info = env.step(np.asarray(a, np.float32)[0])
+                if k == 0:
+                    cubes = obs[OBS_ENV_STATE][:9].reshape(3, 3)
+                    first = np.linalg.norm(cubes - before, axis=-1).max() > REFUSE_JUMP or (cubes[:, 2] < OFF_TABLE_Z).any()
+                    if first:
+                        break
+                ok |= bool(info["success"])
+                if term or trunc:
+                    break
+            out.append(None if first else ok)
+    finally:
+        env.close()
+    return out
+
+
+def curve(task: str, seeds: list[int], episodes: list[list], which: np.ndarray, horizon: int) -> dict:
+    rows = {}
+    for t in STEPS:
+        picked = [(seeds[i], t, *episodes[i][t]) for i in np.flatnonzero(which) if len(episodes[i]) > t]
+        ok = [o for o in finishes_from(task, picked, horizon) if o is not None]
+        rows[str(t)] = {"scenes": len(picked), "refused": len(picked) - len(ok),
+                        "recoverable": float(np.mean(ok)) if ok else None}
+    return rows
+
+
+def main(quick: bool = False, world_models: str = "", starts: int = 200, readout: str = "mean", name: str = "") -> dict:
+    """`readout`: the state channel's ensemble `mean` or one `member` per episode."""
+    from world_models.factory import make_world_model
+    from world_models.video.train import load_split, world_model_data
+
+    runs = [r for r in world_models.split(",") if r]
+    if not runs:
+        raise ValueError("options world_models=RUN[,RUN...] is required (runs with a state channel)")
+    if readout not in ("mean", "member"):
+        raise ValueError(f"readout must be mean or member, got {readout!r}")
+    n = 4 if quick else int(starts)
+    if n < 1:
+        raise ValueError(f"starts must be >= 1, got {starts}")
+    horizon = 80
+    seeds = list(range(70_000, 70_000 + n))  # the closed-loop benchmark's layouts
+    t0 = time.time()
+    true = true_episodes("push-red", seeds, horizon)
+    out: dict = {"task": "push-red", "policy": "scripted expert, noise 0.1", "starts": n, "readout": readout,
+                 "steps": list(STEPS), "true_success": float(true["success"].mean()),
+                 "true_recoverable": curve("push-red", seeds, true["scenes"], np.ones(n, bool), horizon), "rows": []}
+    for run in runs:
+        model = make_world_model("video", run)
+        if model.state_channel is None or not model.frames_optional:
+            raise ValueError(f"{run} needs a state channel that predicts all of observation.state (state_rest)")
+        _, _, held = load_split(world_model_data(run), 0.1)
+        im = closed_loop(model, held, "push-red", seeds, readout, horizon)
+        fail = ~im["success"]
+        out["rows"].append({"world_model": run, "imagined_success": float(im["success"].mean()),
+                            "imagined_failures": int(fail.sum()),
+                            "failures_true_success": float(true["success"][fail].mean()) if fail.any() else None,
+                            "recoverable": curve("push-red", seeds, im["scenes"], fail, horizon)})
+    out["minutes"] = (time.time() - t0) / 60
+    label = name or "-".join(Path(r).parent.name if Path(r).name == "model" else Path(r).name for r in runs)
+    return finish(f"state-channel-failure-trace-{label}" if not quick else "state-channel-failure-trace", out, quick,
+                  command=f"wmrl bench state-channel-failure-trace --json --options world_models={world_models} "
+                          f"starts={n} readout={readout}" + (f" name={name}" if name else ""))
