@@ -14,6 +14,10 @@ The time left shrinks with the step, so the curve's reference is the true simula
 episodes from the same layouts, their scenes at the same steps placed and continued the same way
 (`true_recoverable`, over all episodes; those that succeeded have ended, so later steps hold the slower ones).
 Step 0 is the check: the placed start scene must give about the expert's true success (the start is at rest).
+Each step also says what the finishable and the unfinishable scenes look like: the share with the pushed cube
+within 3 cm of the hand's workspace bounds (`edge`: the expert cannot get beyond it to push it back), with the hand
+above 6 cm (`high`: re-aligning, not pushing), and with the cube further from its zone than at the start
+(`further`).
 
     wmrl bench state-channel-failure-trace --json --options world_models=RUN[,RUN] [starts=200 readout=mean]
 """
@@ -67,17 +71,23 @@ def closed_loop(model, replay, task: str, seeds: list[int], readout: str, horizo
 
 
 def true_episodes(task: str, seeds: list[int], horizon: int) -> dict:
-    """The expert's true episodes from the same layouts: scenes at every step and success."""
+    """The expert's true episodes from the same layouts: scenes at every step, success, and each layout's target
+    (the pushed cube's and its zone's x index in observation.environment_state)."""
     import sim
     from sim.experts import ScriptedExpert
     from wmrl.core.features import OBS_ENV_STATE, OBS_STATE, TASK
 
+    from sim.tabletop.env import ENV_STATE_NAMES
+    from sim.tabletop.tasks import parse_instruction
+
     env = sim.make_env(task, cameras=()).unwrapped
     policy = ScriptedExpert(noise=0.1, seed=0)
-    scenes, success = [], []
+    scenes, success, targets = [], [], []
     try:
         for s in seeds:
             obs, _ = env.reset(seed=s)
+            _, cube, zone = parse_instruction(obs[TASK])
+            targets.append((ENV_STATE_NAMES.index(f"{cube}_x"), ENV_STATE_NAMES.index(f"zone_{zone}_x")))
             policy.reset()
             sc, ok = [], False
             for _ in range(horizon):
@@ -92,7 +102,7 @@ def true_episodes(task: str, seeds: list[int], horizon: int) -> dict:
             success.append(ok)
     finally:
         env.close()
-    return {"scenes": scenes, "success": np.array(success)}
+    return {"scenes": scenes, "success": np.array(success), "targets": targets}
 
 
 def finishes_from(task: str, scenes: list[tuple], horizon: int) -> list[bool | None]:
@@ -133,13 +143,37 @@ def finishes_from(task: str, scenes: list[tuple], horizon: int) -> list[bool | N
     return out
 
 
-def curve(task: str, seeds: list[int], episodes: list[list], which: np.ndarray, horizon: int) -> dict:
+EDGE = 0.03  # m: a cube this close to the hand's workspace bounds (xy) cannot be pushed back from beyond it
+HIGH = 0.06  # m: a hand above this is not pushing (the expert rises to re-align)
+
+
+def scene_kind(state: np.ndarray, env_state: np.ndarray, start_env_state: np.ndarray, target: tuple[int, int]) -> dict:
+    """What a scene looks like: the pushed cube near the workspace's edge, the hand high, the cube further from its
+    zone than at the start."""
+    from sim.tabletop.env import STATE_NAMES
+    from sim.tabletop.model import WORKSPACE_HIGH, WORKSPACE_LOW
+
+    c, z = target
+    cube, zone, hand_z = env_state[c : c + 2], env_state[z : z + 2], state[STATE_NAMES.index("ee_z")]
+    edge = bool(((cube - WORKSPACE_LOW[:2]) < EDGE).any() or ((WORKSPACE_HIGH[:2] - cube) < EDGE).any())
+    further = np.linalg.norm(cube - zone) > np.linalg.norm(start_env_state[c : c + 2] - zone)
+    return {"edge": edge, "high": bool(hand_z > HIGH), "further": bool(further)}
+
+
+def curve(task: str, seeds: list[int], episodes: list[list], which: np.ndarray, horizon: int, targets: list) -> dict:
+    """Per step: scenes, refused, the finishable share, and the kinds of finishable and unfinishable scenes."""
     rows = {}
     for t in STEPS:
-        picked = [(seeds[i], t, *episodes[i][t]) for i in np.flatnonzero(which) if len(episodes[i]) > t]
-        ok = [o for o in finishes_from(task, picked, horizon) if o is not None]
-        rows[str(t)] = {"scenes": len(picked), "refused": len(picked) - len(ok),
-                        "recoverable": float(np.mean(ok)) if ok else None}
+        idx = [i for i in np.flatnonzero(which) if len(episodes[i]) > t]
+        picked = [(seeds[i], t, *episodes[i][t]) for i in idx]
+        outcome = finishes_from(task, picked, horizon)
+        ok = [o for o in outcome if o is not None]
+        row = {"scenes": len(picked), "refused": len(picked) - len(ok), "recoverable": float(np.mean(ok)) if ok else None}
+        for name, want in (("finishable", True), ("unfinishable", False)):
+            kinds = [scene_kind(*episodes[i][t], episodes[i][0][1], targets[i]) for i, o in zip(idx, outcome) if o is want]
+            row[name] = {"n": len(kinds), **{f"share_{k}": float(np.mean([d[k] for d in kinds])) if kinds else None
+                                             for k in ("edge", "high", "further")}}
+        rows[str(t)] = row
     return rows
 
 
@@ -162,7 +196,8 @@ def main(quick: bool = False, world_models: str = "", starts: int = 200, readout
     true = true_episodes("push-red", seeds, horizon)
     out: dict = {"task": "push-red", "policy": "scripted expert, noise 0.1", "starts": n, "readout": readout,
                  "steps": list(STEPS), "true_success": float(true["success"].mean()),
-                 "true_recoverable": curve("push-red", seeds, true["scenes"], np.ones(n, bool), horizon), "rows": []}
+                 "true_recoverable": curve("push-red", seeds, true["scenes"], np.ones(n, bool), horizon, true["targets"]),
+                 "rows": []}
     for run in runs:
         model = make_world_model("video", run)
         if model.state_channel is None or not model.frames_optional:
@@ -173,7 +208,7 @@ def main(quick: bool = False, world_models: str = "", starts: int = 200, readout
         out["rows"].append({"world_model": run, "imagined_success": float(im["success"].mean()),
                             "imagined_failures": int(fail.sum()),
                             "failures_true_success": float(true["success"][fail].mean()) if fail.any() else None,
-                            "recoverable": curve("push-red", seeds, im["scenes"], fail, horizon)})
+                            "recoverable": curve("push-red", seeds, im["scenes"], fail, horizon, true["targets"])})
     out["minutes"] = (time.time() - t0) / 60
     label = name or "-".join(Path(r).parent.name if Path(r).name == "model" else Path(r).name for r in runs)
     return finish(f"state-channel-failure-trace-{label}" if not quick else "state-channel-failure-trace", out, quick,

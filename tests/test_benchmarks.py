@@ -732,6 +732,18 @@ def test_state_channel_failure_trace_continues_exactly_the_imagined_failures(tra
         for t, v in rows.items():
             assert v["refused"] <= v["scenes"] and (v["recoverable"] is None) == (v["scenes"] == v["refused"])
             assert v["scenes"] <= rows["0"]["scenes"]  # later steps hold only episodes still running
+            assert v["finishable"]["n"] + v["unfinishable"]["n"] == v["scenes"] - v["refused"]
+    from sim.tabletop.env import ENV_STATE_NAMES, STATE_NAMES
+
+    state, env_state = np.zeros(len(STATE_NAMES), np.float32), np.zeros(len(ENV_STATE_NAMES), np.float32)
+    c, z, hand = ENV_STATE_NAMES.index("red_x"), ENV_STATE_NAMES.index("zone_yellow_x"), STATE_NAMES.index("ee_z")
+    env_state[z : z + 2] = (0.40, 0.0)
+    start = env_state.copy()
+    start[c : c + 2] = (0.35, 0.0)
+    env_state[c : c + 2], state[hand] = (0.21, 0.0), 0.10  # 1 cm from the workspace's near edge, further, hand high
+    assert bench["scene_kind"](state, env_state, start, (c, z)) == {"edge": True, "high": True, "further": True}
+    env_state[c : c + 2], state[hand] = (0.38, 0.0), 0.02
+    assert bench["scene_kind"](state, env_state, start, (c, z)) == {"edge": False, "high": False, "further": False}
     with pytest.raises(ValueError, match="readout"):
         bench["main"](quick=True, world_models=str(trained), readout="median")
     with pytest.raises(ValueError, match="required"):
