@@ -34,42 +34,6 @@ from wmrl.benchutil import finish
 STEPS = (0, 20, 40, 60)
 
 
-def closed_loop(model, replay, task: str, seeds: list[int], readout: str, horizon: int) -> dict:
-    """The expert closed-loop in the state channel: per episode the scenes (observation.state,
-    observation.environment_state) at every step while alive and whether it succeeded."""
-    import sim
-    from sim import success_and_reward
-    from sim.experts import ScriptedExpert
-    from wmrl.core.features import OBS_ENV_STATE, OBS_STATE, TASK
-    from world_models.env import WorldModelEnv
-
-    env = sim.make_env(task, image_size=model.cfg.image_size).unwrapped
-    try:
-        starts = [env.reset(seed=s)[0] for s in seeds]
-    finally:
-        env.close()
-    batch = {k: np.stack([o[k] for o in starts]) for k in starts[0] if k != TASK}
-    batch[TASK] = [o[TASK] for o in starts]
-    n = len(seeds)
-    venv = WorldModelEnv(model, replay, num_envs=n, max_episode_steps=horizon, decode_images=False, sampling_steps=1,
-                         rules=success_and_reward, state_readout=readout)
-    venv.frames = False  # the expert reads state only
-    obs, _ = venv.reset(seed=0, options={"observations": batch})
-    policy = ScriptedExpert(noise=0.1, seed=0)
-    policy.reset()
-    alive, success = np.ones(n, bool), np.zeros(n, bool)
-    scenes: list[list] = [[] for _ in range(n)]
-    for _ in range(horizon):
-        for i in np.flatnonzero(alive):
-            scenes[i].append((obs[OBS_STATE][i].copy(), obs[OBS_ENV_STATE][i].copy()))
-        obs, _, term, trunc, info = venv.step(np.asarray(policy.select_action(obs), np.float32))
-        success |= alive & info["success"]
-        alive &= ~(term | trunc)
-        if not alive.any():
-            break
-    return {"scenes": scenes, "success": success}
-
-
 def true_episodes(task: str, seeds: list[int], horizon: int) -> dict:
     """The expert's true episodes from the same layouts: scenes at every step, success, and each layout's target
     (the pushed cube's and its zone's x index in observation.environment_state)."""
@@ -180,6 +144,7 @@ def curve(task: str, seeds: list[int], episodes: list[list], which: np.ndarray, 
 def main(quick: bool = False, world_models: str = "", starts: int = 200, readout: str = "mean", name: str = "") -> dict:
     """`readout`: the state channel's ensemble `mean` or one `member` per episode."""
     from world_models.factory import make_world_model
+    from world_models.video.state_dagger import imagined_expert
     from world_models.video.train import load_split, world_model_data
 
     runs = [r for r in world_models.split(",") if r]
@@ -203,12 +168,12 @@ def main(quick: bool = False, world_models: str = "", starts: int = 200, readout
         if model.state_channel is None or not model.frames_optional:
             raise ValueError(f"{run} needs a state channel that predicts all of observation.state (state_rest)")
         _, _, held = load_split(world_model_data(run), 0.1)
-        im = closed_loop(model, held, "push-red", seeds, readout, horizon)
-        fail = ~im["success"]
-        out["rows"].append({"world_model": run, "imagined_success": float(im["success"].mean()),
+        scenes, success = imagined_expert(model, held, "push-red", seeds, 0.1, seed=0, readout=readout, frames=False)
+        fail = ~success
+        out["rows"].append({"world_model": run, "imagined_success": float(success.mean()),
                             "imagined_failures": int(fail.sum()),
                             "failures_true_success": float(true["success"][fail].mean()) if fail.any() else None,
-                            "recoverable": curve("push-red", seeds, im["scenes"], fail, horizon, true["targets"])})
+                            "recoverable": curve("push-red", seeds, scenes, fail, horizon, true["targets"])})
     out["minutes"] = (time.time() - t0) / 60
     label = name or "-".join(Path(r).parent.name if Path(r).name == "model" else Path(r).name for r in runs)
     return finish(f"state-channel-failure-trace-{label}" if not quick else "state-channel-failure-trace", out, quick,

@@ -66,9 +66,12 @@ def check_placeable(task: str) -> None:
         env.close()
 
 
-def imagined_visits(model, replay, task: str, seeds: list[int], noise: float, every: int, seed: int) -> tuple[list, float]:
-    """The expert closed-loop in imagination from the true layouts `seeds`. Returns the kept scenes
-    [(layout seed, observation.state, observation.environment_state)] and the imagined success rate."""
+def imagined_expert(model, replay, task: str, seeds: list[int], noise: float, seed: int, readout: str = "member",
+                    frames: bool = True) -> tuple[list[list[tuple]], np.ndarray]:
+    """The expert closed-loop in imagination from the true layouts `seeds`. Returns, per episode, its scenes
+    [(observation.state, observation.environment_state)] at every step while it ran, and whether it succeeded.
+    `readout`: the state channel's ensemble `mean` or one `member` per episode; `frames=False` skips generating the
+    chunk's latents (the expert reads state only; the states stay the same)."""
     from world_models.env import WorldModelEnv  # here: world_models.env imports the training module, which imports this one
 
     env = sim.make_env(task, image_size=model.cfg.image_size).unwrapped  # the model's context needs the start frames
@@ -81,19 +84,30 @@ def imagined_visits(model, replay, task: str, seeds: list[int], noise: float, ev
     batch[TASK] = [o[TASK] for o in starts]
     n = len(seeds)
     venv = WorldModelEnv(model, replay, num_envs=n, max_episode_steps=horizon, decode_images=False, sampling_steps=1,
-                         rules=success_and_reward, state_readout="member")
+                         rules=success_and_reward, state_readout=readout)
+    venv.frames = frames
     obs, _ = venv.reset(seed=seed, options={"observations": batch})
     policy = ScriptedExpert(noise=noise, seed=seed)
     policy.reset()
-    alive, success, kept = np.ones(n, bool), np.zeros(n, bool), []
-    for t in range(horizon):
-        if t % every == 0:
-            kept += [(seeds[i], obs[OBS_STATE][i].copy(), obs[OBS_ENV_STATE][i].copy()) for i in np.flatnonzero(alive)]
+    alive, success = np.ones(n, bool), np.zeros(n, bool)
+    scenes: list[list[tuple]] = [[] for _ in range(n)]
+    for _ in range(horizon):
+        for i in np.flatnonzero(alive):
+            scenes[i].append((obs[OBS_STATE][i].copy(), obs[OBS_ENV_STATE][i].copy()))
         obs, _, term, trunc, info = venv.step(np.asarray(policy.select_action(obs), np.float32))
         success |= alive & info["success"]
         alive &= ~(term | trunc)  # an ended env autoresets to a start from the replay: not one of ours
         if not alive.any():
             break
+    return scenes, success
+
+
+def imagined_visits(model, replay, task: str, seeds: list[int], noise: float, every: int, seed: int) -> tuple[list, float]:
+    """The expert closed-loop in imagination (one member per episode) from the true layouts `seeds`. Returns every
+    `every`-th step's scenes [(layout seed, observation.state, observation.environment_state)], step by step, and
+    the imagined success rate."""
+    scenes, success = imagined_expert(model, replay, task, seeds, noise, seed)
+    kept = [(seeds[i], *ep[t]) for t in range(0, max(map(len, scenes)), every) for i, ep in enumerate(scenes) if len(ep) > t]
     return kept, float(success.mean())
 
 
