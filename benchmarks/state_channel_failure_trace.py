@@ -35,8 +35,9 @@ STEPS = (0, 20, 40, 60)
 
 
 def true_episodes(task: str, seeds: list[int], horizon: int) -> dict:
-    """The expert's true episodes from the same layouts: scenes at every step, success, and each layout's target
-    (the pushed cube's and its zone's x index in observation.environment_state)."""
+    """The expert's true episodes from the same layouts: scenes at every step, the actions taken, the scene the last
+    action led to (`final`), success, and each layout's target (the pushed cube's and its zone's x index in
+    observation.environment_state)."""
     import sim
     from sim.experts import ScriptedExpert
     from wmrl.core.features import OBS_ENV_STATE, OBS_STATE, TASK
@@ -46,27 +47,30 @@ def true_episodes(task: str, seeds: list[int], horizon: int) -> dict:
 
     env = sim.make_env(task, cameras=()).unwrapped
     policy = ScriptedExpert(noise=0.1, seed=0)
-    scenes, success, targets = [], [], []
+    scenes, finals, actions, success, targets = [], [], [], [], []
     try:
         for s in seeds:
             obs, _ = env.reset(seed=s)
             _, cube, zone = parse_instruction(obs[TASK])
             targets.append((ENV_STATE_NAMES.index(f"{cube}_x"), ENV_STATE_NAMES.index(f"zone_{zone}_x")))
             policy.reset()
-            sc, ok = [], False
+            sc, acts, ok = [], [], False
             for _ in range(horizon):
                 sc.append((obs[OBS_STATE].copy(), obs[OBS_ENV_STATE].copy()))
                 a = policy.select_action({OBS_STATE: obs[OBS_STATE][None], OBS_ENV_STATE: obs[OBS_ENV_STATE][None],
                                           TASK: [obs[TASK]]})
-                obs, _, term, trunc, info = env.step(np.asarray(a, np.float32)[0])
+                acts.append(np.asarray(a, np.float32)[0])
+                obs, _, term, trunc, info = env.step(acts[-1])
                 ok |= bool(info["success"])
                 if term or trunc:
                     break
             scenes.append(sc)
+            finals.append((obs[OBS_STATE].copy(), obs[OBS_ENV_STATE].copy()))
+            actions.append(acts)
             success.append(ok)
     finally:
         env.close()
-    return {"scenes": scenes, "success": np.array(success), "targets": targets}
+    return {"scenes": scenes, "final": finals, "actions": actions, "success": np.array(success), "targets": targets}
 
 
 def finishes_from(task: str, scenes: list[tuple], horizon: int) -> list[bool | None]:
@@ -141,12 +145,8 @@ def curve(task: str, seeds: list[int], episodes: list[list], which: np.ndarray, 
     return rows
 
 
-def main(quick: bool = False, world_models: str = "", starts: int = 200, readout: str = "mean", name: str = "") -> dict:
-    """`readout`: the state channel's ensemble `mean` or one `member` per episode."""
-    from world_models.factory import make_world_model
-    from world_models.video.state_dagger import imagined_expert
-    from world_models.video.train import load_split, world_model_data
-
+def options(world_models: str, readout: str, starts: int, quick: bool) -> tuple[list[str], list[int]]:
+    """The runs named and the layouts (reset seeds) to imagine from, or one line saying which option is wrong."""
     runs = [r for r in world_models.split(",") if r]
     if not runs:
         raise ValueError("options world_models=RUN[,RUN...] is required (runs with a state channel)")
@@ -155,8 +155,27 @@ def main(quick: bool = False, world_models: str = "", starts: int = 200, readout
     n = 4 if quick else int(starts)
     if n < 1:
         raise ValueError(f"starts must be >= 1, got {starts}")
-    horizon = 80
-    seeds = list(range(70_000, 70_000 + n))  # the closed-loop benchmark's layouts
+    return runs, list(range(70_000, 70_000 + n))  # the closed-loop benchmark's layouts
+
+
+def imagine(run: str, seeds: list[int], readout: str) -> tuple:
+    """A run's model and the expert's closed loop in its state channel (state only) from the layouts `seeds`:
+    (model, per-episode scenes, success)."""
+    from world_models.factory import make_world_model
+    from world_models.video.state_dagger import imagined_expert
+    from world_models.video.train import load_split, world_model_data
+
+    model = make_world_model("video", run)
+    if model.state_channel is None or not model.frames_optional:
+        raise ValueError(f"{run} needs a state channel that predicts all of observation.state (state_rest)")
+    _, _, held = load_split(world_model_data(run), 0.1)
+    return (model, *imagined_expert(model, held, "push-red", seeds, 0.1, seed=0, readout=readout, frames=False))
+
+
+def main(quick: bool = False, world_models: str = "", starts: int = 200, readout: str = "mean", name: str = "") -> dict:
+    """`readout`: the state channel's ensemble `mean` or one `member` per episode."""
+    runs, seeds = options(world_models, readout, starts, quick)
+    n, horizon = len(seeds), 80
     t0 = time.time()
     true = true_episodes("push-red", seeds, horizon)
     out: dict = {"task": "push-red", "policy": "scripted expert, noise 0.1", "starts": n, "readout": readout,
@@ -164,11 +183,7 @@ def main(quick: bool = False, world_models: str = "", starts: int = 200, readout
                  "true_recoverable": curve("push-red", seeds, true["scenes"], np.ones(n, bool), horizon, true["targets"]),
                  "rows": []}
     for run in runs:
-        model = make_world_model("video", run)
-        if model.state_channel is None or not model.frames_optional:
-            raise ValueError(f"{run} needs a state channel that predicts all of observation.state (state_rest)")
-        _, _, held = load_split(world_model_data(run), 0.1)
-        scenes, success = imagined_expert(model, held, "push-red", seeds, 0.1, seed=0, readout=readout, frames=False)
+        model, scenes, success = imagine(run, seeds, readout)
         fail = ~success
         out["rows"].append({"world_model": run, "imagined_success": float(success.mean()),
                             "imagined_failures": int(fail.sum()),

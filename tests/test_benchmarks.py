@@ -748,3 +748,34 @@ def test_state_channel_failure_trace_continues_exactly_the_imagined_failures(tra
         bench["main"](quick=True, world_models=str(trained), readout="median")
     with pytest.raises(ValueError, match="required"):
         bench["main"](quick=True)
+
+
+def test_state_channel_push_phases_labels_steps_with_the_experts_own_phases(trained):
+    """Every true step is counted once, in the phase the expert acted in; a cube that follows the hand's sideways
+    sweep has a positive lateral-with-hand displacement equal to its own move; the one-step check scores every
+    recorded transition once."""
+    from sim.tabletop.env import ENV_STATE_NAMES, STATE_NAMES
+
+    bench = runpy.run_path(str(BENCH / "state_channel_push_phases.py"), run_name="bench")
+    r = bench["main"](quick=True, world_models=str(trained))
+    steps = sum(len(ep) for ep in bench["true_episodes"]("push-red", list(range(70_000, 70_004)), 80)["scenes"])
+    assert sum(p["steps_per_episode"] for p in r["true"]["phases"].values()) * r["starts"] == pytest.approx(steps)
+    row = r["rows"][0]
+    assert sum(v["steps"] for v in row["one_step"].values()) == steps
+    assert row["failures"] == round((1 - row["imagined_success"]) * r["starts"])
+    assert sum(row["edge_reached_in"].values()) == row["failures_reaching_edge"] <= row["failures"]
+
+    # a hand-made realign step: the hand low behind the cube moves 2 cm across, the cube follows it by 1 cm
+    c, z, e = ENV_STATE_NAMES.index("red_x"), ENV_STATE_NAMES.index("zone_yellow_x"), STATE_NAMES.index("ee_x")
+    state, env_state = np.zeros(len(STATE_NAMES)), np.zeros(len(ENV_STATE_NAMES))
+    env_state[z : z + 2], env_state[c : c + 3] = (0.50, 0.0), (0.35, 0.0, 0.02)  # push direction +x
+    state[e : e + 3] = (0.30, 0.03, 0.03)  # 5 cm behind, 3 cm off the line
+    nxt, nxt_env = state.copy(), env_state.copy()
+    nxt[e + 1] -= 0.02
+    nxt_env[c + 1] -= 0.01
+    phase, along, across = bench["step_motion"](state, env_state, nxt, nxt_env, (c, z))
+    assert phase == "realign" and along == pytest.approx(0.0) and across == pytest.approx(1.0)
+    nxt_env[c + 1] += 0.02  # the cube goes the other way across
+    assert bench["step_motion"](state, env_state, nxt, nxt_env, (c, z))[2] == pytest.approx(-1.0)
+    with pytest.raises(ValueError, match="readout"):
+        bench["main"](quick=True, world_models=str(trained), readout="median")

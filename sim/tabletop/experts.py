@@ -53,6 +53,30 @@ def _grasp(ee: np.ndarray, opening: float, grasp_point: np.ndarray) -> np.ndarra
     return _approach(ee, grasp_point[:2], HOVER_Z, -1.0)
 
 
+PUSH_PHASES = ("done", "push", "realign", "approach")
+
+
+def push_phase(ee: np.ndarray, cube: np.ndarray, goal: np.ndarray, failure: bool = False) -> tuple[str, np.ndarray, np.ndarray, np.ndarray]:
+    """Which part of a push the expert is in, from the hand `ee` (3,), the cube's centre (3,) and its zone (2,):
+    `done` (the cube reached its stop), `push` (low, just behind the cube and in line with the push), `realign`
+    (low and behind but off the line: the hand moves sideways at pushing height) or `approach` (anything else: rise,
+    travel above the clutter, descend behind the cube). Also returns the push direction u, the stop point and the
+    hand's offset across the push line."""
+    u = goal - cube[:2]
+    u = u / max(np.linalg.norm(u), 1e-6)
+    stop = goal - u * (0.09 if failure else 0.0)  # failure: the cube stops just outside the zone
+    rel = ee[:2] - cube[:2]
+    along = float(np.dot(rel, u))
+    lateral = rel - along * u
+    if np.dot(stop - cube[:2], u) < 0.008:
+        return "done", u, stop, lateral
+    if ee[2] < GRASP_Z + 0.02 and -(H + 0.04) < along < -H and np.linalg.norm(lateral) < 0.015:
+        return "push", u, stop, lateral
+    if ee[2] < GRASP_Z + 0.02 and along < -H - 0.005:
+        return "realign", u, stop, lateral
+    return "approach", u, stop, lateral
+
+
 def expert_action(task: str, state: np.ndarray, env_state: np.ndarray, failure: bool) -> np.ndarray:
     family, colour, zone = parse_instruction(task)
     ee, opening = state[5:8].astype(np.float64), float(state[4])
@@ -75,20 +99,15 @@ def expert_action(task: str, state: np.ndarray, env_state: np.ndarray, failure: 
         return _grasp(ee, opening, grasp_point)
 
     if family == "push":
-        u = goal - cube[:2]
-        u /= max(np.linalg.norm(u), 1e-6)
-        stop = goal - u * (0.09 if failure else 0.0)  # failure: the cube stops just outside the zone
-        if np.dot(stop - cube[:2], u) < 0.008:
-            return _move(ee, np.array([ee[0], ee[1], HOVER_Z]), 1.0)  # done: back off upwards
-        rel = ee[:2] - cube[:2]
-        along = float(np.dot(rel, u))
-        lateral = rel - along * u
+        phase, u, stop, lateral = push_phase(ee, cube, goal, failure)
         behind = cube[:2] - u * (H + 0.022)
-        if ee[2] < GRASP_Z + 0.02 and -(H + 0.04) < along < -H and np.linalg.norm(lateral) < 0.015:
+        if phase == "done":
+            return _move(ee, np.array([ee[0], ee[1], HOVER_Z]), 1.0)  # back off upwards
+        if phase == "push":
             step = min(0.015, float(np.dot(stop - cube[:2], u)) + 0.004)
             target_xy = ee[:2] + u * step - lateral
             return _move(ee, np.array([target_xy[0], target_xy[1], GRASP_Z]), 1.0)
-        if ee[2] < GRASP_Z + 0.02 and along < -H - 0.005:  # low and behind the cube: re-align sideways, no hop
+        if phase == "realign":  # low and behind the cube: re-align sideways, no hop
             return _move(ee, np.array([behind[0], behind[1], GRASP_Z]), 1.0)
         return _approach(ee, behind, GRASP_Z, 1.0)
 

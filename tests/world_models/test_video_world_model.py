@@ -1,4 +1,5 @@
 import dataclasses
+import math
 import json
 from pathlib import Path
 
@@ -716,6 +717,54 @@ def test_nearest_other_cube_feature_and_the_pairs_head():
         out_y, logit_y = sc.next(y[None, None].expand(2, 1, -1), a, hard_gate=False)
         assert torch.equal(logit_x[..., 1], logit_y[..., 1])  # the second cube's nearest stays the first
         assert (not torch.equal(logit_x[..., 0], logit_y[..., 0])) == pairs
+
+
+@pytest.mark.parametrize("pairs", [False, True])
+def test_the_hand_frame_cube_head_is_equivariant_to_rotations_about_the_vertical(pairs):
+    """With `hand_frame`, turning the whole scene (hand, cubes, the action's horizontal part) about the vertical turns
+    every cube's predicted position the same way and leaves the contact gates unchanged; the world-frame head does
+    not. A hand right above a cube (no horizontal offset) gets the x axis, not NaN."""
+    from world_models.video.state_channel import hand_frame_axes
+
+    torch.manual_seed(0)
+    th = 0.7
+    R = torch.tensor([[math.cos(th), -math.sin(th)], [math.sin(th), math.cos(th)]])
+    for hand_frame in (True, False):
+        sc = StateChannel(StateChannelConfig(members=2, hidden=16, hand_frame=hand_frame, pairs=pairs))
+        for p in sc.cube.parameters():
+            torch.nn.init.normal_(p, std=0.3)  # zero-initialised outputs would be trivially equivariant
+        P = sc.cfg.n_arm_objects
+        x, a = torch.randn(2, 5, sc.cfg.dim) * 0.1, torch.randn(5, 4)
+
+        def turn(v, starts):
+            v = v.clone()
+            for o in starts:
+                v[..., o : o + 2] = v[..., o : o + 2] @ R.T
+            return v
+
+        out, logit = sc.next(x, a, hard_gate=False)
+        out_r, logit_r = sc.next(turn(x, [0, *range(4, P, 3)]), turn(a, [0]), hard_gate=False)
+        cube_err = (turn(out, range(4, P, 3)) - out_r)[..., 4:P].abs().max().item()
+        if hand_frame:
+            assert cube_err < 1e-6 and torch.allclose(logit, logit_r, atol=1e-5)
+        else:
+            assert cube_err > 1e-3
+    axes = hand_frame_axes(torch.tensor([[0.0, 0.0], [0.0, 0.2]]))
+    assert torch.equal(axes[0], torch.eye(2)) and torch.allclose(axes[1], torch.tensor([[0.0, 1.0], [-1.0, 0.0]]))
+
+
+def test_a_checkpoint_from_before_the_hand_frame_loads_with_the_world_frame(tmp_path):
+    """Checkpoints saved before `state_hand_frame` existed trained a world-frame cube head; they load as such."""
+    m = VideoWorldModel(WorldModelConfig(size="tiny", task_vocab=VOCAB, env_state_dim=13, state_members=2,
+                                         state_hand_frame=False))
+    m.save(tmp_path / "m")
+    cfg_file = next(f for f in (tmp_path / "m").iterdir() if f.suffix == ".json" and "config" in f.name)
+    cfg = json.loads(cfg_file.read_text())
+    cfg.pop("state_hand_frame")
+    cfg_file.write_text(json.dumps(cfg))
+    loaded = VideoWorldModel.load(tmp_path / "m")
+    assert loaded.cfg.state_hand_frame is False and loaded.state_channel.cfg.hand_frame is False
+    assert WorldModelConfig(task_vocab=VOCAB).state_hand_frame is True  # new models: the hand frame
 
 
 def test_the_motion_weight_scales_the_loss_where_the_target_moves_and_reaches_the_model(tiny_data):

@@ -81,6 +81,7 @@ class WorldModelConfig:
     # proprioception is read back from generated frames (False: checkpoints from before it existed)
     state_rest: bool = True
     state_pairs: bool = False  # the channel's cube head reads the nearest other cube (False: checkpoints from before)
+    state_hand_frame: bool = True  # the channel's cube head works in the hand->cube frame (False: checkpoints from before)
     n_objects: int = 3  # objects the state channel predicts (len(object_xyz))
     # the layout of observation.environment_state (the dataset's `EEDeltaControl`): where each object's centre starts,
     # where [ee, opening] repeat (-1: nowhere), (start, n) of the previous frame's first n entries; the rest is static
@@ -179,7 +180,7 @@ class VideoWorldModel(nn.Module):
         self.state_channel = (StateChannel(StateChannelConfig(cfg.n_objects, cfg.action_dim, cfg.state_members,
                                                               ee_step=cfg.ee_step,
                                                               n_rest=len(cfg.rest_index) if cfg.state_rest else 0,
-                                                              pairs=cfg.state_pairs))
+                                                              pairs=cfg.state_pairs, hand_frame=cfg.state_hand_frame))
                               if cfg.env_state_dim and cfg.state_members else None)
         self.scheduler = EDMEulerScheduler(sigma_min=cfg.sigma_min, sigma_max=cfg.sigma_max,
                                            sigma_data=cfg.sigma_data, prediction_type="epsilon")
@@ -499,7 +500,8 @@ class VideoWorldModel(nn.Module):
     def load(cls, path: str | Path, expect: WorldModelConfig | None = None, device: str = "cpu") -> "VideoWorldModel":
         # saved before the one-step path existed: it never trained it
         cfg = read_config(path, WorldModelConfig, expect, what="world-model checkpoint",
-                          absent={"mean_share": 0.0, "state_rest": False, "state_pairs": False})
+                          absent={"mean_share": 0.0, "state_rest": False, "state_pairs": False,
+                                  "state_hand_frame": False})
         return load_state(cls(cfg), path, device)
 
 

@@ -21,6 +21,14 @@ With `pairs` the cube head also reads the offset to its nearest other cube (one 
 push-red it makes the expert's closed loop in imagination worse (two channel seeds; README, state channel), so it
 is off by default.
 
+With `hand_frame` the cube head works in the hand's frame: its horizontal inputs (offset to the hand, action,
+commanded displacement, nearest other cube) are rotated so the first axis points from the hand to the cube, and its
+predicted horizontal displacement is rotated back. The head is then equivariant to rotations about the vertical (a
+push reads the same whichever way it points), so every push direction in the data teaches every other; in the world
+frame a sideways sweep of the hand behind a cube, rare in the data, was predicted to drag the cube along with the
+hand (twice the true lateral motion on the expert's own re-alignment steps), which sent imagined pushes to the
+workspace's edge (README, state channel).
+
 The contact gate g = sigmoid(logit) multiplies the cube's change; it is trained to tell whether the cube moves at
 all (BCE on |delta| > 0.5 mm), and is thresholded at 0.5 inside rollouts, so untouched cubes stay exactly still
 instead of drifting. Members differ by initialisation and minibatches; their spread (`disagreement`, cm) flags
@@ -56,6 +64,7 @@ class StateChannelConfig:
     ee_step: float = 0.05  # m per control step at |action| = 1 (the commanded displacement, an input feature)
     n_rest: int = 0  # proprioception besides ee and opening the channel also predicts (joint angles); 0: none
     pairs: bool = False  # the cube head also reads the offset to the nearest other cube (cube-cube pushes)
+    hand_frame: bool = False  # the cube head's horizontal inputs and outputs in the hand->cube frame (see above)
 
     @property
     def n_arm_objects(self) -> int:
@@ -81,6 +90,22 @@ def nearest_other(cubes: torch.Tensor) -> torch.Tensor:
     j = dist.argmin(-1)  # (..., n)
     pick = torch.gather(off, -2, j[..., None, None].expand(*j.shape, 1, 3)).squeeze(-2)
     return pick.clamp(-PAIR_RANGE, PAIR_RANGE)
+
+
+def hand_frame_axes(rel_xy: torch.Tensor) -> torch.Tensor:
+    """(..., 2) horizontal offsets hand -> cube -> (..., 2, 2) rows [n, n_perp]: n the unit offset (x when the hand is
+    right above the cube), n_perp it turned 90 degrees anticlockwise. `axes @ v` expresses v in the hand's frame,
+    `axes.mT @ v` brings it back."""
+    norm = rel_xy.norm(dim=-1, keepdim=True)
+    default = torch.zeros_like(rel_xy)
+    default[..., 0] = 1.0
+    n = torch.where(norm > 1e-6, rel_xy / norm.clamp(min=1e-6), default)
+    return torch.stack([n, torch.stack([-n[..., 1], n[..., 0]], -1)], -2)
+
+
+def _rotate_xy(axes: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """v (..., k) with its first two entries turned by axes (..., 2, 2); the rest unchanged."""
+    return torch.cat([(axes @ v[..., :2, None])[..., 0], v[..., 2:]], -1)
 
 
 class _EnsembleMLP(nn.Module):
@@ -112,15 +137,24 @@ class StateChannel(nn.Module):
         cubes = x[..., 4 : self.cfg.n_arm_objects].reshape(M, N, self.cfg.n_cubes, 3)
         d_cmd = (a[..., :3] * self.cfg.ee_step)[:, :, None].expand(-1, -1, self.cfg.n_cubes, -1)
         rel = cubes - ee[:, :, None]
+        a_cube = a[:, :, None].expand(-1, -1, self.cfg.n_cubes, -1)
+        other = nearest_other(cubes) if self.cfg.pairs else None
+        if self.cfg.hand_frame:
+            axes = hand_frame_axes(rel[..., :2])
+            rel, a_cube, d_cmd = _rotate_xy(axes, rel), _rotate_xy(axes, a_cube), _rotate_xy(axes, d_cmd)
+            other = _rotate_xy(axes, other) if other is not None else None
         feats = [rel * SCALE, cubes[..., 2:] * SCALE, opening[:, :, None].expand(-1, -1, self.cfg.n_cubes, -1) * SCALE,
-                 a[:, :, None].expand(-1, -1, self.cfg.n_cubes, -1), d_cmd * SCALE]
-        if self.cfg.pairs:
-            feats.append(nearest_other(cubes) * SCALE)
+                 a_cube, d_cmd * SCALE]
+        if other is not None:
+            feats.append(other * SCALE)
         feats = torch.cat(feats, -1)
         out = self.cube(feats.reshape(M, N * self.cfg.n_cubes, -1)).reshape(M, N, self.cfg.n_cubes, 4)
         logit = out[..., 3]
         gate = (logit > 0).float() if hard_gate else torch.sigmoid(logit)
-        d_cube = out[..., :3] / OUT_SCALE * gate[..., None]
+        d_cube = out[..., :3]
+        if self.cfg.hand_frame:
+            d_cube = _rotate_xy(axes.mT, d_cube)
+        d_cube = d_cube / OUT_SCALE * gate[..., None]
         parts = [ee + d_arm[..., :3], opening + d_arm[..., 3:], (cubes + d_cube).flatten(2)]
         if self.rest is not None:
             # the rest reads the arm's pose but does not train it: its loss (larger, in other units) would pull the

@@ -84,6 +84,9 @@ class TrainWMConfig:
     state_pairs: bool = False
     """The state channel's cube head also reads the offset to the nearest other cube, so a push that chains through
     one cube into another can be predicted (`state_channel.py`)."""
+    state_hand_frame: bool = True
+    """The state channel's cube head works in the hand->cube frame, equivariant to rotations about the vertical
+    (`state_channel.py`; --no-state-hand-frame: the world frame, as before)."""
     state_dagger_rounds: int = 0
     """After the other phases: rounds of DAgger for the state channel (`state_dagger.py`): the scripted expert in
     imagination, the true simulator put in the states it visits, the channel trained on the union (tabletop only)."""
@@ -144,7 +147,7 @@ def model_config(cfg: TrainWMConfig, ds) -> WorldModelConfig:
                             deterministic=cfg.deterministic, motion_weight=cfg.motion_weight, task_vocab=vocab, latent_channels=cfg.latent_channels,
                             ae_width=cfg.ae_width, state_members=cfg.state_members if cfg.state_channel else 0,
                             state_rest=cfg.state_rest, state_pairs=cfg.state_pairs,
-                            action_dim=int(ds.features[ACTION]["shape"][0]), state_dim=int(ds.features[STATE]["shape"][0]),
+                            state_hand_frame=cfg.state_hand_frame, action_dim=int(ds.features[ACTION]["shape"][0]), state_dim=int(ds.features[STATE]["shape"][0]),
                             env_state_dim=int(ds.features[ENV_STATE]["shape"][0]) if ENV_STATE in ds.features else 0)
 
 
@@ -374,7 +377,8 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
         src = VideoWorldModel.load(resolve_checkpoint(cfg.init_from), device=cfg.device)
         if src.cfg == mcfg:  # the same model: fine-tune every weight
             model.load_state_dict(src.state_dict())
-        elif replace(src.cfg, state_rest=mcfg.state_rest, state_members=mcfg.state_members, state_pairs=mcfg.state_pairs) == mcfg:
+        elif replace(src.cfg, state_rest=mcfg.state_rest, state_members=mcfg.state_members, state_pairs=mcfg.state_pairs,
+                     state_hand_frame=mcfg.state_hand_frame) == mcfg:
             # the same frames model with another state channel: keep every weight but the channel's (trained anew)
             model.load_state_dict({k: v for k, v in src.state_dict().items() if not k.startswith("state_channel.")},
                                   strict=False)
