@@ -93,7 +93,7 @@ def one_step(model, true: dict) -> dict:
     predicted and true, over all the phase's steps."""
     import torch
 
-    from world_models.video.model import channel_state
+    from world_models.video.model import channel_states
 
     sc = model.state_channel
     acc: dict = {p: {"true": [], "pred": []} for p in PHASES}
@@ -101,7 +101,7 @@ def one_step(model, true: dict) -> dict:
         seq = list(ep) + [last]
         S = torch.tensor(np.stack([s for s, _ in seq[:-1]]))
         E = torch.tensor(np.stack([e for _, e in seq[:-1]]))
-        x = channel_state(model.cfg, S, E).float()
+        x = channel_states(model.cfg, S, E).float()
         with torch.no_grad():
             nxt = sc.rollout_step(x[None].expand(sc.cfg.members, -1, -1).contiguous(), torch.tensor(np.stack(acts)))
         k = 4 + 3 * model.cfg.object_xyz.index(target[0])  # the pushed cube's place in the channel's state

@@ -55,13 +55,13 @@ def unroll_errors(model, episodes: list[dict], length: int) -> dict[str, np.ndar
     """Per episode: cube and hand errors (m) after the first and the last step of the channel's rollout from the true
     first state under the recorded actions, and the dragged/missed cube counts over the episode."""
     from wmrl.core.features import ACTION, OBS_ENV_STATE, OBS_STATE
-    from world_models.video.model import bound_arm, channel_state
+    from world_models.video.model import bound_arm, channel_states
 
     cfg, ch = model.cfg, model.state_channel
     n_c = ch.cfg.n_cubes
     keep = [e for e in episodes if len(e[ACTION]) == length + 1]  # continuations cut short by success are dropped
-    x_true = torch.stack([channel_state(cfg, torch.as_tensor(e[OBS_STATE]), torch.as_tensor(e[OBS_ENV_STATE]))
-                          for e in keep])  # (N, L+1, D)
+    x_true = torch.stack([channel_states(cfg, torch.as_tensor(e[OBS_STATE]), torch.as_tensor(e[OBS_ENV_STATE]))
+                          for e in keep])  # (N, L+1, D); a window's first frame taken at rest
     acts = torch.stack([torch.as_tensor(e[ACTION][:length]) for e in keep])  # (N, L, A)
     x = x_true[:, 0][None].expand(ch.cfg.members, -1, -1).contiguous()
     preds = []

@@ -753,6 +753,39 @@ def test_the_hand_frame_cube_head_is_equivariant_to_rotations_about_the_vertical
     assert torch.equal(axes[0], torch.eye(2)) and torch.allclose(axes[1], torch.tensor([[0.0, 1.0], [-1.0, 0.0]]))
 
 
+def test_the_velocity_state_is_each_cubes_last_displacement_in_data_and_in_rollouts(tiny_data):
+    """With `state_velocity` the sampler's x ends with each cube's displacement since the frame before (zero at an
+    episode's first frame); the channel's next x ends with the difference of its own predicted and current cube
+    positions; the cube head reads it, and it is no target of the loss (only positions are)."""
+    from world_models.video.model import channel_state, channel_states
+
+    _, train, _ = load_split(tiny_data, 0.25)
+    cfg = WorldModelConfig(task_vocab=VOCAB, state_velocity=True)
+    s = WindowSampler(train, "cpu", cfg)
+    xs, a, m = s.state_sequences(2, 64, 6, torch.Generator().manual_seed(0))
+    n_c, R = cfg.n_objects, 4 + 3 * cfg.n_objects + len(cfg.rest_index)
+    assert xs.shape[-1] == R + 3 * n_c
+    assert torch.allclose(xs[:, :, 1:, R:], (xs[:, :, 1:, 4 : 4 + 3 * n_c] - xs[:, :, :-1, 4 : 4 + 3 * n_c]) * m[..., None],
+                          atol=1e-6)  # past an episode's end the frame repeats: no displacement
+    firsts = s.seq["first"][s.seq["starts"]] == s.seq["starts"]  # windows that start at an episode's first frame
+    x0 = channel_state(cfg, s.seq["state"][s.seq["starts"][firsts]], s.seq["env"][s.seq["starts"][firsts]])
+    assert firsts.any() and torch.equal(x0[:, R:], torch.zeros_like(x0[:, R:]))
+    seq = channel_states(cfg, s.seq["state"][:5], s.seq["env"][:5])
+    assert torch.equal(seq[0, R:], torch.zeros(3 * n_c)) and torch.allclose(seq[1:, R:], seq[1:, 4 : 4 + 3 * n_c] - seq[:-1, 4 : 4 + 3 * n_c])
+
+    torch.manual_seed(0)
+    sc = StateChannel(StateChannelConfig(members=2, hidden=16, n_rest=len(cfg.rest_index), hand_frame=True, velocity=True))
+    torch.nn.init.normal_(sc.cube.out.weight)
+    nxt, _ = sc.next(xs[:, :, 0], a[:, :, 0], hard_gate=True)
+    assert torch.allclose(nxt[..., R:], nxt[..., 4 : 4 + 3 * n_c] - xs[:, :, 0, 4 : 4 + 3 * n_c], atol=1e-7)
+    kicked = xs.clone()
+    kicked[:, :, 0, R:] += 0.03  # every cube sliding 3 cm a step: the head reads it
+    assert not torch.equal(sc.next(kicked[:, :, 0], a[:, :, 0], hard_gate=False)[0], sc.next(xs[:, :, 0], a[:, :, 0], hard_gate=False)[0])
+    wrong = xs.clone()
+    wrong[:, :, 1:, R:] += 0.03  # wrong displacements in the targets: no target, same loss
+    assert sc.unrolled_loss(wrong, a, torch.ones_like(m))[0].item() == pytest.approx(sc.unrolled_loss(xs, a, torch.ones_like(m))[0].item())
+
+
 def test_a_checkpoint_from_before_the_hand_frame_loads_with_the_world_frame(tmp_path):
     """Checkpoints saved before `state_hand_frame` existed trained a world-frame cube head; they load as such."""
     m = VideoWorldModel(WorldModelConfig(size="tiny", task_vocab=VOCAB, env_state_dim=13, state_members=2,

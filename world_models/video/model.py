@@ -82,6 +82,7 @@ class WorldModelConfig:
     state_rest: bool = True
     state_pairs: bool = False  # the channel's cube head reads the nearest other cube (False: checkpoints from before)
     state_hand_frame: bool = True  # the channel's cube head works in the hand->cube frame (False: checkpoints from before)
+    state_velocity: bool = False  # the channel carries the objects' last displacement and its cube head reads it
     n_objects: int = 3  # objects the state channel predicts (len(object_xyz))
     # the layout of observation.environment_state (the dataset's `EEDeltaControl`): where each object's centre starts,
     # where [ee, opening] repeat (-1: nowhere), (start, n) of the previous frame's first n entries; the rest is static
@@ -136,14 +137,23 @@ def integrate_poses(ee0: torch.Tensor, actions: torch.Tensor, cfg: WorldModelCon
     return torch.stack(out, 1)
 
 
-def channel_state(cfg: WorldModelConfig, proprio: torch.Tensor, env: torch.Tensor) -> torch.Tensor:
-    """The state channel's x (..., D) = [ee, opening, object centres(, rest)] of observation.state (..., S) and
-    observation.environment_state (..., E)."""
-    parts = [proprio[..., list(cfg.ee_index)], proprio[..., cfg.gripper_index : cfg.gripper_index + 1],
-             env[..., [o + k for o in cfg.object_xyz for k in range(3)]]]
+def channel_state(cfg: WorldModelConfig, proprio: torch.Tensor, env: torch.Tensor,
+                  prev_env: torch.Tensor | None = None) -> torch.Tensor:
+    """The state channel's x (..., D) = [ee, opening, object centres(, rest)(, object displacements)] of
+    observation.state (..., S) and observation.environment_state (..., E); with `state_velocity` the objects' last
+    displacement is env minus `prev_env` (the step before; None: at rest, as at an episode's start)."""
+    objects = [o + k for o in cfg.object_xyz for k in range(3)]
+    parts = [proprio[..., list(cfg.ee_index)], proprio[..., cfg.gripper_index : cfg.gripper_index + 1], env[..., objects]]
     if cfg.state_rest:
         parts.append(proprio[..., cfg.rest_index])
+    if cfg.state_velocity:
+        parts.append(env[..., objects] - prev_env[..., objects] if prev_env is not None else torch.zeros_like(env[..., objects]))
     return torch.cat(parts, -1)
+
+
+def channel_states(cfg: WorldModelConfig, proprio: torch.Tensor, env: torch.Tensor) -> torch.Tensor:
+    """`channel_state` of every frame of one sequence (T, S) and (T, E) -> (T, D); the first frame's objects at rest."""
+    return channel_state(cfg, proprio, env, torch.cat([env[:1], env[:-1]]))
 
 
 class VideoWorldModel(nn.Module):
@@ -180,7 +190,8 @@ class VideoWorldModel(nn.Module):
         self.state_channel = (StateChannel(StateChannelConfig(cfg.n_objects, cfg.action_dim, cfg.state_members,
                                                               ee_step=cfg.ee_step,
                                                               n_rest=len(cfg.rest_index) if cfg.state_rest else 0,
-                                                              pairs=cfg.state_pairs, hand_frame=cfg.state_hand_frame))
+                                                              pairs=cfg.state_pairs, hand_frame=cfg.state_hand_frame,
+                                                              velocity=cfg.state_velocity))
                               if cfg.env_state_dim and cfg.state_members else None)
         self.scheduler = EDMEulerScheduler(sigma_min=cfg.sigma_min, sigma_max=cfg.sigma_max,
                                            sigma_data=cfg.sigma_data, prediction_type="epsilon")
@@ -449,7 +460,7 @@ class VideoWorldModel(nn.Module):
             mean = torch.stack([m for m, _ in summ], 1)  # (B, h, D)
             preds["ee"], preds["gripper_opening"] = mean[..., :3], mean[..., 3]
             if self.cfg.state_rest:
-                preds["rest"] = mean[..., 4 + 3 * self.cfg.n_objects :]
+                preds["rest"] = mean[..., 4 + 3 * self.cfg.n_objects : 4 + 3 * self.cfg.n_objects + len(self.cfg.rest_index)]
             envs, e = [], state["env"]
             for j in range(h):
                 e = self.env_frame(e, mean[:, j])
@@ -501,7 +512,7 @@ class VideoWorldModel(nn.Module):
         # saved before the one-step path existed: it never trained it
         cfg = read_config(path, WorldModelConfig, expect, what="world-model checkpoint",
                           absent={"mean_share": 0.0, "state_rest": False, "state_pairs": False,
-                                  "state_hand_frame": False})
+                                  "state_hand_frame": False, "state_velocity": False})
         return load_state(cls(cfg), path, device)
 
 

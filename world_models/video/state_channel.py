@@ -34,8 +34,15 @@ all (BCE on |delta| > 0.5 mm), and is thresholded at 0.5 inside rollouts, so unt
 instead of drifting. Members differ by initialisation and minibatches; their spread (`disagreement`, cm) flags
 imagined states the data never covered (MOPO's and RAVL's use of ensemble disagreement).
 
-State vector x (D = 4 + 3 * n_cubes + n_rest): ee xyz (m), gripper opening (m), cube centres (m), then the rest of
-the proprioception in its own units (radians for joints). Zones are static and kept aside by the caller.
+With `velocity` the state also carries each cube's last displacement (one control step, m), and the cube head reads
+it (in the hand's frame with `hand_frame`): a cube the finger kicked slides on while the hand re-aligns, and a
+position-only head, which cannot see that, credits the slide to whatever the hand is doing (on the recorded data it
+moved a re-aligning cube across with the hand twice as far as the simulator did; README, state channel). The
+displacement is not a prediction target: a rollout's next one is the difference of its own predicted positions.
+
+State vector x (D = 4 + 3 * n_cubes + n_rest [+ 3 * n_cubes]): ee xyz (m), gripper opening (m), cube centres (m),
+the rest of the proprioception in its own units (radians for joints), then with `velocity` each cube's last
+displacement (m). Zones are static and kept aside by the caller.
 """
 
 from __future__ import annotations
@@ -65,6 +72,7 @@ class StateChannelConfig:
     n_rest: int = 0  # proprioception besides ee and opening the channel also predicts (joint angles); 0: none
     pairs: bool = False  # the cube head also reads the offset to the nearest other cube (cube-cube pushes)
     hand_frame: bool = False  # the cube head's horizontal inputs and outputs in the hand->cube frame (see above)
+    velocity: bool = False  # x carries each cube's last displacement, and the cube head reads it (see above)
 
     @property
     def n_arm_objects(self) -> int:
@@ -73,7 +81,7 @@ class StateChannelConfig:
 
     @property
     def dim(self) -> int:
-        return self.n_arm_objects + self.n_rest
+        return self.n_arm_objects + self.n_rest + 3 * self.n_cubes * self.velocity
 
 
 PAIR_RANGE = 0.3  # m: offsets to another cube are clipped here (a cube that fell off the table is metres away)
@@ -125,7 +133,7 @@ class StateChannel(nn.Module):
         self.cfg = cfg
         A, M, h = cfg.action_dim, cfg.members, cfg.hidden
         self.arm = _EnsembleMLP(M, 4 + A, 4, h)
-        self.cube = _EnsembleMLP(M, 3 + 1 + 1 + A + 3 + 3 * cfg.pairs, 4, h)
+        self.cube = _EnsembleMLP(M, 3 + 1 + 1 + A + 3 + 3 * cfg.pairs + 3 * cfg.velocity, 4, h)
         self.rest = _EnsembleMLP(M, cfg.n_rest + 4 + A, cfg.n_rest, h) if cfg.n_rest else None
 
     def next(self, x: torch.Tensor, a: torch.Tensor, hard_gate: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
@@ -139,14 +147,19 @@ class StateChannel(nn.Module):
         rel = cubes - ee[:, :, None]
         a_cube = a[:, :, None].expand(-1, -1, self.cfg.n_cubes, -1)
         other = nearest_other(cubes) if self.cfg.pairs else None
+        P, R = self.cfg.n_arm_objects, self.cfg.n_arm_objects + self.cfg.n_rest
+        vel = x[..., R:].reshape(M, N, self.cfg.n_cubes, 3) if self.cfg.velocity else None
         if self.cfg.hand_frame:
             axes = hand_frame_axes(rel[..., :2])
             rel, a_cube, d_cmd = _rotate_xy(axes, rel), _rotate_xy(axes, a_cube), _rotate_xy(axes, d_cmd)
             other = _rotate_xy(axes, other) if other is not None else None
+            vel = _rotate_xy(axes, vel) if vel is not None else None
         feats = [rel * SCALE, cubes[..., 2:] * SCALE, opening[:, :, None].expand(-1, -1, self.cfg.n_cubes, -1) * SCALE,
                  a_cube, d_cmd * SCALE]
         if other is not None:
             feats.append(other * SCALE)
+        if vel is not None:
+            feats.append(vel * OUT_SCALE)  # in cm: a kicked cube slides up to ~10 cm in a step
         feats = torch.cat(feats, -1)
         out = self.cube(feats.reshape(M, N * self.cfg.n_cubes, -1)).reshape(M, N, self.cfg.n_cubes, 4)
         logit = out[..., 3]
@@ -159,8 +172,10 @@ class StateChannel(nn.Module):
         if self.rest is not None:
             # the rest reads the arm's pose but does not train it: its loss (larger, in other units) would pull the
             # arm's prediction toward what helps the joints instead of toward the true pose
-            rest, arm = x[..., self.cfg.n_arm_objects :], torch.cat([ee, opening], -1).detach() * SCALE
+            rest, arm = x[..., P:R], torch.cat([ee, opening], -1).detach() * SCALE
             parts.append(rest + self.rest(torch.cat([rest, arm, a], -1)) / REST_SCALE)
+        if self.cfg.velocity:
+            parts.append(d_cube.flatten(2))
         return torch.cat(parts, -1), logit
 
     def unrolled_loss(self, x: torch.Tensor, a: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, dict]:
@@ -168,7 +183,7 @@ class StateChannel(nn.Module):
         Each member predicts from its own previous prediction (not the real state), so errors compound in training
         as they will in imagination. Position error in cm (Huber, 1 cm), plus the contact gate's BCE, plus the rest's
         error in hundredths (Huber, 1). Windows in which a cube has fallen off the table are masked."""
-        L, P = a.shape[2], self.cfg.n_arm_objects
+        L, P, R = a.shape[2], self.cfg.n_arm_objects, self.cfg.n_arm_objects + self.cfg.n_rest
         # a cube pushed off the table falls without end (metres per step): such steps teach nothing about the task
         on_table = (x[..., 4:P].reshape(*x.shape[:3], -1, 3)[..., 2] > OFF_TABLE_Z).all(-1)  # (M, N, L+1)
         mask = mask * on_table[:, :, 1:] * on_table[:, :, :1]
@@ -182,7 +197,7 @@ class StateChannel(nn.Module):
             err = err + (F.huber_loss(nxt[..., :P] * OUT_SCALE, x[:, :, t + 1, :P] * OUT_SCALE, reduction="none",
                                       delta=1.0).mean(-1) * m).sum()
             if self.rest is not None:
-                rest = rest + (F.huber_loss(nxt[..., P:] * REST_SCALE, x[:, :, t + 1, P:] * REST_SCALE, reduction="none",
+                rest = rest + (F.huber_loss(nxt[..., P:R] * REST_SCALE, x[:, :, t + 1, P:R] * REST_SCALE, reduction="none",
                                             delta=1.0).mean(-1) * m).sum()
             moved = ((x[:, :, t + 1, 4:P] - x[:, :, t, 4:P]).reshape(*logit.shape, 3).norm(dim=-1) > MOVE_EPS).float()
             bce = bce + (F.binary_cross_entropy_with_logits(logit, moved, reduction="none").mean(-1) * m).sum()

@@ -87,6 +87,9 @@ class TrainWMConfig:
     state_hand_frame: bool = True
     """The state channel's cube head works in the hand->cube frame, equivariant to rotations about the vertical
     (`state_channel.py`; --no-state-hand-frame: the world frame, as before)."""
+    state_velocity: bool = False
+    """The state channel carries each cube's last displacement and its cube head reads it, so a cube still sliding
+    from a push is not credited to the hand (`state_channel.py`)."""
     state_dagger_rounds: int = 0
     """After the other phases: rounds of DAgger for the state channel (`state_dagger.py`): the scripted expert in
     imagination, the true simulator put in the states it visits, the channel trained on the union (tabletop only)."""
@@ -147,7 +150,7 @@ def model_config(cfg: TrainWMConfig, ds) -> WorldModelConfig:
                             deterministic=cfg.deterministic, motion_weight=cfg.motion_weight, task_vocab=vocab, latent_channels=cfg.latent_channels,
                             ae_width=cfg.ae_width, state_members=cfg.state_members if cfg.state_channel else 0,
                             state_rest=cfg.state_rest, state_pairs=cfg.state_pairs,
-                            state_hand_frame=cfg.state_hand_frame, action_dim=int(ds.features[ACTION]["shape"][0]), state_dim=int(ds.features[STATE]["shape"][0]),
+                            state_hand_frame=cfg.state_hand_frame, state_velocity=cfg.state_velocity, action_dim=int(ds.features[ACTION]["shape"][0]), state_dim=int(ds.features[STATE]["shape"][0]),
                             env_state_dim=int(ds.features[ENV_STATE]["shape"][0]) if ENV_STATE in ds.features else 0)
 
 
@@ -252,7 +255,8 @@ class WindowSampler:
         self.lo, self.last = t(lo, torch.long), t(last, torch.long)
         self.starts = t(np.concatenate(starts), torch.long)
         # what the state channel trains on: the replay's frames, and episodes without frames added later
-        self.seq = {"state": self.state, "env": self.env, "action": self.action, "last": self.last, "starts": self.starts}
+        self.seq = {"state": self.state, "env": self.env, "action": self.action, "last": self.last, "starts": self.starts,
+                    "first": self.lo}
         self._remaining = self.last[self.starts] - self.starts
         # uint8 frames resident on the device for the autoencoder phase (on the CPU: views of the replay's arrays)
         self.images = {c: torch.as_tensor(d[f"observation.images.{c}"][:hw], device=device) for c in mcfg.cameras}
@@ -293,8 +297,10 @@ class WindowSampler:
         i = q["starts"][torch.randint(len(q["starts"]), (M * B,), generator=gen, device=self.device)]
         idx = i[:, None] + torch.arange(L + 1, device=self.device)
         mask = (idx[:, 1:] <= q["last"][i][:, None]).float()
+        # the frame before each (an episode's first frame, and the repeated frames past its end: at rest)
+        prev = torch.minimum(torch.maximum(idx - 1, q["first"][i][:, None]), q["last"][i][:, None])
         idx = torch.minimum(idx, q["last"][i][:, None])
-        x = channel_state(self.mcfg, q["state"][idx], q["env"][idx])
+        x = channel_state(self.mcfg, q["state"][idx], q["env"][idx], q["env"][prev])
         return x.reshape(M, B, L + 1, -1), q["action"][idx[:, :-1]].reshape(M, B, L, -1), mask.reshape(M, B, L)
 
     def add_state_episodes(self, episodes: list[dict]) -> None:
@@ -306,12 +312,12 @@ class WindowSampler:
         t = lambda k: torch.as_tensor(np.concatenate([e[k] for e in episodes]), dtype=torch.float32, device=self.device)
         lens = np.array([len(e[ACTION]) for e in episodes])
         lo = n + np.concatenate([[0], np.cumsum(lens)[:-1]])
-        last = np.repeat(lo + lens - 1, lens)
+        last, first = np.repeat(lo + lens - 1, lens), np.repeat(lo, lens)
         starts = np.concatenate([np.arange(a, a + T - 1) for a, T in zip(lo, lens)])
         as_long = lambda x: torch.as_tensor(x, dtype=torch.long, device=self.device)
         self.seq = {"state": torch.cat([q["state"], t(STATE)]), "env": torch.cat([q["env"], t(ENV_STATE)]),
                     "action": torch.cat([q["action"], t(ACTION)]), "last": torch.cat([q["last"], as_long(last)]),
-                    "starts": torch.cat([q["starts"], as_long(starts)])}
+                    "starts": torch.cat([q["starts"], as_long(starts)]), "first": torch.cat([q["first"], as_long(first)])}
 
 
 def _pose0(model: VideoWorldModel, d: dict) -> torch.Tensor:
@@ -378,7 +384,7 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
         if src.cfg == mcfg:  # the same model: fine-tune every weight
             model.load_state_dict(src.state_dict())
         elif replace(src.cfg, state_rest=mcfg.state_rest, state_members=mcfg.state_members, state_pairs=mcfg.state_pairs,
-                     state_hand_frame=mcfg.state_hand_frame) == mcfg:
+                     state_hand_frame=mcfg.state_hand_frame, state_velocity=mcfg.state_velocity) == mcfg:
             # the same frames model with another state channel: keep every weight but the channel's (trained anew)
             model.load_state_dict({k: v for k, v in src.state_dict().items() if not k.startswith("state_channel.")},
                                   strict=False)
