@@ -30,13 +30,13 @@ from pathlib import Path
 
 import numpy as np
 
+from sim.tabletop.experts import PUSH_PHASES as PHASES  # the expert's own phase names
 from wmrl.benchutil import finish
 
 _trace = runpy.run_path(str(Path(__file__).with_name("state_channel_failure_trace.py")), run_name="wmrl_bench_sibling")
 true_episodes, scene_kind, options, imagine = (_trace[k] for k in ("true_episodes", "scene_kind", "options", "imagine"))
 
 MOVE = 5e-4  # m: the pushed cube moved in a step (the channel's contact-gate label)
-PHASES = ("push", "realign", "approach", "done")
 
 
 def step_motion(state: np.ndarray, env_state: np.ndarray, nxt_state: np.ndarray, nxt_env: np.ndarray,

@@ -56,7 +56,8 @@ def _grasp(ee: np.ndarray, opening: float, grasp_point: np.ndarray) -> np.ndarra
 PUSH_PHASES = ("done", "push", "realign", "approach")
 
 
-def push_phase(ee: np.ndarray, cube: np.ndarray, goal: np.ndarray, failure: bool = False) -> tuple[str, np.ndarray, np.ndarray, np.ndarray]:
+def push_phase(ee: np.ndarray, cube: np.ndarray, goal: np.ndarray,
+               failure: bool = False) -> tuple[str, np.ndarray, np.ndarray, np.ndarray]:
     """Which part of a push the expert is in, from the hand `ee` (3,), the cube's centre (3,) and its zone (2,):
     `done` (the cube reached its stop), `push` (low, just behind the cube and in line with the push), `realign`
     (low and behind but off the line: the hand moves sideways at pushing height) or `approach` (anything else: rise,

@@ -1,6 +1,6 @@
 import dataclasses
-import math
 import json
+import math
 from pathlib import Path
 
 import numpy as np
