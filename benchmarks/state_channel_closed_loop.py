@@ -61,8 +61,9 @@ def state_only_speed(model, replay, envs: int = 50, steps: int = 40, seed: int =
 
 
 def main(quick: bool = False, world_models: str = "", starts: int = 200, readouts: str = "mean,member",
-         name: str = "", first_layout: int = 70_000) -> dict:
-    """`first_layout`: the first layout seed (default: the world-model benchmark's closed-loop layouts, which no
+         name: str = "", first_layout: int = 70_000, gate: str = "") -> dict:
+    """`gate`: the contact gate the rollouts use (`state_channel.GATES`; default: each run's own `state_gate`).
+    `first_layout`: the first layout seed (default: the world-model benchmark's closed-loop layouts, which no
     model trained on); 0 gives the benchmark dataset's own layouts (seeds 0..269 are its training episodes), which
     separates what the channel failed to learn from what it learned and does not carry to new layouts."""
     from wmrl.eval.loop import wilson_interval
@@ -78,14 +79,14 @@ def main(quick: bool = False, world_models: str = "", starts: int = 200, readout
     t0 = time.time()
     rows = []
     for run in runs:
-        model = make_world_model("video", run)
+        model = make_world_model("video", run, state_gate=gate or None)
         if model.state_channel is None:
             raise ValueError(f"{run} has no state channel")
         _, _, held = load_split(world_model_data(run), 0.1)
         for readout in readouts.split(","):
             h = hallucination(model, held, "push-red", "expert", seeds, state_readout=readout)
             k_im, k_true = round(h["imagined_success"] * n), round(h["true_success"] * n)
-            rows.append({"world_model": run, "readout": readout, "imagined_success": h["imagined_success"],
+            rows.append({"world_model": run, "readout": readout, "gate": model.cfg.state_gate, "imagined_success": h["imagined_success"],
                          "imagined_ci95": wilson_interval(k_im, n), "true_success": h["true_success"],
                          "true_ci95": wilson_interval(k_true, n), "imagined_minus_true": h["imagined_success"] - h["true_success"],
                          "hallucinated_share": h["hallucinated_share"], "median_disagreement_cm": h["median_disagreement_cm"],
@@ -101,4 +102,4 @@ def main(quick: bool = False, world_models: str = "", starts: int = 200, readout
     label = (name or "-".join(Path(r).name for r in runs)) + (f"-from{seeds[0]}" if seeds[0] != 70_000 else "")
     return finish(f"state-channel-closed-loop-{label}" if not quick else "state-channel-closed-loop", out, quick,
                   command=f"wmrl bench state-channel-closed-loop --json --options world_models={world_models} "
-                          f"starts={n} readouts={readouts}" + (f" first_layout={seeds[0]}" if seeds[0] != 70_000 else ""))
+                          f"starts={n} readouts={readouts}" + (f" gate={gate}" if gate else "") + (f" first_layout={seeds[0]}" if seeds[0] != 70_000 else ""))

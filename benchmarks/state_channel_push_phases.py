@@ -103,7 +103,8 @@ def one_step(model, true: dict) -> dict:
         E = torch.tensor(np.stack([e for _, e in seq[:-1]]))
         x = channel_states(model.cfg, S, E).float()
         with torch.no_grad():
-            nxt = sc.rollout_step(x[None].expand(sc.cfg.members, -1, -1).contiguous(), torch.tensor(np.stack(acts)))
+            nxt = sc.rollout_step(x[None].expand(sc.cfg.members, -1, -1).contiguous(), torch.tensor(np.stack(acts)),
+                                  gate=model.cfg.state_gate)
         k = 4 + 3 * model.cfg.object_xyz.index(target[0])  # the pushed cube's place in the channel's state
         for t, ((s, e), (s2, e2)) in enumerate(zip(seq, seq[1:])):
             phase, along, across = step_motion(s, e, s2, e2, target)
@@ -123,8 +124,10 @@ def one_step(model, true: dict) -> dict:
     return out
 
 
-def main(quick: bool = False, world_models: str = "", starts: int = 400, readout: str = "member", name: str = "") -> dict:
-    """`readout`: the state channel's ensemble `mean` or one `member` per episode."""
+def main(quick: bool = False, world_models: str = "", starts: int = 400, readout: str = "member", name: str = "",
+         gate: str = "") -> dict:
+    """`readout`: the state channel's ensemble `mean` or one `member` per episode; `gate`: the contact gate of the
+    rollouts and the one-step check (`state_channel.GATES`; default: each run's own)."""
     runs, seeds = options(world_models, readout, starts, quick)
     n, t0 = len(seeds), time.time()
     true = true_episodes("push-red", seeds, 80)
@@ -133,12 +136,12 @@ def main(quick: bool = False, world_models: str = "", starts: int = 400, readout
                           **phase_table(true["scenes"], true["final"], true["success"], true["targets"])},
                  "rows": []}
     for run in runs:
-        model, scenes, success = imagine(run, seeds, readout)
+        model, scenes, success = imagine(run, seeds, readout, gate)
         # an imagined episode's scenes stop at its last step: the scene after it is not kept, so its last step is not counted
-        out["rows"].append({"world_model": run, "imagined_success": float(success.mean()),
+        out["rows"].append({"world_model": run, "gate": model.cfg.state_gate, "imagined_success": float(success.mean()),
                             **phase_table(scenes, [None] * n, success, true["targets"]), "one_step": one_step(model, true)})
     out["minutes"] = (time.time() - t0) / 60
     label = name or "-".join(Path(r).parent.name if Path(r).name == "model" else Path(r).name for r in runs)
     return finish(f"state-channel-push-phases-{label}" if not quick else "state-channel-push-phases", out, quick,
                   command=f"wmrl bench state-channel-push-phases --json --options world_models={world_models} "
-                          f"starts={n} readout={readout}" + (f" name={name}" if name else ""))
+                          f"starts={n} readout={readout}" + (f" name={name}" if name else "") + (f" gate={gate}" if gate else ""))

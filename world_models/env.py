@@ -110,6 +110,9 @@ class WorldModelEnv(gym.vector.VectorEnv):
         self.action_space = gym.vector.utils.batch_space(self.single_action_space, num_envs)
         self._rng = np.random.default_rng()
         self._gen = torch.Generator(device=model.device)
+        # the state channel's sampled contacts draw from their own stream, so whether frames are generated (which
+        # draws noise) does not change the state trajectory
+        self._state_gen = torch.Generator(device=model.device)
         self._state: dict | None = None
         self._t = np.zeros(num_envs, np.int64)
         self._p = np.zeros(num_envs)
@@ -213,6 +216,7 @@ class WorldModelEnv(gym.vector.VectorEnv):
         if seed is not None:
             self._rng = np.random.default_rng(seed)
             self._gen.manual_seed(seed)
+            self._state_gen.manual_seed(seed + 1)
         options = options or {}
         unknown = set(options) - {"group_size", "observations"}
         if unknown:
@@ -244,7 +248,7 @@ class WorldModelEnv(gym.vector.VectorEnv):
         resetting = np.flatnonzero(self._needs_reset)
         kw = {} if self.frames else {"frames": False}
         self._state, preds = self.model.step(self._state, torch.from_numpy(a), steps=self.sampling_steps,
-                                             generator=self._gen, **kw)
+                                             generator=self._gen, state_generator=self._state_gen, **kw)
         ok = imagined_success(self.model, preds, self._state["task"], self.rules, self.success_threshold)  # (B, h)
         p = ok.astype(np.float64) if self.rules is not None else preds["success"].cpu().numpy()
         task_reward = None

@@ -293,7 +293,7 @@ def test_state_channel_learns_multi_step_dynamics_and_keeps_untouched_cubes_stil
     far = xs[:, :, 0].clone()  # hard gate: a cube far from the gripper does not move at all
     far[..., 4:7] = far[..., :3] + torch.tensor([0.2, 0.2, 0.0])
     far[..., 6] = 0.02  # resting on the table
-    nxt, logit = sc.next(far, a[0, :, 0], hard_gate=True)
+    nxt, logit = sc.next(far, a[0, :, 0], gate="hard")
     still = (nxt[..., 4:7] == far[..., 4:7]).all(-1)
     assert torch.equal(still, logit[..., 0] <= 0)  # gate closed <=> exactly unchanged, not drifting a little
     assert still.float().mean() > 0.5
@@ -713,8 +713,8 @@ def test_nearest_other_cube_feature_and_the_pairs_head():
         y = x.clone()
         y[10:13] = torch.tensor([0.42, 0.0, 0.02])  # the third cube moved next to the first
         a = torch.tensor([[0.5, 0.0, 0.0, -1.0]])
-        out_x, logit_x = sc.next(x[None, None].expand(2, 1, -1), a, hard_gate=False)
-        out_y, logit_y = sc.next(y[None, None].expand(2, 1, -1), a, hard_gate=False)
+        out_x, logit_x = sc.next(x[None, None].expand(2, 1, -1), a, gate="soft")
+        out_y, logit_y = sc.next(y[None, None].expand(2, 1, -1), a, gate="soft")
         assert torch.equal(logit_x[..., 1], logit_y[..., 1])  # the second cube's nearest stays the first
         assert (not torch.equal(logit_x[..., 0], logit_y[..., 0])) == pairs
 
@@ -742,8 +742,8 @@ def test_the_hand_frame_cube_head_is_equivariant_to_rotations_about_the_vertical
                 v[..., o : o + 2] = v[..., o : o + 2] @ R.T
             return v
 
-        out, logit = sc.next(x, a, hard_gate=False)
-        out_r, logit_r = sc.next(turn(x, [0, *range(4, P, 3)]), turn(a, [0]), hard_gate=False)
+        out, logit = sc.next(x, a, gate="soft")
+        out_r, logit_r = sc.next(turn(x, [0, *range(4, P, 3)]), turn(a, [0]), gate="soft")
         cube_err = (turn(out, range(4, P, 3)) - out_r)[..., 4:P].abs().max().item()
         if hand_frame:
             assert cube_err < 1e-6 and torch.allclose(logit, logit_r, atol=1e-5)
@@ -776,11 +776,11 @@ def test_the_velocity_state_is_each_cubes_last_displacement_in_data_and_in_rollo
     torch.manual_seed(0)
     sc = StateChannel(StateChannelConfig(members=2, hidden=16, n_rest=len(cfg.rest_index), hand_frame=True, velocity=True))
     torch.nn.init.normal_(sc.cube.out.weight)
-    nxt, _ = sc.next(xs[:, :, 0], a[:, :, 0], hard_gate=True)
+    nxt, _ = sc.next(xs[:, :, 0], a[:, :, 0], gate="hard")
     assert torch.allclose(nxt[..., R:], nxt[..., 4 : 4 + 3 * n_c] - xs[:, :, 0, 4 : 4 + 3 * n_c], atol=1e-7)
     kicked = xs.clone()
     kicked[:, :, 0, R:] += 0.03  # every cube sliding 3 cm a step: the head reads it
-    assert not torch.equal(sc.next(kicked[:, :, 0], a[:, :, 0], hard_gate=False)[0], sc.next(xs[:, :, 0], a[:, :, 0], hard_gate=False)[0])
+    assert not torch.equal(sc.next(kicked[:, :, 0], a[:, :, 0], gate="soft")[0], sc.next(xs[:, :, 0], a[:, :, 0], gate="soft")[0])
     wrong = xs.clone()
     wrong[:, :, 1:, R:] += 0.03  # wrong displacements in the targets: no target, same loss
     assert sc.unrolled_loss(wrong, a, torch.ones_like(m))[0].item() == pytest.approx(sc.unrolled_loss(xs, a, torch.ones_like(m))[0].item())
@@ -822,3 +822,45 @@ def test_the_motion_weight_scales_the_loss_where_the_target_moves_and_reaches_th
     ds = LeRobotV3Dataset(tiny_data)
     assert model_config(TrainWMConfig(data=tiny_data, motion_weight=0.0), ds).motion_weight == 0.0
     assert model_config(TrainWMConfig(data=tiny_data), ds).motion_weight == 3.0
+
+
+def test_contact_gate_modes_hard_soft_and_sampled():
+    """The cube head predicts the change given contact and the gate p the chance of contact. `soft` moves a cube by
+    p times the change, `hard` by all of it when p > 0.5, `sample` by all of it with probability p (so on average as
+    `soft`), and a contact less likely than GATE_FLOOR never moves the cube."""
+    from world_models.video.state_channel import GATE_FLOOR
+
+    sc = StateChannel(StateChannelConfig(n_cubes=2, members=1, hidden=8))
+    change, logits = torch.tensor([2.0, -1.0, 0.5]), torch.tensor([0.4, 0.8, torch.logit(torch.tensor(GATE_FLOOR / 2))])
+
+    def head(feats):  # cube 0: p = 0.4 / 0.8 by the batch entry; cube 1: always below the floor
+        out = torch.zeros(*feats.shape[:-1], 4)
+        out[..., :3] = change
+        p = torch.tensor([[0.4, GATE_FLOOR / 2], [0.8, GATE_FLOOR / 2]]).repeat(feats.shape[1] // 4, 1).reshape(-1)
+        out[..., 3] = torch.logit(p)
+        return out
+
+    sc.cube.forward = head
+    N = 4000
+    x = torch.zeros(1, N, sc.cfg.dim)
+    x[..., 2] = 0.1  # hand above the table, cubes at the origin and beside it
+    x[..., 4:7] = torch.tensor([0.05, 0.0, 0.02])
+    x[..., 7:10] = torch.tensor([0.3, 0.3, 0.02])
+    a = torch.zeros(N, 4)
+    p = torch.tensor([0.4, 0.8]).repeat(N // 2)
+    moved = {g: (sc.next(x, a, gate=g)[0] - x)[0, :, 4:10] for g in ("hard", "soft", "sample")}
+    full = change / 100
+    assert torch.allclose(moved["hard"][:, :3], (p > 0.5).float()[:, None] * full, atol=1e-6)
+    assert torch.allclose(moved["soft"][:, :3], p[:, None] * full, atol=1e-6)
+    drawn = moved["sample"][:, 0] != 0
+    assert torch.allclose(moved["sample"][drawn, :3], full.expand(int(drawn.sum()), 3), atol=1e-6)  # all or nothing
+    for q in (0.4, 0.8):
+        share = drawn[p == q].float().mean()
+        assert abs(share - q) < 0.04, (q, share)  # 2,000 draws each: 4 points is ~2.6 standard errors at p = 0.5
+    assert (moved["sample"][:, 3:] == 0).all() and (moved["hard"][:, 3:] == 0).all()  # below the floor: still
+    draw = lambda s: sc.next(x, a, gate="sample", generator=torch.Generator().manual_seed(s))[0]
+    assert torch.equal(draw(1), draw(1)) and not torch.equal(draw(1), draw(2))  # a rollout's generator decides
+    with pytest.raises(ValueError, match="gate"):
+        sc.next(x, a, gate="maybe")
+    with pytest.raises(ValueError, match="state_gate"):
+        VideoWorldModel(WorldModelConfig(task_vocab=VOCAB, state_gate="maybe"))

@@ -33,6 +33,7 @@ from wmrl.core.io import atomic_path, write_json
 from wmrl.core.run import Tracker, start_run
 from world_models.env import make_imagination_env
 from world_models.factory import make_world_model
+from world_models.video.state_channel import GATES
 from world_models.video.train import TrainWMConfig, check_world_model_task, world_model_data
 
 
@@ -77,6 +78,11 @@ class RankConfig:
     stop_cm: float = 0.0
     """The world model's hallucination flag: an imagined episode whose state-channel members disagree by more than
     this (cm) ends there as a failure (0: off). Each policy's share of flagged episodes is reported."""
+    state_readout: str = "mean"
+    """What imagined episodes read of the state channel's ensemble: `mean` or one `member` per episode
+    (`WorldModelEnv`)."""
+    state_gate: str = ""
+    """How the state channel's rollouts apply the contact gate (hard | soft | sample); default: the model's own."""
     out: Path = Path("runs/rank")
     overwrite: bool = False
     resume: bool = False
@@ -268,7 +274,8 @@ def short_labels(specs: list[str]) -> list[str]:
 
 
 def score_policy(spec: str, world_model: str, data: str, task: str, episodes: int, num_envs: int, seed: int,
-                 threads: int | None = None, noise_ceiling: bool = True, stop_cm: float = 0.0) -> dict:
+                 threads: int | None = None, noise_ceiling: bool = True, stop_cm: float = 0.0,
+                 state_readout: str = "mean", state_gate: str = "") -> dict:
     """Success of one policy in the world model and in the true simulator, paired: every imagined episode starts
     from the true simulator's reset with the same seed (same layout, same first frame), the world model is stepped
     by the open-loop chunks the policy executes, and the same loop scores both. With `noise_ceiling`, a second true
@@ -281,7 +288,7 @@ def score_policy(spec: str, world_model: str, data: str, task: str, episodes: in
     if threads:
         torch.set_num_threads(threads)
     pcfg = parse_policy_spec(spec)
-    model = make_world_model("video", world_model)
+    model = make_world_model("video", world_model, state_gate=state_gate or None)
     max_steps = sim.episode_horizon(task)
     true_env = sim.make_vector_env(task, num_envs, asynchronous=False)
     objects = acts_on_objects(spec)
@@ -289,7 +296,8 @@ def score_policy(spec: str, world_model: str, data: str, task: str, episodes: in
     if objects and model.state_channel is None:
         raise ValueError(f"policy spec {spec!r}: ':objects' needs a world model with a state channel; {world_model} has none")
     wm_env = make_imagination_env(model, Path(data), num_envs, max_steps, sampling_steps=1, stop_cm=stop_cm,
-                                  decode_images=not objects, object_noise=object_noise or None)
+                                  decode_images=not objects, object_noise=object_noise or None,
+                                  state_readout=state_readout)
     out = {"policy": spec}
     runs = [("imagined", wm_env, seed, dict(start_from=true_env, chunked=True)), ("true", true_env, seed, {})]
     if noise_ceiling:
@@ -322,16 +330,18 @@ def score_policy(spec: str, world_model: str, data: str, task: str, episodes: in
 
 def score_population(specs: list[str], world_model: str, data: str, task: str, episodes: int, num_envs: int,
                      seed: int, workers: str = "local", num_workers: int = 2, progress: bool = True,
-                     noise_ceiling: bool = True, stop_cm: float = 0.0) -> list[dict]:
+                     noise_ceiling: bool = True, stop_cm: float = 0.0, state_readout: str = "mean",
+                     state_gate: str = "") -> list[dict]:
     if workers not in WORKERS:
         raise ValueError(f"workers: expected one of {WORKERS}, got {workers!r}")
     for s in specs:  # fail before any work on a bad spec
         parse_policy_spec(s)
     args = (world_model, data, task, episodes, num_envs, seed)
+    kw = dict(noise_ceiling=noise_ceiling, stop_cm=stop_cm, state_readout=state_readout, state_gate=state_gate)
     if workers == "local":
         from tqdm.auto import tqdm
 
-        return [score_policy(s, *args, noise_ceiling=noise_ceiling, stop_cm=stop_cm)
+        return [score_policy(s, *args, **kw)
                 for s in tqdm(specs, desc="policies", disable=not progress)]
     try:
         import ray
@@ -342,7 +352,7 @@ def score_population(specs: list[str], world_model: str, data: str, task: str, e
         ray.init(num_cpus=num_workers, include_dashboard=False, log_to_driver=False)
     try:
         remote = ray.remote(num_cpus=1)(score_policy)
-        refs = [remote.remote(s, *args, threads=1, noise_ceiling=noise_ceiling, stop_cm=stop_cm) for s in specs]
+        refs = [remote.remote(s, *args, threads=1, **kw) for s in specs]
         rows = []
         for spec, ref in zip(specs, refs):
             try:
@@ -448,6 +458,10 @@ def seen_layouts(folders: list[str | Path], seed: int, episodes: int, repeat: bo
 
 
 def run_rank(cfg: RankConfig, progress: bool = True) -> dict:
+    if cfg.state_readout not in ("mean", "member"):
+        raise ValueError(f"--state-readout: expected mean or member, got {cfg.state_readout!r}")
+    if cfg.state_gate and cfg.state_gate not in GATES:
+        raise ValueError(f"--state-gate: expected one of {GATES} (or empty: the model's own), got {cfg.state_gate!r}")
     data = cfg.data or world_model_data(cfg.world_model)
     check_world_model_task(cfg.world_model, data, [cfg.task], f"--task {cfg.task}")
     fitted = [parse_policy_spec(s).path for s in cfg.policies if not is_anchor(s)]
@@ -462,7 +476,8 @@ def run_rank(cfg: RankConfig, progress: bool = True) -> dict:
     run = start_run(cfg)
     t0 = time.time()
     rows = score_population(list(cfg.policies), str(cfg.world_model), str(data), cfg.task, cfg.episodes, cfg.num_envs,
-                            cfg.seed, cfg.workers, cfg.num_workers, progress, cfg.noise_ceiling, cfg.stop_cm)
+                            cfg.seed, cfg.workers, cfg.num_workers, progress, cfg.noise_ceiling, cfg.stop_cm,
+                            cfg.state_readout, cfg.state_gate)
     learned = [r for r in rows if not is_anchor(r["policy"])]
     stats = (ranking_report(rows, cfg.bootstrap, cfg.seed) if len(learned) >= 2 else
              rank_statistics([r["imagined_success"] for r in rows], [r["true_success"] for r in rows]))

@@ -22,7 +22,7 @@ also samples.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -35,7 +35,7 @@ from wmrl.core.features import OBS_ENV_STATE, OBS_STATE
 from wmrl.core.checkpoint import load_state, read_config, save_pretrained
 from world_models.edm import edm_coefficients
 from world_models.video.networks import FourierEmbedding, FrameAutoencoder, FrameHeads, TaskEncoder, UNet
-from world_models.video.state_channel import StateChannel, StateChannelConfig
+from world_models.video.state_channel import GATES, StateChannel, StateChannelConfig
 
 SIZES = {"tiny": (16, 32), "small": (48, 96), "base": (128, 256), "large": (192, 384)}
 POSE_DIM = 4  # commanded end-effector xyz + gripper command
@@ -83,6 +83,7 @@ class WorldModelConfig:
     state_pairs: bool = False  # the channel's cube head reads the nearest other cube (False: checkpoints from before)
     state_hand_frame: bool = True  # the channel's cube head works in the hand->cube frame (False: checkpoints from before)
     state_velocity: bool = False  # the channel carries the objects' last displacement and its cube head reads it
+    state_gate: str = "sample"  # how rollouts apply the channel's contact gate: sample | hard | soft (state_channel.GATES)
     n_objects: int = 3  # objects the state channel predicts (len(object_xyz))
     # the layout of observation.environment_state (the dataset's `EEDeltaControl`): where each object's centre starts,
     # where [ee, opening] repeat (-1: nowhere), (start, n) of the previous frame's first n entries; the rest is static
@@ -165,6 +166,8 @@ class VideoWorldModel(nn.Module):
             raise ValueError("task_vocab is empty: build the config from a dataset (its task strings)")
         if cfg.env_state_dim and len(cfg.object_xyz) != cfg.n_objects:
             raise ValueError(f"n_objects ({cfg.n_objects}) must equal len(object_xyz) ({len(cfg.object_xyz)})")
+        if cfg.state_gate not in GATES:
+            raise ValueError(f"state_gate: expected one of {GATES}, got {cfg.state_gate!r}")
         self.cfg = cfg
         C, K, H, P = cfg.frame_channels, cfg.context, cfg.chunk, POSE_DIM
         self.ae = FrameAutoencoder(cfg.latent_channels, cfg.ae_width)
@@ -420,7 +423,8 @@ class VideoWorldModel(nn.Module):
 
     @torch.no_grad()
     def step(self, state: dict, action_chunk: torch.Tensor, steps: int | None = None,
-             generator: torch.Generator | None = None, frames: bool = True) -> tuple[dict, dict]:
+             generator: torch.Generator | None = None, frames: bool = True,
+             state_generator: torch.Generator | None = None) -> tuple[dict, dict]:
         """Advance by h <= H actions (B, h, A). Returns the new state and per-frame predictions (B, h, ...):
         `latents`, `pose` (commanded), `observation.state`, `success`, `reward`, `done` (frame heads; probabilities)
         and, with a state channel, `observation.environment_state`, `ee`, `gripper_opening` and `disagreement`
@@ -429,7 +433,9 @@ class VideoWorldModel(nn.Module):
         `frames=False` advances the state channel only (`frames_optional`): no latents are generated, so there are
         no `latents` or frame-head predictions, and the rollout cannot ask for frames later (its context would be
         stale). Generating the chunk's latents is ~90% of a step's time on a CPU; a consumer that reads only state
-        (scripted or object-reading policies, success from the task's rules) need not pay for it."""
+        (scripted or object-reading policies, success from the task's rules) need not pay for it.
+        `generator` draws the frames' noise and, unless `state_generator` is given, the state channel's sampled
+        contacts (`state_gate` sample)."""
         a = torch.as_tensor(action_chunk, dtype=torch.float32, device=self.device)
         if a.ndim != 3 or a.shape[-1] != self.cfg.action_dim or not 1 <= a.shape[1] <= self.cfg.chunk:
             raise ValueError(f"action_chunk: expected (B, 1..{self.cfg.chunk}, {self.cfg.action_dim}), got {tuple(a.shape)}")
@@ -451,7 +457,8 @@ class VideoWorldModel(nn.Module):
             for j in range(self.cfg.chunk):
                 mean = self.state_channel.readout(x, member)
                 poses.append(commanded_pose(mean[:, :3], a[:, j], self.cfg))
-                x = bound_arm(self.state_channel.rollout_step(x, a[:, j]), self.cfg)
+                x = bound_arm(self.state_channel.rollout_step(x, a[:, j], self.cfg.state_gate,
+                                                                   state_generator or generator), self.cfg)
                 xs.append(x)
                 if j == h - 1:
                     new["x"] = x
@@ -508,12 +515,14 @@ class VideoWorldModel(nn.Module):
         save_pretrained(self, self.cfg, path)
 
     @classmethod
-    def load(cls, path: str | Path, expect: WorldModelConfig | None = None, device: str = "cpu") -> "VideoWorldModel":
-        # saved before the one-step path existed: it never trained it
+    def load(cls, path: str | Path, expect: WorldModelConfig | None = None, device: str = "cpu",
+             state_gate: str | None = None) -> "VideoWorldModel":
+        """`state_gate`: the contact gate rollouts use instead of the checkpoint's (it changes no weight)."""
+        # keys a checkpoint saved before they existed lacks: what it was trained and run with
         cfg = read_config(path, WorldModelConfig, expect, what="world-model checkpoint",
                           absent={"mean_share": 0.0, "state_rest": False, "state_pairs": False,
-                                  "state_hand_frame": False, "state_velocity": False})
-        return load_state(cls(cfg), path, device)
+                                  "state_hand_frame": False, "state_velocity": False, "state_gate": "hard"})
+        return load_state(cls(replace(cfg, state_gate=state_gate or cfg.state_gate)), path, device)
 
 
 def imagined_success(model: VideoWorldModel, preds: dict, tasks, rules=None, threshold: float = 0.9) -> np.ndarray:
