@@ -62,7 +62,9 @@ def state_only_speed(model, replay, envs: int = 50, steps: int = 40, seed: int =
 
 def main(quick: bool = False, world_models: str = "", starts: int = 200, readouts: str = "mean,member",
          name: str = "", first_layout: int = 70_000, gate: str = "") -> dict:
-    """`gate`: the contact gate the rollouts use (`state_channel.GATES`; default: each run's own `state_gate`).
+    """`gate`: the contact gate the rollouts use (`state_channel.GATES`; default: each run's own `state_gate`), or
+    several (`gate=hard,sample`): every run under each, with each row's paired gain over the first gate listed
+    (same run and readout, `paired_vs_first_gate`).
     `first_layout`: the first layout seed (default: the world-model benchmark's closed-loop layouts, which no
     model trained on); 0 gives the benchmark dataset's own layouts (seeds 0..269 are its training episodes), which
     separates what the channel failed to learn from what it learned and does not carry to new layouts."""
@@ -78,8 +80,8 @@ def main(quick: bool = False, world_models: str = "", starts: int = 200, readout
     seeds = list(range(int(first_layout), int(first_layout) + n))
     t0 = time.time()
     rows = []
-    for run in runs:
-        model = make_world_model("video", run, state_gate=gate or None)
+    for run, g in [(r, g) for r in runs for g in (gate.split(",") if gate else [None])]:
+        model = make_world_model("video", run, state_gate=g)
         if model.state_channel is None:
             raise ValueError(f"{run} has no state channel")
         _, _, held = load_split(world_model_data(run), 0.1)
@@ -94,10 +96,21 @@ def main(quick: bool = False, world_models: str = "", starts: int = 200, readout
     first = make_world_model("video", runs[0])
     speed = state_only_speed(first, load_split(world_model_data(runs[0]), 0.1)[2], envs=4 if quick else 50,
                              steps=4 if quick else 40)
-    for row in rows:  # against the first model, same readout, layout by layout
-        first = next(r for r in rows if r["readout"] == row["readout"])
+    for row in rows:  # against the first model (same readout and gate), and the first gate, layout by layout
+        first = next(r for r in rows if r["readout"] == row["readout"] and r["gate"] == row["gate"])
         row["paired_vs_first"] = paired_gain(first["per_start"], row["per_start"])
+        if "," in gate:
+            first = next(r for r in rows if r["readout"] == row["readout"] and r["world_model"] == row["world_model"])
+            row["paired_vs_first_gate"] = paired_gain(first["per_start"], row["per_start"])
+    if "," in gate:  # each later gate against the first, all runs' layouts pooled (one readout at a time)
+        gates = gate.split(",")
+        pooled = {}
+        for g in gates[1:]:
+            for readout in readouts.split(","):
+                pick = lambda gg: sum((r["per_start"] for r in rows if r["gate"] == gg and r["readout"] == readout), [])
+                pooled[f"{g}_vs_{gates[0]}_{readout}"] = paired_gain(pick(gates[0]), pick(g))
     out = {"task": "push-red", "policy": "scripted expert, noise 0.1", "starts": n, "first_layout": seeds[0], "rows": rows,
+           **({"pooled_vs_first_gate": pooled} if "," in gate else {}),
            "state_only_speed": speed, "minutes": (time.time() - t0) / 60}
     label = (name or "-".join(Path(r).name for r in runs)) + (f"-from{seeds[0]}" if seeds[0] != 70_000 else "")
     return finish(f"state-channel-closed-loop-{label}" if not quick else "state-channel-closed-loop", out, quick,

@@ -115,10 +115,13 @@ def main(quick: bool = False, size: str = "small", device: str = "cpu", steps_sc
         (work / "trained_on.json").write_text(json.dumps({"train_device": where}) + "\n")
         return {"trained": str(work), "train_device": where}
     ts = json.loads((run / "checkpoints/last/train_state.json").read_text())
-    model = VideoWorldModel.load(run / "checkpoints/last", device="cpu").eval()
+    # the contact gate the recipe now runs with (it changes no weight, so a run trained before it was chosen is measured
+    # as the same recipe trained today would be)
+    model = VideoWorldModel.load(run / "checkpoints/last", device="cpu", state_gate=tcfg.state_gate).eval()
     _, train, held = load_split(data, 0.1, keep=("qpos",), extra=tcfg.extra_data)
     out: dict = {"dataset_episodes": n_eps + n_extra, "extra_envs": int(extra_envs) if n_extra else None, "data_mix": mix, "heldout_episodes": held.num_episodes,
-                 "train_episodes": train.num_episodes, "success_source": model.success_source}
+                 "train_episodes": train.num_episodes, "success_source": model.success_source,
+                 "state_gate": model.cfg.state_gate if model.state_channel is not None else None}
 
     # ---- fidelity on the fixed window set, state errors
     fid = window_fidelity(model, held, "push-red", 12 if quick else 240, H16, seed=0)

@@ -81,6 +81,8 @@ class ImagineConfig:
     state_readout: str = "mean"
     """What imagined episodes report of the state channel's ensemble: mean, or member (one member drawn per episode
     and followed to its end, PETS's TS-infinity: each rollout is one consistent world, not the members' average)."""
+    state_gate: str = ""
+    """How the state channel's rollouts apply the contact gate (hard | soft | sample); default: the model's own."""
     sampling_steps: int = 1
     """Euler steps of the world model per step (1 is about 2.5x faster than 3 at similar quality)."""
     epochs: int = 2
@@ -207,7 +209,7 @@ def imagine(cfg: ImagineConfig, progress: bool = True) -> dict:
     ck, _ = resume_checkpoint(run / "checkpoints") if cfg.resume else (None, 0)
     resuming = ck is not None
     policy = load_rl_policy(cfg.policy_type, ck if resuming else resolve_checkpoint(cfg.policy), cfg.device)
-    model = make_world_model("video", str(cfg.world_model), device=cfg.device)
+    model = make_world_model("video", str(cfg.world_model), device=cfg.device, state_gate=cfg.state_gate or None)
     data = cfg.data or world_model_data(cfg.world_model)
     check_world_model_task(cfg.world_model, data, policy.cfg.tasks, f"policy {cfg.policy}")
     on_objects = cfg.policy_type == "estimated-state"
