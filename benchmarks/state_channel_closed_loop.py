@@ -6,7 +6,9 @@ A model whose pushes behave like the simulator's lets it succeed as often; the g
 imagination inherit. Per model and per readout of the channel's ensemble (`mean`, or one `member` followed per
 episode): imagined and true success with Wilson 95% intervals, their difference, the hallucinated share (imagined
 successes whose actions fail when replayed in the simulator), each model's paired gain in imagined success over the
-first model listed (same layouts, bootstrap 95% interval over layouts), and, for a run trained with state DAgger,
+first model listed (same layouts, bootstrap 95% interval over layouts), the per-layout agreement with the
+simulator (and the share of its failures imagination also fails; `true_vs_true`: the same between two true runs
+under other draws of the expert's noise, the most a model can reach), and, for a run trained with state DAgger,
 the expert's imagined success its training logged at the start of each round. It also times imagination with and
 without generating frames on the first model (`state_only_speed`): the closed loop here needs only the state channel.
 
@@ -36,6 +38,19 @@ def dagger_log(run: Path) -> list[dict]:
         return []
     recs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     return [{k: v for k, v in r.items() if k.startswith("dagger_")} for r in recs if "dagger_round" in r]
+
+
+REPEAT_NOISE = 1_000_000  # the expert's noise seeds of the second true run (the first uses 0..starts-1)
+
+
+def outcome_agreement(true: list[bool], imagined: list[bool]) -> dict:
+    """Per layout: the share where imagination and the simulator agree, and the share of the simulator's failures
+    (successes) that imagination also fails (succeeds). A model that always succeeds scores 0 on the failures
+    however close its rate is."""
+    t, i = np.asarray(true, bool), np.asarray(imagined, bool)
+    return {"agreement": float((t == i).mean()),
+            "true_failures_failed": float((~i[~t]).mean()) if (~t).any() else None,
+            "true_successes_succeeded": float(i[t].mean()) if t.any() else None}
 
 
 def state_only_speed(model, replay, envs: int = 50, steps: int = 40, seed: int = 0) -> dict:
@@ -69,7 +84,7 @@ def main(quick: bool = False, world_models: str = "", starts: int = 200, readout
     model trained on); 0 gives the benchmark dataset's own layouts (seeds 0..269 are its training episodes), which
     separates what the channel failed to learn from what it learned and does not carry to new layouts."""
     from wmrl.eval.loop import wilson_interval
-    from wmrl.eval.world_model import hallucination
+    from wmrl.eval.world_model import hallucination, true_closed_loop
     from world_models.factory import make_world_model
     from world_models.video.train import load_split, world_model_data
 
@@ -92,7 +107,11 @@ def main(quick: bool = False, world_models: str = "", starts: int = 200, readout
                          "imagined_ci95": wilson_interval(k_im, n), "true_success": h["true_success"],
                          "true_ci95": wilson_interval(k_true, n), "imagined_minus_true": h["imagined_success"] - h["true_success"],
                          "hallucinated_share": h["hallucinated_share"], "median_disagreement_cm": h["median_disagreement_cm"],
+                         **outcome_agreement(h["true_per_start"], h["imagined_per_start"]),
                          "dagger_rounds": dagger_log(Path(run)), "per_start": h["imagined_per_start"]})
+    # what a perfect model could reach: the simulator against itself under other draws of the expert's noise
+    true = true_closed_loop("push-red", seeds)["true_per_start"]
+    repeat = outcome_agreement(true, true_closed_loop("push-red", seeds, noise_seed0=REPEAT_NOISE)["true_per_start"])
     first = make_world_model("video", runs[0])
     speed = state_only_speed(first, load_split(world_model_data(runs[0]), 0.1)[2], envs=4 if quick else 50,
                              steps=4 if quick else 40)
@@ -111,7 +130,7 @@ def main(quick: bool = False, world_models: str = "", starts: int = 200, readout
                 pooled[f"{g}_vs_{gates[0]}_{readout}"] = paired_gain(pick(gates[0]), pick(g))
     out = {"task": "push-red", "policy": "scripted expert, noise 0.1", "starts": n, "first_layout": seeds[0], "rows": rows,
            **({"pooled_vs_first_gate": pooled} if "," in gate else {}),
-           "state_only_speed": speed, "minutes": (time.time() - t0) / 60}
+           "true_vs_true": repeat, "state_only_speed": speed, "minutes": (time.time() - t0) / 60}
     label = (name or "-".join(Path(r).name for r in runs)) + (f"-from{seeds[0]}" if seeds[0] != 70_000 else "")
     return finish(f"state-channel-closed-loop-{label}" if not quick else "state-channel-closed-loop", out, quick,
                   command=f"wmrl bench state-channel-closed-loop --json --options world_models={world_models} "

@@ -659,6 +659,13 @@ def test_state_channel_closed_loop_pairs_imagination_and_the_simulator_on_the_sa
     assert r["state_only_speed"]["max_state_difference_m"] < 1e-5  # skipping frames leaves the states as they were
     pg = bench["paired_gain"]([0, 0, 1, 1], [1, 0, 1, 0])
     assert pg["gain"] == 0.0 and pg["layouts_won"] == 1 and pg["layouts_lost"] == 1
+    agree = bench["outcome_agreement"]([True, True, False, False], [True, True, True, True])  # always succeeds
+    assert agree == {"agreement": 0.5, "true_failures_failed": 0.0, "true_successes_succeeded": 1.0}
+    assert set(r["true_vs_true"]) == set(agree) and set(agree) <= set(r["rows"][0])
+    two = bench["main"](quick=True, world_models=str(trained), readouts="member", gate="hard,sample")
+    assert [row["gate"] for row in two["rows"]] == ["hard", "sample"]
+    assert two["rows"][0]["paired_vs_first_gate"]["gain"] == 0.0  # the first gate against itself
+    assert set(two["pooled_vs_first_gate"]) == {"sample_vs_hard_member"}
     (tmp_path / "metrics.jsonl").write_text('{"step": 3, "state_loss": 1.0}\n'
                                            '{"step": 5, "dagger_round": 0, "dagger_imagined_success": 0.4, "dagger_episodes": 9}\n')
     assert bench["dagger_log"](tmp_path) == [{"dagger_round": 0, "dagger_imagined_success": 0.4, "dagger_episodes": 9}]

@@ -294,20 +294,23 @@ def hallucination(model, held, task: str, policy_name: str, seeds: list[int], ma
     return res
 
 
-def true_closed_loop(task: str, seeds: list[int], max_steps: int = 80, cube_shift: float = 1e-3) -> dict:
+def true_closed_loop(task: str, seeds: list[int], max_steps: int = 80, cube_shift: float = 1e-3,
+                     noise_seed0: int = 0) -> dict:
     """The noisy scripted expert (noise 0.1) run closed-loop in the true simulator from the same starts (its true
     success rate: what imagined success should match), and the ceiling of the open-loop replay check: the share of
     its *true* successes whose actions fail when replayed from a start with every cube moved `cube_shift` (1 mm).
-    A model exact up to 1 mm cannot score a lower hallucinated share than this."""
+    A model exact up to 1 mm cannot score a lower hallucinated share than this. `true_per_start`: each start's
+    outcome; the expert's noise for start k is seeded `noise_seed0 + k` (another value: a second true run, whose
+    per-start agreement with the first is what a perfect model could reach)."""
     env = sim.make_env(task, cameras=(), max_episode_steps=max_steps).unwrapped
     ok, fail_shifted = [], []
     for k, s in enumerate(seeds):
-        r = evaluate(ScriptedExpert(noise=0.1, seed=k), env, 1, seed=s, record=True, progress=False)
+        r = evaluate(ScriptedExpert(noise=0.1, seed=noise_seed0 + k), env, 1, seed=s, record=True, progress=False)
         ok.append(bool(r.per_episode[0]["success"]))
         if ok[-1]:
             fail_shifted.append(not replay_in_true_sim(task, s, r.episodes[0][ACTION], cube_shift=cube_shift, shift_seed=k))
     env.close()
-    return {"true_success": float(np.mean(ok)),
+    return {"true_success": float(np.mean(ok)), "true_per_start": ok,
             "replay_fails_after_shift": float(np.mean(fail_shifted)) if fail_shifted else float("nan"),
             "shift_m": cube_shift}
 
