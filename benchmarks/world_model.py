@@ -49,7 +49,7 @@ def _trained(cfg) -> bool:
 def main(quick: bool = False, size: str = "small", device: str = "cpu", steps_scale: float = 1.0,
          batch_size: int = 32, amp: bool = False, compile: str | None = None, train_only: bool = False,
          deterministic: bool = True, motion_weight: float = 3.0, episodes: int = 300, extra_envs: int = 2,
-         eval_every: int = 500, seed: int = 0) -> dict:
+         eval_every: int = 500, seed: int = 0, state_unroll: int = 12) -> dict:
     """The defaults are the committed CPU numbers. Anything else (e.g. `--size base --device cuda --steps-scale 5`)
     trains in its own work folder and writes `world-model-SIZE-DEVICE.json`, never the CPU result.
 
@@ -65,6 +65,8 @@ def main(quick: bool = False, size: str = "small", device: str = "cpu", steps_sc
     across the processes, so another value records other, equally distributed episodes; on a lent device's 16 cores,
     16 records 900 episodes in well under a minute). `eval_every`: training's fixed-window held-out/training losses
     (`TrainWMConfig.eval_every`; 0 = only the final model's, measured here; training is the same either way).
+    `state_unroll`: the state channel's training unroll (`TrainWMConfig.state_unroll`); another value trains in its
+    own work folder (`...-suN`).
     `seed`: the training seed (`TrainWMConfig.seed`; the data stay the same), for a second model of one recipe
     (`...-sN`). The committed CPU result is the default with its deterministic baseline; `deterministic=false` alone
     writes `world-model-small-cpu.json` instead."""
@@ -79,17 +81,18 @@ def main(quick: bool = False, size: str = "small", device: str = "cpu", steps_sc
     if episodes < 300:
         raise ValueError(f"episodes must be >= 300 (the dataset with the held-out episodes), got {episodes}")
     n_eps, n_extra = (16, 0) if quick else (300, episodes - 300)
-    default = (size, device, steps_scale, batch_size, float(motion_weight), episodes, seed, deterministic) == (
-        "small", "cpu", 1.0, 32, 3.0, 300, 0, True)
+    default = (size, device, steps_scale, batch_size, float(motion_weight), episodes, seed, deterministic,
+               int(state_unroll)) == ("small", "cpu", 1.0, 32, 3.0, 300, 0, True, 12)
     tag = "full" if default else (f"{size}-{device.split(':')[0]}" + (f"-x{steps_scale:g}" if steps_scale != 1 else "")
                                   + (f"-mw{float(motion_weight):g}" if float(motion_weight) != 3.0 else "")
-                                  + (f"-ep{episodes}" if episodes != 300 else "") + (f"-s{seed}" if seed else ""))
+                                  + (f"-ep{episodes}" if episodes != 300 else "") + (f"-s{seed}" if seed else "")
+                                  + (f"-su{int(state_unroll)}" if int(state_unroll) != 12 else ""))
     work = Path(tempfile.mkdtemp(prefix="wmrl-bench-wm-")) if quick else WORK / tag  # quick: always fresh
     mix = dict(failures=0.3, noise=0.05, perturbed=0.25)
     base = TrainWMConfig(data=Path("."), out=Path("."))
     steps = dict(ae_steps=20, state_steps=20, dyn_steps=20, unroll_steps=10, size="tiny", batch_size=8) if quick else dict(
         size=size, device=device, batch_size=batch_size, amp=amp, compile=compile, motion_weight=float(motion_weight),
-        eval_every=int(eval_every), seed=int(seed),
+        eval_every=int(eval_every), seed=int(seed), state_unroll=int(state_unroll),
         **{k: int(getattr(base, k) * steps_scale) for k in ("ae_steps", "state_steps", "dyn_steps", "unroll_steps")})
     data, extra = work / "data", work / "extra-data"
     for out_dir, n, first_seed, envs in ((data, n_eps, 0, 2), (extra, n_extra, n_eps, int(extra_envs))):
@@ -215,5 +218,5 @@ def main(quick: bool = False, size: str = "small", device: str = "cpu", steps_sc
             + (f" compile={compile}" if compile else "") + ("" if deterministic else " deterministic=false")
             + (f" motion_weight={float(motion_weight):g}" if float(motion_weight) != 3.0 else "")
             + (f" episodes={episodes}" if episodes != 300 else "") + (f" extra_envs={extra_envs}" if n_extra and extra_envs != 2 else "")
-            + (f" seed={seed}" if seed else ""))
+            + (f" seed={seed}" if seed else "") + (f" state_unroll={int(state_unroll)}" if int(state_unroll) != 12 else ""))
     return finish(f"world-model-{tag}", out, quick, command=f"wmrl bench world-model --json --options {opts}")
