@@ -103,7 +103,8 @@ def main(quick: bool = False, world_models: str = "", starts: int = 200, readout
         for readout in readouts.split(","):
             h = hallucination(model, held, "push-red", "expert", seeds, state_readout=readout)
             k_im, k_true = round(h["imagined_success"] * n), round(h["true_success"] * n)
-            rows.append({"world_model": run, "readout": readout, "gate": model.cfg.state_gate, "imagined_success": h["imagined_success"],
+            rows.append({"world_model": run, "readout": readout, "gate": model.cfg.state_gate,
+                         "imagined_success": h["imagined_success"],
                          "imagined_ci95": wilson_interval(k_im, n), "true_success": h["true_success"],
                          "true_ci95": wilson_interval(k_true, n), "imagined_minus_true": h["imagined_success"] - h["true_success"],
                          "hallucinated_share": h["hallucinated_share"], "median_disagreement_cm": h["median_disagreement_cm"],
@@ -134,4 +135,5 @@ def main(quick: bool = False, world_models: str = "", starts: int = 200, readout
     label = (name or "-".join(Path(r).name for r in runs)) + (f"-from{seeds[0]}" if seeds[0] != 70_000 else "")
     return finish(f"state-channel-closed-loop-{label}" if not quick else "state-channel-closed-loop", out, quick,
                   command=f"wmrl bench state-channel-closed-loop --json --options world_models={world_models} "
-                          f"starts={n} readouts={readouts}" + (f" gate={gate}" if gate else "") + (f" first_layout={seeds[0]}" if seeds[0] != 70_000 else ""))
+                          f"starts={n} readouts={readouts}" + (f" gate={gate}" if gate else "")
+                          + (f" first_layout={seeds[0]}" if seeds[0] != 70_000 else ""))

@@ -144,4 +144,5 @@ def main(quick: bool = False, world_models: str = "", starts: int = 400, readout
     label = name or "-".join(Path(r).parent.name if Path(r).name == "model" else Path(r).name for r in runs)
     return finish(f"state-channel-push-phases-{label}" if not quick else "state-channel-push-phases", out, quick,
                   command=f"wmrl bench state-channel-push-phases --json --options world_models={world_models} "
-                          f"starts={n} readout={readout}" + (f" name={name}" if name else "") + (f" gate={gate}" if gate else ""))
+                          f"starts={n} readout={readout}" + (f" name={name}" if name else "")
+                          + (f" gate={gate}" if gate else ""))

@@ -218,5 +218,6 @@ def main(quick: bool = False, size: str = "small", device: str = "cpu", steps_sc
             + (f" compile={compile}" if compile else "") + ("" if deterministic else " deterministic=false")
             + (f" motion_weight={float(motion_weight):g}" if float(motion_weight) != 3.0 else "")
             + (f" episodes={episodes}" if episodes != 300 else "") + (f" extra_envs={extra_envs}" if n_extra and extra_envs != 2 else "")
-            + (f" seed={seed}" if seed else "") + (f" state_unroll={int(state_unroll)}" if int(state_unroll) != 12 else ""))
+            + (f" seed={seed}" if seed else "")
+            + (f" state_unroll={int(state_unroll)}" if int(state_unroll) != 12 else ""))
     return finish(f"world-model-{tag}", out, quick, command=f"wmrl bench world-model --json --options {opts}")

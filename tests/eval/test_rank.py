@@ -329,7 +329,8 @@ def test_rank_passes_the_state_channels_readout_and_gate_to_imagination(trained,
 
     seen = {}
     load, make_env = rank.make_world_model, rank.make_imagination_env
-    monkeypatch.setattr(rank, "make_world_model", lambda *a, **kw: (seen.update(gate=kw.get("state_gate")), load(*a, **kw))[1])
+    monkeypatch.setattr(rank, "make_world_model",
+                        lambda *a, **kw: (seen.update(gate=kw.get("state_gate")), load(*a, **kw))[1])
     monkeypatch.setattr(rank, "make_imagination_env",
                         lambda *a, **kw: (seen.update(readout=kw.get("state_readout")), make_env(*a, **kw))[1])
     rank.score_policy("random", str(trained), str(tiny_data), "push-red", 2, 2, 0, noise_ceiling=False,

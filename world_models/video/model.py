@@ -83,7 +83,7 @@ class WorldModelConfig:
     state_pairs: bool = False  # the channel's cube head reads the nearest other cube (False: checkpoints from before)
     state_hand_frame: bool = True  # the channel's cube head works in the hand->cube frame (False: checkpoints from before)
     state_velocity: bool = False  # the channel carries the objects' last displacement and its cube head reads it
-    state_gate: str = "sample"  # how rollouts apply the channel's contact gate: sample | hard | soft (state_channel.GATES)
+    state_gate: str = "sample"  # how rollouts apply the channel's contact gate: sample | hard | soft (GATES)
     n_objects: int = 3  # objects the state channel predicts (len(object_xyz))
     # the layout of observation.environment_state (the dataset's `EEDeltaControl`): where each object's centre starts,
     # where [ee, opening] repeat (-1: nowhere), (start, n) of the previous frame's first n entries; the rest is static

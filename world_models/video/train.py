@@ -157,7 +157,8 @@ def model_config(cfg: TrainWMConfig, ds) -> WorldModelConfig:
                             deterministic=cfg.deterministic, motion_weight=cfg.motion_weight, task_vocab=vocab, latent_channels=cfg.latent_channels,
                             ae_width=cfg.ae_width, state_members=cfg.state_members if cfg.state_channel else 0,
                             state_rest=cfg.state_rest, state_pairs=cfg.state_pairs,
-                            state_hand_frame=cfg.state_hand_frame, state_velocity=cfg.state_velocity, state_gate=cfg.state_gate,
+                            state_hand_frame=cfg.state_hand_frame, state_velocity=cfg.state_velocity,
+                            state_gate=cfg.state_gate,
                             action_dim=int(ds.features[ACTION]["shape"][0]), state_dim=int(ds.features[STATE]["shape"][0]),
                             env_state_dim=int(ds.features[ENV_STATE]["shape"][0]) if ENV_STATE in ds.features else 0)
 
