@@ -94,8 +94,8 @@ def main(quick: bool = False, world_models: str = "", starts: int = 200, readout
     n = 4 if quick else int(starts)
     seeds = list(range(int(first_layout), int(first_layout) + n))
     t0 = time.time()
-    rows = []
-    for run, g in [(r, g) for r in runs for g in (gate.split(",") if gate else [None])]:
+    rows, gates = [], gate.split(",") if gate else [None]
+    for run, g in [(r, g) for r in runs for g in gates]:
         model = make_world_model("video", run, state_gate=g)
         if model.state_channel is None:
             raise ValueError(f"{run} has no state channel")
@@ -110,27 +110,25 @@ def main(quick: bool = False, world_models: str = "", starts: int = 200, readout
                          "hallucinated_share": h["hallucinated_share"], "median_disagreement_cm": h["median_disagreement_cm"],
                          **outcome_agreement(h["true_per_start"], h["imagined_per_start"]),
                          "dagger_rounds": dagger_log(Path(run)), "per_start": h["imagined_per_start"]})
-    # what a perfect model could reach: the simulator against itself under other draws of the expert's noise
-    true = true_closed_loop("push-red", seeds)["true_per_start"]
-    repeat = outcome_agreement(true, true_closed_loop("push-red", seeds, noise_seed0=REPEAT_NOISE)["true_per_start"])
+    # what a perfect model could reach: the simulator (the run every row was scored against) against itself under
+    # other draws of the expert's noise
+    repeat = outcome_agreement(h["true_per_start"],
+                               true_closed_loop("push-red", seeds, noise_seed0=REPEAT_NOISE)["true_per_start"])
     first = make_world_model("video", runs[0])
     speed = state_only_speed(first, load_split(world_model_data(runs[0]), 0.1)[2], envs=4 if quick else 50,
                              steps=4 if quick else 40)
     for row in rows:  # against the first model (same readout and gate), and the first gate, layout by layout
         first = next(r for r in rows if r["readout"] == row["readout"] and r["gate"] == row["gate"])
         row["paired_vs_first"] = paired_gain(first["per_start"], row["per_start"])
-        if "," in gate:
+        if len(gates) > 1:
             first = next(r for r in rows if r["readout"] == row["readout"] and r["world_model"] == row["world_model"])
             row["paired_vs_first_gate"] = paired_gain(first["per_start"], row["per_start"])
-    if "," in gate:  # each later gate against the first, all runs' layouts pooled (one readout at a time)
-        gates = gate.split(",")
-        pooled = {}
-        for g in gates[1:]:
-            for readout in readouts.split(","):
-                pick = lambda gg: sum((r["per_start"] for r in rows if r["gate"] == gg and r["readout"] == readout), [])
-                pooled[f"{g}_vs_{gates[0]}_{readout}"] = paired_gain(pick(gates[0]), pick(g))
+    # each later gate against the first, all runs' layouts pooled (one readout at a time)
+    pick = lambda g, ro: sum((r["per_start"] for r in rows if r["gate"] == g and r["readout"] == ro), [])
+    pooled = {f"{g}_vs_{gates[0]}_{ro}": paired_gain(pick(gates[0], ro), pick(g, ro))
+              for g in gates[1:] for ro in readouts.split(",")}
     out = {"task": "push-red", "policy": "scripted expert, noise 0.1", "starts": n, "first_layout": seeds[0], "rows": rows,
-           **({"pooled_vs_first_gate": pooled} if "," in gate else {}),
+           **({"pooled_vs_first_gate": pooled} if pooled else {}),
            "true_vs_true": repeat, "state_only_speed": speed, "minutes": (time.time() - t0) / 60}
     label = (name or "-".join(Path(r).name for r in runs)) + (f"-from{seeds[0]}" if seeds[0] != 70_000 else "")
     return finish(f"state-channel-closed-loop-{label}" if not quick else "state-channel-closed-loop", out, quick,

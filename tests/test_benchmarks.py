@@ -786,3 +786,14 @@ def test_state_channel_push_phases_labels_steps_with_the_experts_own_phases(trai
     assert bench["step_motion"](state, env_state, nxt, nxt_env, (c, z))[2] == pytest.approx(-1.0)
     with pytest.raises(ValueError, match="readout"):
         bench["main"](quick=True, world_models=str(trained), readout="median")
+
+
+def test_state_channel_heldout_error_scores_every_run_on_the_same_windows(trained):
+    """Two copies of one run score exactly alike (the same windows), and the compounding error grows with the
+    horizon; bad options are refused."""
+    bench = runpy.run_path(str(BENCH / "state_channel_heldout_error.py"), run_name="bench")
+    r = bench["main"](quick=True, world_models=f"{trained},{trained}", horizons="1,6")
+    a, b = (row["error_cm_by_horizon"] for row in r["rows"])
+    assert a == b and a["6"] > a["1"] > 0
+    with pytest.raises(ValueError, match="horizons"):
+        bench["main"](quick=True, world_models=str(trained), horizons="0,4")
