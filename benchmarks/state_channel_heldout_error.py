@@ -3,7 +3,9 @@
 A channel's own validation loss is measured over its training unroll (`--state-unroll`), so channels trained with
 different unrolls cannot be compared by it. Here every channel is scored on the same held-out windows (its run's
 held-out episodes, windows drawn with one seed) at each horizon: the unrolled loss's position error (cm per state
-entry, Huber as in training, soft contact gate as in training), each member rolling on its own predictions.
+entry, Huber as in training, soft contact gate as in training), each member rolling on its own predictions. Per part, on one set of windows shared
+by all members: the end-effector's and the cubes' Euclidean error (cm) of the ensemble mean at the horizon (median
+over windows that run the whole horizon; the cubes' as the largest over the cubes of a window).
 
     wmrl bench state-channel-heldout-error --json --options world_models=RUN[,RUN] [horizons=1,4,12 windows=512]
 """
@@ -14,6 +16,24 @@ import time
 from pathlib import Path
 
 from wmrl.benchutil import finish
+
+
+def part_errors(channel, x, a, m) -> tuple[float, float]:
+    """x (1, N, h+1, D), a (1, N, h, A), mask (1, N, h): every member rolls the same windows h steps (soft gate);
+    the median end-effector error and the median of each window's largest cube error (cm) of the members' mean,
+    over the windows whose h steps are all real."""
+    import torch
+
+    M, h = channel.cfg.members, a.shape[2]
+    cur = x[:, :, 0].expand(M, -1, -1)
+    with torch.no_grad():
+        for t in range(h):
+            cur = channel.next(cur, a[:, :, t].expand(M, -1, -1), gate="soft")[0]
+    mean, real, full = cur.mean(0), x[0, :, h], m[0].all(-1)
+    ee = (mean[:, :3] - real[:, :3]).norm(dim=-1) * 100
+    P = channel.cfg.n_arm_objects
+    cubes = (mean[:, 4:P] - real[:, 4:P]).reshape(len(mean), -1, 3).norm(dim=-1).amax(-1) * 100
+    return float(ee[full].median()), float(cubes[full].median())
 
 
 def main(quick: bool = False, world_models: str = "", horizons: str = "1,4,12", windows: int = 512,
@@ -37,12 +57,15 @@ def main(quick: bool = False, world_models: str = "", horizons: str = "1,4,12", 
             raise ValueError(f"{run} has no state channel")
         _, _, held = load_split(world_model_data(run), 0.1)
         sampler = WindowSampler(held, "cpu", model.cfg)
-        err = {}
+        err, ee, cube = {}, {}, {}
         for h in hs:  # the same windows for every run of one dataset: one generator seed per horizon
             x, a, m = sampler.state_sequences(model.cfg.state_members, n, h, torch.Generator().manual_seed(0))
             with torch.no_grad():
                 err[str(h)] = float(model.state_channel.unrolled_loss(x, a, m)[1]["state_huber_cm"])
-        rows.append({"world_model": run, "error_cm_by_horizon": err})
+            x, a, m = sampler.state_sequences(1, n, h, torch.Generator().manual_seed(1))
+            ee[str(h)], cube[str(h)] = part_errors(model.state_channel, x, a, m)
+        rows.append({"world_model": run, "error_cm_by_horizon": err, "ee_error_cm_by_horizon": ee,
+                     "cube_error_cm_by_horizon": cube})
     out = {"horizons": hs, "windows": n, "rows": rows, "minutes": (time.time() - t0) / 60}
     label = name or "-".join(Path(r).name for r in runs)
     return finish(f"state-channel-heldout-error-{label}" if not quick else "state-channel-heldout-error", out, quick,

@@ -788,6 +788,22 @@ def test_state_channel_push_phases_labels_steps_with_the_experts_own_phases(trai
         bench["main"](quick=True, world_models=str(trained), readout="median")
 
 
+def test_state_channel_open_loop_scores_every_run_and_readout_on_the_same_pairs(trained):
+    """Two copies of one run score exactly alike under every readout (same pairs, same episodes, same draws); the
+    members are each scored; a missing run list is refused."""
+    bench = runpy.run_path(str(BENCH / "state_channel_open_loop.py"), run_name="bench")
+    r = bench["main"](quick=True, world_models=f"{trained},{trained}", gate="sample")
+    a, b = r["rows"]
+    assert a["mean"] == b["mean"] and a["members"] == b["members"] and a["gate"] == "sample"
+    from world_models.factory import make_world_model
+
+    assert len(a["member_aurocs"]) == make_world_model("video", trained).cfg.state_members and r["n_pairs"] >= 1
+    assert set(a["mean"]) == {"success_auroc_matched_state", "cube_error_cm_end", "cube_error_cm_end_p90",
+                              "ee_error_cm_h4", "ee_error_cm_h16"}
+    with pytest.raises(ValueError, match="world_models"):
+        bench["main"](quick=True, world_models="")
+
+
 def test_state_channel_heldout_error_scores_every_run_on_the_same_windows(trained):
     """Two copies of one run score exactly alike (the same windows), and the compounding error grows with the
     horizon; bad options are refused."""

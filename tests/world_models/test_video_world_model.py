@@ -786,15 +786,20 @@ def test_the_velocity_state_is_each_cubes_last_displacement_in_data_and_in_rollo
     assert sc.unrolled_loss(wrong, a, torch.ones_like(m))[0].item() == pytest.approx(sc.unrolled_loss(xs, a, torch.ones_like(m))[0].item())
 
 
+def _drop_config_key(checkpoint, key: str) -> None:
+    """Make a saved checkpoint look like one from before `key` existed."""
+    cfg_file = next(f for f in checkpoint.iterdir() if f.suffix == ".json" and "config" in f.name)
+    cfg = json.loads(cfg_file.read_text())
+    cfg.pop(key)
+    cfg_file.write_text(json.dumps(cfg))
+
+
 def test_a_checkpoint_from_before_the_hand_frame_loads_with_the_world_frame(tmp_path):
     """Checkpoints saved before `state_hand_frame` existed trained a world-frame cube head; they load as such."""
     m = VideoWorldModel(WorldModelConfig(size="tiny", task_vocab=VOCAB, env_state_dim=13, state_members=2,
                                          state_hand_frame=False))
     m.save(tmp_path / "m")
-    cfg_file = next(f for f in (tmp_path / "m").iterdir() if f.suffix == ".json" and "config" in f.name)
-    cfg = json.loads(cfg_file.read_text())
-    cfg.pop("state_hand_frame")
-    cfg_file.write_text(json.dumps(cfg))
+    _drop_config_key(tmp_path / "m", "state_hand_frame")
     loaded = VideoWorldModel.load(tmp_path / "m")
     assert loaded.cfg.state_hand_frame is False and loaded.state_channel.cfg.hand_frame is False
     assert WorldModelConfig(task_vocab=VOCAB).state_hand_frame is True  # new models: the hand frame
@@ -864,3 +869,33 @@ def test_contact_gate_modes_hard_soft_and_sampled():
         sc.next(x, a, gate="maybe")
     with pytest.raises(ValueError, match="state_gate"):
         VideoWorldModel(WorldModelConfig(task_vocab=VOCAB, state_gate="maybe"))
+
+
+def test_the_arm_head_reads_the_joints_only_with_arm_rest(tmp_path):
+    """`arm_rest`: the arm head's prediction depends on the joint angles (two arms with the same hand move apart),
+    the arm's loss does not train the rest's prediction through that input, a channel without a rest refuses it,
+    and checkpoints saved before the option existed load without it."""
+    n_rest = 4
+    D = 4 + 9 + n_rest
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, D) * 0.1
+    a = torch.rand(3, 4) * 2 - 1
+    bent = x.clone()
+    bent[..., 13:] += 0.5  # the same hand, the joints elsewhere
+    for arm_rest in (False, True):
+        sc = StateChannel(StateChannelConfig(members=2, hidden=16, n_rest=n_rest, arm_rest=arm_rest))
+        torch.nn.init.normal_(sc.arm.out.weight)
+        moved = not torch.allclose(sc.next(x, a)[0][..., :4], sc.next(bent, a)[0][..., :4])
+        assert moved is arm_rest
+    xr = x.clone().requires_grad_(True)
+    sc.next(xr, a)[0][..., :4].sum().backward()
+    assert torch.equal(xr.grad[..., 13:], torch.zeros_like(xr.grad[..., 13:]))
+    with pytest.raises(ValueError, match="n_rest is 0"):
+        StateChannelConfig(arm_rest=True)
+    assert VideoWorldModel(WorldModelConfig(size="tiny", task_vocab=VOCAB, env_state_dim=13, state_members=2,
+                                            state_arm_rest=True)).state_channel.cfg.arm_rest
+    m = VideoWorldModel(WorldModelConfig(size="tiny", task_vocab=VOCAB, env_state_dim=13, state_members=2))
+    m.save(tmp_path / "m")
+    _drop_config_key(tmp_path / "m", "state_arm_rest")
+    loaded = VideoWorldModel.load(tmp_path / "m")
+    assert loaded.cfg.state_arm_rest is False and loaded.state_channel.cfg.arm_rest is False

@@ -9,6 +9,8 @@
   reported in the same run), plus the whole-episode ("80-step") AUROC RL sees and the ceilings on real data;
 - `hallucination`: closed-loop imagined episodes of a policy from true-simulator starts, every imagined success's
   actions replayed open-loop in the true simulator from the same start;
+- `replay_states`: the state channel alone replaying recorded episodes, with the ensemble mean or one member
+  (the open-loop checks per readout, in seconds instead of minutes);
 - `gain_plot`, `auroc_plot` for reports.
 """
 
@@ -201,6 +203,52 @@ def imagine_recorded(model, eps: list[dict], seed: int = 0) -> dict:
         rs = [success_and_reward(obs[TASK][i], ee[i, :t], op[i, :t], env[i, :t]) for i, t in enumerate(T)]
         out["state_success"], out["state_reward"] = [r[0] for r in rs], [r[1] for r in rs]
     return out
+
+
+def held_episodes(held, cams: list[str]) -> list[dict]:
+    """The held-out replay's episodes as the dicts `replay_states` reads (first frame per camera is enough)."""
+    eps = []
+    for lo, T in held.episodes.values():
+        sl = slice(lo, lo + T)
+        eps.append({ACTION: np.asarray(held.data[ACTION][sl]), OBS_STATE: np.asarray(held.data[OBS_STATE][sl]),
+                    OBS_ENV_STATE: np.asarray(held.data[OBS_ENV_STATE][sl]),
+                    TASK: [held.vocab[TASK][int(held.data[TASK][lo])]] * T,
+                    **{c: np.asarray(held.data[c][lo : lo + 1]) for c in cams}})
+    return eps
+
+
+@torch.no_grad()
+def replay_states(model, eps: list[dict], member: int | None = None, seed: int = 0) -> dict:
+    """The state channel alone (no frames generated) replaying recorded episodes from their first frame under their
+    recorded actions, batched and padded to the longest: per episode (its T - 1 steps) the predicted `ee`,
+    `opening` and `env` (observation.environment_state) as the channel reports them, with the ensemble mean
+    (`member` None) or one member `member` for every episode, and the task rules' `success` and `reward`. The model's
+    own contact gate; `seed` draws sampled contacts. Needs a state channel that predicts all of observation.state."""
+    if not model.frames_optional:
+        raise ValueError("replay_states needs a state channel that predicts all of observation.state (state_rest)")
+    M = model.cfg.state_members
+    if member is not None and not 0 <= member < M:
+        raise ValueError(f"member: expected 0..{M - 1} or None, got {member}")
+    cams = [image_key(c) for c in model.cfg.cameras]
+    T = [len(ep[ACTION]) - 1 for ep in eps]
+    Tm = max(T)
+    acts = np.stack([np.concatenate([ep[ACTION][:t], np.repeat(ep[ACTION][t - 1 : t], Tm - t, 0)]) for ep, t in zip(eps, T)])
+    obs = {**{c: np.stack([ep[c][0] for ep in eps]) for c in cams}, OBS_STATE: np.stack([ep[OBS_STATE][0] for ep in eps]),
+           OBS_ENV_STATE: np.stack([ep[OBS_ENV_STATE][0] for ep in eps]), TASK: [ep[TASK][0] for ep in eps]}
+    state = model.encode(obs)
+    if member is not None:
+        state["member"] = torch.full((len(eps),), member, dtype=torch.long, device=model.device)
+    g = torch.Generator(device=model.device).manual_seed(seed)
+    ee, op, env = [], [], []
+    for i in range(0, Tm, model.cfg.chunk):
+        state, p = model.step(state, torch.as_tensor(acts[:, i : i + model.cfg.chunk]), frames=False, state_generator=g)
+        ee.append(p["ee"].cpu().numpy())
+        op.append(p["gripper_opening"].cpu().numpy())
+        env.append(p[OBS_ENV_STATE].cpu().numpy())
+    ee, op, env = np.concatenate(ee, 1), np.concatenate(op, 1), np.concatenate(env, 1)
+    rs = [success_and_reward(obs[TASK][i], ee[i, :t], op[i, :t], env[i, :t]) for i, t in enumerate(T)]
+    return {"ee": [ee[i, :t] for i, t in enumerate(T)], "opening": [op[i, :t] for i, t in enumerate(T)],
+            "env": [env[i, :t] for i, t in enumerate(T)], "success": [r[0] for r in rs], "reward": [r[1] for r in rs]}
 
 
 def pair_auroc(model, pairs: list[dict], seed: int = 0) -> dict:

@@ -6,7 +6,7 @@ success, reward and done are best read from the task's own definitions on predic
 classifier on generated pixels (issue "World model v2"; the same idea as WoVR's and Ctrl-World's proprioceptive
 conditioning, pushed to the objects). Per member:
 
-    arm:   [ee, opening, a]                          -> delta [ee, opening]
+    arm:   [ee, opening, a(, rest)]                  -> delta [ee, opening]   (rest with `arm_rest`)
     cube:  [cube - ee, cube_z, opening, a, d_ee_cmd(, nearest other cube - cube)]  -> delta cube, contact-gate logit
                                                       (shared by all cubes; the last term with `pairs`)
     rest:  [rest, ee, opening, a]                    -> delta rest     (the other proprioception, e.g. joint angles)
@@ -28,6 +28,11 @@ push reads the same whichever way it points), so every push direction in the dat
 frame a sideways sweep of the hand behind a cube, rare in the data, was predicted to drag the cube along with the
 hand (twice the true lateral motion on the expert's own re-alignment steps), which sent imagined pushes to the
 workspace's edge (README, state channel).
+
+With `arm_rest` the arm head also reads the rest of the proprioception (the joint angles). The hand's position does
+not fix the arm's configuration, and the position-controlled joints' response to an inverse-kinematics target depends
+on where they are, so a head that sees only the hand cannot tell two arms with the same hand apart (the one-step
+tracking error of the commanded pose is 0.26 cm median, 1.6 cm at p90 on push-red; README, state channel).
 
 The contact gate p = sigmoid(logit) multiplies the cube's change; it is trained to tell whether the cube moves at
 all (BCE on |delta| > 0.5 mm), so the head's change is the change given contact. Inside rollouts (`GATES`) the
@@ -80,6 +85,11 @@ class StateChannelConfig:
     pairs: bool = False  # the cube head also reads the offset to the nearest other cube (cube-cube pushes)
     hand_frame: bool = False  # the cube head's horizontal inputs and outputs in the hand->cube frame (see above)
     velocity: bool = False  # x carries each cube's last displacement, and the cube head reads it (see above)
+    arm_rest: bool = False  # the arm head also reads the rest (joint angles; needs n_rest > 0; see above)
+
+    def __post_init__(self):
+        if self.arm_rest and not self.n_rest:
+            raise ValueError("arm_rest: the arm head reads the rest of the proprioception, but n_rest is 0")
 
     @property
     def n_arm_objects(self) -> int:
@@ -146,7 +156,7 @@ class StateChannel(nn.Module):
         super().__init__()
         self.cfg = cfg
         A, M, h = cfg.action_dim, cfg.members, cfg.hidden
-        self.arm = _EnsembleMLP(M, 4 + A, 4, h)
+        self.arm = _EnsembleMLP(M, 4 + A + cfg.n_rest * cfg.arm_rest, 4, h)
         self.cube = _EnsembleMLP(M, 3 + 1 + 1 + A + 3 + 3 * cfg.pairs + 3 * cfg.velocity, 4, h)
         self.rest = _EnsembleMLP(M, cfg.n_rest + 4 + A, cfg.n_rest, h) if cfg.n_rest else None
 
@@ -160,13 +170,16 @@ class StateChannel(nn.Module):
         M, N, _ = x.shape
         a = a.expand(M, N, -1) if a.ndim == 2 else a
         ee, opening = x[..., :3], x[..., 3:4]
-        d_arm = self.arm(torch.cat([ee * SCALE, opening * SCALE, a], -1)) / OUT_SCALE
+        P, R = self.cfg.n_arm_objects, self.cfg.n_arm_objects + self.cfg.n_rest
+        arm_in = [ee * SCALE, opening * SCALE, a]
+        if self.cfg.arm_rest:  # read, not trained, by the arm's loss (as the rest reads the arm below)
+            arm_in.append(x[..., P:R].detach())
+        d_arm = self.arm(torch.cat(arm_in, -1)) / OUT_SCALE
         cubes = x[..., 4 : self.cfg.n_arm_objects].reshape(M, N, self.cfg.n_cubes, 3)
         d_cmd = (a[..., :3] * self.cfg.ee_step)[:, :, None].expand(-1, -1, self.cfg.n_cubes, -1)
         rel = cubes - ee[:, :, None]
         a_cube = a[:, :, None].expand(-1, -1, self.cfg.n_cubes, -1)
         other = nearest_other(cubes) if self.cfg.pairs else None
-        P, R = self.cfg.n_arm_objects, self.cfg.n_arm_objects + self.cfg.n_rest
         vel = x[..., R:].reshape(M, N, self.cfg.n_cubes, 3) if self.cfg.velocity else None
         if self.cfg.hand_frame:
             axes = hand_frame_axes(rel[..., :2])
