@@ -899,3 +899,22 @@ def test_the_arm_head_reads_the_joints_only_with_arm_rest(tmp_path):
     _drop_config_key(tmp_path / "m", "state_arm_rest")
     loaded = VideoWorldModel.load(tmp_path / "m")
     assert loaded.cfg.state_arm_rest is False and loaded.state_channel.cfg.arm_rest is False
+
+
+def test_detach_hand_keeps_the_cube_loss_off_the_arm():
+    """`detach_hand`: the cubes' prediction still moves with the hand, but no gradient of it reaches the hand's
+    position (the arm is trained by its own loss only); without it, it does."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 13) * 0.05
+    x[..., 4:13] = x[..., :3].repeat(1, 1, 3) + 0.03  # cubes next to the hand, so the head sees contact-range inputs
+    a = torch.rand(3, 4) * 2 - 1
+    for detach in (False, True):
+        sc = StateChannel(StateChannelConfig(members=2, hidden=16, detach_hand=detach))
+        torch.nn.init.normal_(sc.cube.out.weight)
+        xr = x.clone().requires_grad_(True)
+        sc.next(xr, a, gate="soft")[0][..., 4:13].sum().backward()
+        hand_grad = xr.grad[..., :3].abs().sum().item()
+        assert (hand_grad == 0.0) is detach
+        shifted = x.clone()
+        shifted[..., :3] += 0.01
+        assert not torch.allclose(sc.next(x, a, gate="soft")[0][..., 4:13], sc.next(shifted, a, gate="soft")[0][..., 4:13])

@@ -84,6 +84,7 @@ class WorldModelConfig:
     state_hand_frame: bool = True  # the channel's cube head works in the hand->cube frame (False: checkpoints from before)
     state_velocity: bool = False  # the channel carries the objects' last displacement and its cube head reads it
     state_arm_rest: bool = False  # the channel's arm head also reads the joint angles (needs state_rest)
+    state_detach_hand: bool = False  # the channel's cube loss does not train its arm through the hand's position
     state_gate: str = "sample"  # how rollouts apply the channel's contact gate: sample | hard | soft (GATES)
     n_objects: int = 3  # objects the state channel predicts (len(object_xyz))
     # the layout of observation.environment_state (the dataset's `EEDeltaControl`): where each object's centre starts,
@@ -196,7 +197,8 @@ class VideoWorldModel(nn.Module):
                                                               n_rest=len(cfg.rest_index) if cfg.state_rest else 0,
                                                               pairs=cfg.state_pairs, hand_frame=cfg.state_hand_frame,
                                                               velocity=cfg.state_velocity,
-                                                              arm_rest=cfg.state_arm_rest))
+                                                              arm_rest=cfg.state_arm_rest,
+                                                              detach_hand=cfg.state_detach_hand))
                               if cfg.env_state_dim and cfg.state_members else None)
         self.scheduler = EDMEulerScheduler(sigma_min=cfg.sigma_min, sigma_max=cfg.sigma_max,
                                            sigma_data=cfg.sigma_data, prediction_type="epsilon")
@@ -524,7 +526,7 @@ class VideoWorldModel(nn.Module):
         cfg = read_config(path, WorldModelConfig, expect, what="world-model checkpoint",
                           absent={"mean_share": 0.0, "state_rest": False, "state_pairs": False,
                                   "state_hand_frame": False, "state_velocity": False, "state_gate": "hard",
-                                  "state_arm_rest": False})
+                                  "state_arm_rest": False, "state_detach_hand": False})
         return load_state(cls(replace(cfg, state_gate=state_gate or cfg.state_gate)), path, device)
 
 

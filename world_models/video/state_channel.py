@@ -86,6 +86,9 @@ class StateChannelConfig:
     hand_frame: bool = False  # the cube head's horizontal inputs and outputs in the hand->cube frame (see above)
     velocity: bool = False  # x carries each cube's last displacement, and the cube head reads it (see above)
     arm_rest: bool = False  # the arm head also reads the rest (joint angles; needs n_rest > 0; see above)
+    # the cube head reads the predicted hand without the cube's loss training the arm through it: in the unrolled
+    # loss the arm could otherwise learn to be wrong where that makes the cube right
+    detach_hand: bool = False
 
     def __post_init__(self):
         if self.arm_rest and not self.n_rest:
@@ -177,7 +180,8 @@ class StateChannel(nn.Module):
         d_arm = self.arm(torch.cat(arm_in, -1)) / OUT_SCALE
         cubes = x[..., 4 : self.cfg.n_arm_objects].reshape(M, N, self.cfg.n_cubes, 3)
         d_cmd = (a[..., :3] * self.cfg.ee_step)[:, :, None].expand(-1, -1, self.cfg.n_cubes, -1)
-        rel = cubes - ee[:, :, None]
+        # with detach_hand the cube's loss does not train the arm through the hand's position (see the config)
+        rel = cubes - (ee.detach() if self.cfg.detach_hand else ee)[:, :, None]
         a_cube = a[:, :, None].expand(-1, -1, self.cfg.n_cubes, -1)
         other = nearest_other(cubes) if self.cfg.pairs else None
         vel = x[..., R:].reshape(M, N, self.cfg.n_cubes, 3) if self.cfg.velocity else None

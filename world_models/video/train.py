@@ -96,6 +96,8 @@ class TrainWMConfig:
     state_arm_rest: bool = False
     """The state channel's arm head also reads the joint angles (needs --state-rest), which the hand's position alone
     does not determine (`state_channel.py`)."""
+    state_detach_hand: bool = False
+    """The state channel's cube loss does not train its arm through the hand's position (`state_channel.py`)."""
     state_gate: str = "sample"
     """How the state channel's rollouts apply its contact gate: sample (a contact drawn with the gate's probability),
     hard (moved whenever the probability exceeds 0.5), soft (moved by the probability times the change). Changes no
@@ -161,7 +163,7 @@ def model_config(cfg: TrainWMConfig, ds) -> WorldModelConfig:
                             ae_width=cfg.ae_width, state_members=cfg.state_members if cfg.state_channel else 0,
                             state_rest=cfg.state_rest, state_pairs=cfg.state_pairs,
                             state_hand_frame=cfg.state_hand_frame, state_velocity=cfg.state_velocity,
-                            state_arm_rest=cfg.state_arm_rest,
+                            state_arm_rest=cfg.state_arm_rest, state_detach_hand=cfg.state_detach_hand,
                             state_gate=cfg.state_gate,
                             action_dim=int(ds.features[ACTION]["shape"][0]), state_dim=int(ds.features[STATE]["shape"][0]),
                             env_state_dim=int(ds.features[ENV_STATE]["shape"][0]) if ENV_STATE in ds.features else 0)
@@ -398,6 +400,7 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
             model.load_state_dict(src.state_dict())
         elif replace(src.cfg, state_rest=mcfg.state_rest, state_members=mcfg.state_members, state_pairs=mcfg.state_pairs,
                      state_hand_frame=mcfg.state_hand_frame, state_velocity=mcfg.state_velocity, state_arm_rest=mcfg.state_arm_rest,
+                     state_detach_hand=mcfg.state_detach_hand,
                      state_gate=mcfg.state_gate) == mcfg:
             # the same frames model with another state channel: keep every weight but the channel's (trained anew)
             model.load_state_dict({k: v for k, v in src.state_dict().items() if not k.startswith("state_channel.")},
