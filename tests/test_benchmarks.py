@@ -811,5 +811,7 @@ def test_state_channel_heldout_error_scores_every_run_on_the_same_windows(traine
     r = bench["main"](quick=True, world_models=f"{trained},{trained}", horizons="1,6")
     a, b = (row["error_cm_by_horizon"] for row in r["rows"])
     assert a == b and a["6"] > a["1"] > 0
+    ea, eb = (row["ee_error_cm_by_horizon"] for row in r["rows"])  # per part: the hand's error, same windows
+    assert ea == eb and ea["6"] > ea["1"] > 0 and r["rows"][0]["cube_error_cm_by_horizon"] == r["rows"][1]["cube_error_cm_by_horizon"]
     with pytest.raises(ValueError, match="horizons"):
         bench["main"](quick=True, world_models=str(trained), horizons="0,4")
