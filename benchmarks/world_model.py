@@ -49,7 +49,8 @@ def _trained(cfg) -> bool:
 def main(quick: bool = False, size: str = "small", device: str = "cpu", steps_scale: float = 1.0,
          batch_size: int = 32, amp: bool = False, compile: str | None = None, train_only: bool = False,
          deterministic: bool = True, motion_weight: float = 3.0, episodes: int = 300, extra_envs: int = 2,
-         eval_every: int = 500, seed: int = 0, state_unroll: int = 12) -> dict:
+         eval_every: int = 500, seed: int = 0, state_unroll: int = 12, state_arm_rest: bool = False,
+         state_detach_hand: bool = False) -> dict:
     """The defaults are the committed CPU numbers. Anything else (e.g. `--size base --device cuda --steps-scale 5`)
     trains in its own work folder and writes `world-model-SIZE-DEVICE.json`, never the CPU result.
 
@@ -66,7 +67,8 @@ def main(quick: bool = False, size: str = "small", device: str = "cpu", steps_sc
     16 records 900 episodes in well under a minute). `eval_every`: training's fixed-window held-out/training losses
     (`TrainWMConfig.eval_every`; 0 = only the final model's, measured here; training is the same either way).
     `state_unroll`: the state channel's training unroll (`TrainWMConfig.state_unroll`); another value trains in its
-    own work folder (`...-suN`).
+    own work folder (`...-suN`). `state_arm_rest`, `state_detach_hand`: the channel's options of those names
+    (`TrainWMConfig`), each in its own work folder (`...-ar`, `...-dh`).
     `seed`: the training seed (`TrainWMConfig.seed`; the data stay the same), for a second model of one recipe
     (`...-sN`). The committed CPU result is the default with its deterministic baseline; `deterministic=false` alone
     writes `world-model-small-cpu.json` instead."""
@@ -81,18 +83,22 @@ def main(quick: bool = False, size: str = "small", device: str = "cpu", steps_sc
     if episodes < 300:
         raise ValueError(f"episodes must be >= 300 (the dataset with the held-out episodes), got {episodes}")
     n_eps, n_extra = (16, 0) if quick else (300, episodes - 300)
+    state_arm_rest, state_detach_hand = (str(v).lower() in ("1", "true") for v in (state_arm_rest, state_detach_hand))
     default = (size, device, steps_scale, batch_size, float(motion_weight), episodes, seed, deterministic,
-               int(state_unroll)) == ("small", "cpu", 1.0, 32, 3.0, 300, 0, True, 12)
+               int(state_unroll), state_arm_rest, state_detach_hand) == ("small", "cpu", 1.0, 32, 3.0, 300, 0, True, 12,
+                                                                          False, False)
     tag = "full" if default else (f"{size}-{device.split(':')[0]}" + (f"-x{steps_scale:g}" if steps_scale != 1 else "")
                                   + (f"-mw{float(motion_weight):g}" if float(motion_weight) != 3.0 else "")
                                   + (f"-ep{episodes}" if episodes != 300 else "") + (f"-s{seed}" if seed else "")
-                                  + (f"-su{int(state_unroll)}" if int(state_unroll) != 12 else ""))
+                                  + (f"-su{int(state_unroll)}" if int(state_unroll) != 12 else "")
+                                  + ("-ar" if state_arm_rest else "") + ("-dh" if state_detach_hand else ""))
     work = Path(tempfile.mkdtemp(prefix="wmrl-bench-wm-")) if quick else WORK / tag  # quick: always fresh
     mix = dict(failures=0.3, noise=0.05, perturbed=0.25)
     base = TrainWMConfig(data=Path("."), out=Path("."))
     steps = dict(ae_steps=20, state_steps=20, dyn_steps=20, unroll_steps=10, size="tiny", batch_size=8) if quick else dict(
         size=size, device=device, batch_size=batch_size, amp=amp, compile=compile, motion_weight=float(motion_weight),
-        eval_every=int(eval_every), seed=int(seed), state_unroll=int(state_unroll),
+        eval_every=int(eval_every), seed=int(seed), state_unroll=int(state_unroll), state_arm_rest=state_arm_rest,
+        state_detach_hand=state_detach_hand,
         **{k: int(getattr(base, k) * steps_scale) for k in ("ae_steps", "state_steps", "dyn_steps", "unroll_steps")})
     data, extra = work / "data", work / "extra-data"
     for out_dir, n, first_seed, envs in ((data, n_eps, 0, 2), (extra, n_extra, n_eps, int(extra_envs))):
@@ -219,5 +225,6 @@ def main(quick: bool = False, size: str = "small", device: str = "cpu", steps_sc
             + (f" motion_weight={float(motion_weight):g}" if float(motion_weight) != 3.0 else "")
             + (f" episodes={episodes}" if episodes != 300 else "") + (f" extra_envs={extra_envs}" if n_extra and extra_envs != 2 else "")
             + (f" seed={seed}" if seed else "")
-            + (f" state_unroll={int(state_unroll)}" if int(state_unroll) != 12 else ""))
+            + (f" state_unroll={int(state_unroll)}" if int(state_unroll) != 12 else "")
+            + (" state_arm_rest=true" if state_arm_rest else "") + (" state_detach_hand=true" if state_detach_hand else ""))
     return finish(f"world-model-{tag}", out, quick, command=f"wmrl bench world-model --json --options {opts}")
