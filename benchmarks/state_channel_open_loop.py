@@ -28,7 +28,7 @@ import numpy as np
 from wmrl.benchutil import finish
 
 
-def readout_scores(model, pairs, eps, member, truth, matched) -> dict:
+def readout_scores(model, pairs, eps, member, matched) -> dict:
     """One readout (`member` None: the mean) on the pairs and the held-out episodes: per-pair scores and per-episode
     errors, unsummarised, so members can be pooled."""
     from sim.tabletop.twin import CUBE_COLOURS
@@ -56,10 +56,10 @@ def summarise(s: dict, truth) -> dict:
 
 
 def main(quick: bool = False, world_models: str = "", pairs: int = 130, gate: str = "", name: str = "") -> dict:
-    from wmrl.core.features import ACTION, image_key
-    from wmrl.eval.world_model import held_episodes, success_pairs
+    from wmrl.core.features import image_key
+    from wmrl.eval.world_model import held_episodes, pair_lengths, success_pairs
     from world_models.factory import make_world_model
-    from world_models.video.evaluate import auroc, matched_max
+    from world_models.video.evaluate import auroc
     from world_models.video.train import load_split, world_model_data
 
     runs = [r for r in world_models.split(",") if r]
@@ -67,12 +67,8 @@ def main(quick: bool = False, world_models: str = "", pairs: int = 130, gate: st
         raise ValueError("options world_models=RUN[,RUN...] is required (runs with a state channel)")
     t0 = time.time()
     prs = success_pairs("push-red", 6 if quick else int(pairs))
-    truth = np.array([ep["_success"] for ep in prs])
-    lens = np.array([len(ep[ACTION]) - 1 for ep in prs])
-    matched = np.repeat(np.minimum(lens[0::2], lens[1::2]), 2)
-    rand = [np.random.default_rng(0).random(n) for n in lens]
-    out: dict = {"task": "push-red", "n_pairs": len(prs) // 2,
-                 "random_scorer_auroc_matched": auroc(matched_max(rand, matched), truth), "rows": []}
+    truth, _, matched, check = pair_lengths(prs)  # the same pairs, steps and random scorer as `pair_auroc`
+    out: dict = {"task": "push-red", **check, "rows": []}
     for run in runs:
         model = make_world_model("video", run, state_gate=gate or None)
         if model.state_channel is None:
@@ -81,8 +77,8 @@ def main(quick: bool = False, world_models: str = "", pairs: int = 130, gate: st
         eps = held_episodes(held, [image_key(c) for c in model.cfg.cameras])
         if quick:
             eps = eps[:4]
-        mean = readout_scores(model, prs, eps, None, truth, matched)
-        per = [readout_scores(model, prs, eps, m, truth, matched) for m in range(model.cfg.state_members)]
+        mean = readout_scores(model, prs, eps, None, matched)
+        per = [readout_scores(model, prs, eps, m, matched) for m in range(model.cfg.state_members)]
         pooled = {"scores": np.mean([p["scores"] for p in per], 0), "cube": np.concatenate([p["cube"] for p in per]),
                   "ee": {h: np.concatenate([p["ee"][h] for p in per]) for h in (4, 16)}}
         out["rows"].append({"world_model": run, "gate": model.cfg.state_gate, "heldout_episodes": len(eps),

@@ -83,7 +83,6 @@ def main(quick: bool = False, size: str = "small", device: str = "cpu", steps_sc
     if episodes < 300:
         raise ValueError(f"episodes must be >= 300 (the dataset with the held-out episodes), got {episodes}")
     n_eps, n_extra = (16, 0) if quick else (300, episodes - 300)
-    state_arm_rest, state_detach_hand = (str(v).lower() in ("1", "true") for v in (state_arm_rest, state_detach_hand))
     default = (size, device, steps_scale, batch_size, float(motion_weight), episodes, seed, deterministic,
                int(state_unroll), state_arm_rest, state_detach_hand) == ("small", "cpu", 1.0, 32, 3.0, 300, 0, True, 12,
                                                                           False, False)

@@ -173,19 +173,26 @@ def success_pairs(task: str, n_seeds: int, seed0: int = 50_000) -> list[dict]:
     return out
 
 
+def recorded_start(model, eps: list[dict]) -> tuple[list[int], np.ndarray, dict]:
+    """For replaying recorded episodes from their first frame: each episode's steps (T - 1), the actions padded to
+    the longest with each episode's last action (B, max, A), and the start observation `model.encode` takes."""
+    T = [len(ep[ACTION]) - 1 for ep in eps]
+    Tm = max(T)
+    acts = np.stack([np.concatenate([ep[ACTION][:t], np.repeat(ep[ACTION][t - 1 : t], Tm - t, 0)]) for ep, t in zip(eps, T)])
+    obs = {**{image_key(c): np.stack([ep[image_key(c)][0] for ep in eps]) for c in model.cfg.cameras},
+           OBS_STATE: np.stack([ep[OBS_STATE][0] for ep in eps]),
+           OBS_ENV_STATE: np.stack([ep[OBS_ENV_STATE][0] for ep in eps]), TASK: [ep[TASK][0] for ep in eps]}
+    return T, acts, obs
+
+
 @torch.no_grad()
 def imagine_recorded(model, eps: list[dict], seed: int = 0) -> dict:
     """Every recorded episode rolled out in the model from its first frame under its recorded actions (batched,
     padded to the longest). Per episode and step: the success head's probability on the generated latents and,
     with a state channel, the task rules' success and shaped reward on the predicted state."""
-    K, Hc = model.cfg.context, model.cfg.chunk
-    cams = [image_key(c) for c in model.cfg.cameras]
-    T = [len(ep[ACTION]) - 1 for ep in eps]
+    Hc = model.cfg.chunk
+    T, acts, obs = recorded_start(model, eps)
     Tm = max(T)
-    acts = np.stack([np.concatenate([ep[ACTION][:t], np.repeat(ep[ACTION][t - 1 : t], Tm - t, 0)]) for ep, t in zip(eps, T)])
-    obs = {**{c: np.stack([np.repeat(ep[c][:1], K, 0) for ep in eps]) for c in cams},
-           OBS_STATE: np.stack([ep[OBS_STATE][0] for ep in eps]),
-           OBS_ENV_STATE: np.stack([ep[OBS_ENV_STATE][0] for ep in eps]), TASK: [ep[TASK][0] for ep in eps]}
     state = model.encode(obs)
     g = torch.Generator().manual_seed(seed)
     head, ee, op, env = [], [], [], []
@@ -229,12 +236,8 @@ def replay_states(model, eps: list[dict], member: int | None = None, seed: int =
     M = model.cfg.state_members
     if member is not None and not 0 <= member < M:
         raise ValueError(f"member: expected 0..{M - 1} or None, got {member}")
-    cams = [image_key(c) for c in model.cfg.cameras]
-    T = [len(ep[ACTION]) - 1 for ep in eps]
+    T, acts, obs = recorded_start(model, eps)
     Tm = max(T)
-    acts = np.stack([np.concatenate([ep[ACTION][:t], np.repeat(ep[ACTION][t - 1 : t], Tm - t, 0)]) for ep, t in zip(eps, T)])
-    obs = {**{c: np.stack([ep[c][0] for ep in eps]) for c in cams}, OBS_STATE: np.stack([ep[OBS_STATE][0] for ep in eps]),
-           OBS_ENV_STATE: np.stack([ep[OBS_ENV_STATE][0] for ep in eps]), TASK: [ep[TASK][0] for ep in eps]}
     state = model.encode(obs)
     if member is not None:
         state["member"] = torch.full((len(eps),), member, dtype=torch.long, device=model.device)
@@ -251,21 +254,29 @@ def replay_states(model, eps: list[dict], member: int | None = None, seed: int =
             "env": [env[i, :t] for i, t in enumerate(T)], "success": [r[0] for r in rs], "reward": [r[1] for r in rs]}
 
 
-def pair_auroc(model, pairs: list[dict], seed: int = 0) -> dict:
-    """AUROCs of imagined success on success / near-success pairs (see the module docstring). Scores: the max over
-    the first n steps of the task rules' shaped reward on predicted state (state path), or of the success head's
-    probability on generated latents (frames path), with n the shorter episode of the pair (`matched`) or each
-    episode's own length (`80step`). `scores` keeps the matched scores for plots."""
+def pair_lengths(pairs: list[dict], seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict]:
+    """Success / near-success pairs (`success_pairs`) -> the labels, each episode's steps, the steps both of its
+    pair are scored on (the shorter's), and the AUROCs a random scorer gets on them (`n_pairs`,
+    `random_scorer_auroc_matched`, `random_scorer_auroc_80step`): the check any score is read against."""
     if not pairs:
         raise ValueError("no contrastive success / near-success pair: raise the number of seeds")
     truth = np.array([ep["_success"] for ep in pairs])
     lens = np.array([len(ep[ACTION]) - 1 for ep in pairs])
     matched = np.repeat(np.minimum(lens[0::2], lens[1::2]), 2)  # both of a pair scored on the same steps
-    im = imagine_recorded(model, pairs, seed)
     rng = np.random.default_rng(seed)
     rand = [rng.random(n) for n in lens]
-    out = {"n_pairs": int(len(pairs) // 2), "random_scorer_auroc_matched": auroc(matched_max(rand, matched), truth),
-           "random_scorer_auroc_80step": auroc(matched_max(rand, lens), truth)}
+    return truth, lens, matched, {"n_pairs": int(len(pairs) // 2),
+                                  "random_scorer_auroc_matched": auroc(matched_max(rand, matched), truth),
+                                  "random_scorer_auroc_80step": auroc(matched_max(rand, lens), truth)}
+
+
+def pair_auroc(model, pairs: list[dict], seed: int = 0) -> dict:
+    """AUROCs of imagined success on success / near-success pairs (see the module docstring). Scores: the max over
+    the first n steps of the task rules' shaped reward on predicted state (state path), or of the success head's
+    probability on generated latents (frames path), with n the shorter episode of the pair (`matched`) or each
+    episode's own length (`80step`). `scores` keeps the matched scores for plots."""
+    truth, lens, matched, out = pair_lengths(pairs, seed)
+    im = imagine_recorded(model, pairs, seed)
     scores = {"frames: success head on generated latents": matched_max(im["head"], matched)}
     out["success_auroc_matched_frames"] = auroc(scores["frames: success head on generated latents"], truth)
     out["success_auroc_80step_frames"] = auroc(matched_max(im["head"], lens), truth)
