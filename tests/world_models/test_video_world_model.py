@@ -871,6 +871,35 @@ def test_contact_gate_modes_hard_soft_and_sampled():
         VideoWorldModel(WorldModelConfig(task_vocab=VOCAB, state_gate="maybe"))
 
 
+def test_the_shared_gate_draws_one_contact_for_all_members():
+    """`shared`: members that agree on p push together on the same steps (one draw per rollout, cube and step), so
+    their mean cube moves all of a push or none of it; under `sample` each member draws alone and the mean moves a
+    fraction. Members with different p still contact on the share of steps their own p says."""
+    M, N = 4, 4000
+    sc = StateChannel(StateChannelConfig(n_cubes=1, members=M, hidden=8))
+    p_member = torch.tensor([0.6, 0.6, 0.6, 0.3])
+
+    def head(feats):  # the same change for every member; member m's contact probability p_member[m]
+        out = torch.zeros(*feats.shape[:-1], 4)
+        out[..., 0] = 2.0
+        out[..., 3] = torch.logit(p_member)[:, None].expand(M, feats.shape[1])
+        return out
+
+    sc.cube.forward = head
+    x = torch.zeros(M, N, sc.cfg.dim)
+    x[..., 2] = 0.1
+    x[..., 4:7] = torch.tensor([0.05, 0.0, 0.02])
+    a = torch.zeros(N, 4)
+    moved = {g: (sc.next(x, a, gate=g, generator=torch.Generator().manual_seed(0))[0] - x)[..., 4] != 0
+             for g in ("sample", "shared")}
+    agree = moved["shared"][:3]
+    assert (agree == agree[0]).all()  # the three members with p = 0.6 move on exactly the same steps
+    assert not (moved["sample"][:3] == moved["sample"][0]).all()
+    assert (moved["shared"][3] <= moved["shared"][0]).all()  # one draw u: u < 0.3 implies u < 0.6
+    for m in range(M):
+        assert abs(moved["shared"][m].float().mean() - p_member[m]) < 0.04
+
+
 def test_the_arm_head_reads_the_joints_only_with_arm_rest(tmp_path):
     """`arm_rest`: the arm head's prediction depends on the joint angles (two arms with the same hand move apart),
     the arm's loss does not train the rest's prediction through that input, a channel without a rest refuses it,

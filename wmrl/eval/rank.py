@@ -82,7 +82,7 @@ class RankConfig:
     """What imagined episodes read of the state channel's ensemble: `mean` or one `member` per episode
     (`WorldModelEnv`)."""
     state_gate: str = ""
-    """How the state channel's rollouts apply the contact gate (hard | soft | sample); default: the model's own."""
+    """How the state channel's rollouts apply the contact gate (hard | soft | sample | shared); default: the model's own."""
     out: Path = Path("runs/rank")
     overwrite: bool = False
     resume: bool = False

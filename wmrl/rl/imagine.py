@@ -82,7 +82,7 @@ class ImagineConfig:
     """What imagined episodes report of the state channel's ensemble: mean, or member (one member drawn per episode
     and followed to its end, PETS's TS-infinity: each rollout is one consistent world, not the members' average)."""
     state_gate: str = ""
-    """How the state channel's rollouts apply the contact gate (hard | soft | sample); default: the model's own."""
+    """How the state channel's rollouts apply the contact gate (hard | soft | sample | shared); default: the model's own."""
     sampling_steps: int = 1
     """Euler steps of the world model per step (1 is about 2.5x faster than 3 at similar quality)."""
     epochs: int = 2

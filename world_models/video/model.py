@@ -85,7 +85,7 @@ class WorldModelConfig:
     state_velocity: bool = False  # the channel carries the objects' last displacement and its cube head reads it
     state_arm_rest: bool = False  # the channel's arm head also reads the joint angles (needs state_rest)
     state_detach_hand: bool = False  # the channel's cube loss does not train its arm through the hand's position
-    state_gate: str = "sample"  # how rollouts apply the channel's contact gate: sample | hard | soft (GATES)
+    state_gate: str = "sample"  # how rollouts apply the channel's contact gate: sample | shared | hard | soft (GATES)
     n_objects: int = 3  # objects the state channel predicts (len(object_xyz))
     # the layout of observation.environment_state (the dataset's `EEDeltaControl`): where each object's centre starts,
     # where [ee, opening] repeat (-1: nowhere), (start, n) of the previous frame's first n entries; the rest is static

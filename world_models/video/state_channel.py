@@ -107,9 +107,13 @@ class StateChannelConfig:
 # How a rollout applies the contact gate p = sigmoid(logit). Training uses "soft": the head's change times p fits the
 # mean change, so the head itself learns the change *given* contact. "hard" moves the cube by that whole change
 # whenever p > 0.5; "sample" draws the contact with probability p (PETS-style), so over many steps a cube moves
-# p times as often as it is touched, as in the data.
-GATES = ("hard", "soft", "sample")
-GATE_FLOOR = 0.05  # "sample": contacts less likely than this are not drawn (far cubes stay exactly still)
+# p times as often as it is touched, as in the data. "shared" draws it the same way, but with one uniform number per
+# rollout, cube and step that every member compares with its own p: the members are hypotheses about one world, and
+# whether the finger catches the cube this step is that world's chance, not a member's. Under "sample" each member
+# draws alone, so where members agree on p = 0.6 their mean cube (the `readout` policies and rules read by default)
+# moves 60% of a push while the hand moves all of it, and the finger ends inside the mean cube.
+GATES = ("hard", "soft", "sample", "shared")
+GATE_FLOOR = 0.05  # "sample", "shared": contacts less likely than this are not drawn (far cubes stay exactly still)
 
 PAIR_RANGE = 0.3  # m: offsets to another cube are clipped here (a cube that fell off the table is metres away)
 
@@ -204,8 +208,10 @@ class StateChannel(nn.Module):
             g = (p > 0.5).float()
         elif gate == "soft":
             g = p
-        else:  # a contact drawn per step and member; below GATE_FLOOR the cube stays exactly still
-            g = ((torch.rand(p.shape, device=p.device, generator=generator) < p) & (p > GATE_FLOOR)).float()
+        else:  # a contact drawn per step (and member: "sample"); below GATE_FLOOR the cube stays exactly still
+            shape = p.shape if gate == "sample" else p.shape[1:]
+            u = torch.rand(shape, device=p.device, generator=generator)
+            g = ((u < p) & (p > GATE_FLOOR)).float()
         d_cube = out[..., :3]
         if self.cfg.hand_frame:
             d_cube = _rotate_xy(axes.mT, d_cube)

@@ -99,8 +99,8 @@ class TrainWMConfig:
     state_detach_hand: bool = False
     """The state channel's cube loss does not train its arm through the hand's position (`state_channel.py`)."""
     state_gate: str = "sample"
-    """How the state channel's rollouts apply its contact gate: sample (a contact drawn with the gate's probability),
-    hard (moved whenever the probability exceeds 0.5), soft (moved by the probability times the change). Changes no
+    """How the state channel's rollouts apply its contact gate: sample (a contact drawn with the gate's probability,
+    each member alone), shared (drawn once per rollout and step, every member against its own probability), hard (moved whenever the probability exceeds 0.5), soft (moved by the probability times the change). Changes no
     weight; recorded in the model's config (`state_channel.GATES`)."""
     state_dagger_rounds: int = 0
     """After the other phases: rounds of DAgger for the state channel (`state_dagger.py`): the scripted expert in
