@@ -105,7 +105,7 @@ def main(quick: bool = False, work: str = "", world_model: str = "", episodes: i
     `workers`: ray (one policy per core) or local. `stop_cm`: the hallucination flag (0: off). `pixels`,
     `acting`: a population of pixel policies instead (module docstring). `seed`: the first paired layout (default
     `wmrl rank`'s fresh ones); any other is ranked even where the models learned from it (`allow_seen_layouts`).
-    `readout`, `gate`: the state channel's readout (mean or member) and contact gate (default: the model's own)."""
+    `readout`, `gate`: the state channel's readout (mean, member or consensus) and contact gate (default: the model's own)."""
     from wmrl.eval.rank import FRESH_LAYOUTS, RankConfig, run_rank
 
     seed = FRESH_LAYOUTS if seed is None else int(seed)

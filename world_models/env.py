@@ -20,7 +20,8 @@ imagination unchanged (RLinf's BaseWorldEnv / DIAMOND's WorldModelEnv, with WoVR
   or `member`, one member drawn per episode and followed for its whole length (PETS's TS-infinity), so each
   imagined episode is one consistent world. Measured on the scripted expert, 200 true starts: imagined success 46.5%
   (mean) and 43% (member) against 94% in the simulator (README, world-model section): the readout alone is not
-  the gap (after state DAgger the member readout gains more than the mean).
+  the gap (after state DAgger the member readout gains more than the mean). `consensus`: the members are put back
+  on their mean after every step, so the ensemble steps as one model (`state_channel.READOUTS`).
 - `object_noise` (std per object-channel dimension, metres): the observed `observation.environment_state` carries
   Gaussian noise of that size, the model's own state does not: a policy that perceives objects through an estimator
   meets the estimator's error in imagination as it will at deployment.
@@ -48,6 +49,7 @@ from gymnasium.vector import AutoresetMode
 from sim import success_and_reward
 from wmrl.core.features import OBS_ENV_STATE, OBS_STATE
 from world_models.video.model import VideoWorldModel, imagined_success
+from world_models.video.state_channel import READOUTS
 from world_models.video.train import load_split
 
 STATE, ENV_STATE = OBS_STATE, OBS_ENV_STATE
@@ -62,8 +64,8 @@ class WorldModelEnv(gym.vector.VectorEnv):
                  decode_images: bool = True, sampling_steps: int | None = None, action_low: float = -1.0,
                  action_high: float = 1.0, rules=None, stop_cm: float = 0.0, object_noise=None,
                  state_readout: str = "mean"):
-        if state_readout not in ("member", "mean"):
-            raise ValueError(f"state_readout: expected 'member' or 'mean', got {state_readout!r}")
+        if state_readout not in READOUTS:
+            raise ValueError(f"state_readout: expected one of {READOUTS}, got {state_readout!r}")
         if reward not in ("relative_success", "head"):
             raise ValueError(f"reward: expected 'relative_success' or 'head', got {reward!r}")
         if not 0.0 <= keyframe_prob <= 1.0:
@@ -168,6 +170,8 @@ class WorldModelEnv(gym.vector.VectorEnv):
         if self.state_readout == "member":  # one member per episode, drawn at its start
             new["member"] = torch.as_tensor(self._rng.integers(self.model.cfg.state_members, size=len(ids)),
                                             device=self.model.device)
+        elif self.state_readout == "consensus":  # the members stepped from their mean state
+            new["consensus"] = torch.ones(len(ids), dtype=torch.bool, device=self.model.device)
         if self._state is None:
             self._state = new
         else:

@@ -552,6 +552,40 @@ def test_each_imagined_episode_follows_one_state_channel_member(trained, tiny_da
     assert np.abs(seen["member"][1][0] - zone[0]).max() < 5e-3
 
 
+def test_the_consensus_readout_steps_every_member_from_the_mean(trained, tiny_data):
+    """state_readout='consensus': every step starts all members from the members' mean, so the reported state is the
+    mean of the members' one-step predictions from one shared state (for 'mean' it is the mean of members that each
+    start from their own state); the members' spread after the step stays (the disagreement)."""
+    model = VideoWorldModel.load(trained / "checkpoints/last")
+    model.cfg.state_gate = "soft"  # no contact draws: the two paths below must see the same step
+
+    def head(feats):  # a cube change nonlinear in the cube's offset, contact certain: the readouts must differ
+        out = torch.zeros(*feats.shape[:-1], 4)
+        out[..., :3] = feats[..., :3] ** 2 * (1 + 0.1 * torch.arange(len(feats)))[:, None, None]  # members differ
+        out[..., 3] = 20.0
+        return out
+
+    model.state_channel.cube.forward = head
+    _, _, held = load_split(tiny_data, 0.25)
+    a = np.random.default_rng(0).uniform(-1, 1, (2, 4)).astype(np.float32)
+    got = {}
+    for readout in ("consensus", "mean"):
+        venv = WorldModelEnv(model, held, num_envs=2, max_episode_steps=8, rules=success_and_reward,
+                             decode_images=False, state_readout=readout)
+        venv.reset(seed=0)
+        venv._state["x"][1:, :, 4:6] += 0.05  # the members disagree on the red cube
+        start = venv._state["x"].clone()
+        obs, _, _, _, info = venv.step(a[:, None])
+        got[readout] = (start, obs["observation.environment_state"][:, :9], info["disagreement"])
+    start, env, dis = got["consensus"]
+    step = lambda x: model.state_channel.rollout_step(x, torch.as_tensor(a), "soft")
+    shared = step(start.mean(0, keepdim=True).expand_as(start)).mean(0)[:, 4:13].numpy()
+    np.testing.assert_allclose(env, shared, atol=1e-5)
+    np.testing.assert_allclose(got["mean"][1], step(start).mean(0)[:, 4:13].numpy(), atol=1e-5)
+    assert np.abs(env - got["mean"][1]).max() > 2e-4  # the two readouts differ here (0.57 mm; equal to 1e-5 above)
+    assert dis.max() > 0  # the members' one-step spread
+
+
 def test_missing_environment_state_names_the_feature_and_the_flag(tiny_data, tmp_path):
     from wmrl.datasets import LeRobotV3Dataset, LeRobotV3Writer, write_episode
     from wmrl.core.episode import features_for

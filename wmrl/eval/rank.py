@@ -33,7 +33,7 @@ from wmrl.core.io import atomic_path, write_json
 from wmrl.core.run import Tracker, start_run
 from world_models.env import make_imagination_env
 from world_models.factory import make_world_model
-from world_models.video.state_channel import GATES
+from world_models.video.state_channel import GATES, READOUTS
 from world_models.video.train import TrainWMConfig, check_world_model_task, world_model_data
 
 
@@ -79,8 +79,8 @@ class RankConfig:
     """The world model's hallucination flag: an imagined episode whose state-channel members disagree by more than
     this (cm) ends there as a failure (0: off). Each policy's share of flagged episodes is reported."""
     state_readout: str = "mean"
-    """What imagined episodes read of the state channel's ensemble: `mean` or one `member` per episode
-    (`WorldModelEnv`)."""
+    """What imagined episodes read of the state channel's ensemble: `mean`, one `member` per episode, or `consensus`
+    (the members stepped from their mean; `WorldModelEnv`)."""
     state_gate: str = ""
     """How the state channel's rollouts apply the contact gate (hard | soft | sample | shared); default: the model's own."""
     out: Path = Path("runs/rank")
@@ -458,8 +458,8 @@ def seen_layouts(folders: list[str | Path], seed: int, episodes: int, repeat: bo
 
 
 def run_rank(cfg: RankConfig, progress: bool = True) -> dict:
-    if cfg.state_readout not in ("mean", "member"):
-        raise ValueError(f"--state-readout: expected mean or member, got {cfg.state_readout!r}")
+    if cfg.state_readout not in READOUTS:
+        raise ValueError(f"--state-readout: expected one of {READOUTS}, got {cfg.state_readout!r}")
     if cfg.state_gate and cfg.state_gate not in GATES:
         raise ValueError(f"--state-gate: expected one of {GATES} (or empty: the model's own), got {cfg.state_gate!r}")
     data = cfg.data or world_model_data(cfg.world_model)

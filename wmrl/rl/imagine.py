@@ -79,8 +79,9 @@ class ImagineConfig:
     """The hallucination flag: end an imagined episode where the state channel's members disagree on an object's
     position by more than this (cm; 0: off); its success from there on does not count. Logged as flagged_share."""
     state_readout: str = "mean"
-    """What imagined episodes report of the state channel's ensemble: mean, or member (one member drawn per episode
-    and followed to its end, PETS's TS-infinity: each rollout is one consistent world, not the members' average)."""
+    """What imagined episodes report of the state channel's ensemble: mean, member (one member drawn per episode
+    and followed to its end, PETS's TS-infinity: each rollout is one consistent world, not the members' average), or
+    consensus (the members stepped from their mean state)."""
     state_gate: str = ""
     """How the state channel's rollouts apply the contact gate (hard | soft | sample | shared); default: the model's own."""
     sampling_steps: int = 1

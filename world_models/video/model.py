@@ -457,10 +457,12 @@ class VideoWorldModel(nn.Module):
         preds: dict = {}
         new = dict(state)
         if self.state_channel is not None:  # arm and objects first: the arm's prediction sets each frame's pose
-            xs, poses, x, member = [], [], state["x"], state.get("member")
+            xs, poses, x, member, consensus = [], [], state["x"], state.get("member"), state.get("consensus")
             for j in range(self.cfg.chunk):
                 mean = self.state_channel.readout(x, member)
                 poses.append(commanded_pose(mean[:, :3], a[:, j], self.cfg))
+                if consensus is not None:  # every member steps from the members' mean; their spread after it remains
+                    x = self.state_channel.consensus(x, consensus)
                 x = bound_arm(self.state_channel.rollout_step(x, a[:, j], self.cfg.state_gate,
                                                                    state_generator or generator), self.cfg)
                 xs.append(x)

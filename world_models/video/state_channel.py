@@ -115,6 +115,13 @@ class StateChannelConfig:
 GATES = ("hard", "soft", "sample", "shared")
 GATE_FLOOR = 0.05  # "sample", "shared": contacts less likely than this are not drawn (far cubes stay exactly still)
 
+# What a rollout reads of the ensemble (`WorldModelEnv(state_readout=...)`): "mean", the average of members that each
+# follow their own prediction; "member", one member per episode (PETS's TS-infinity); "consensus", the members put
+# back on their mean after every step, so each step is the ensemble's mean prediction from one shared state (members
+# that drift apart, e.g. one pushed a cube and another did not, are not averaged into a state none of them is in:
+# the finger inside the mean cube).
+READOUTS = ("mean", "member", "consensus")
+
 PAIR_RANGE = 0.3  # m: offsets to another cube are clipped here (a cube that fell off the table is metres away)
 
 
@@ -261,6 +268,14 @@ class StateChannel(nn.Module):
                      generator: torch.Generator | None = None) -> torch.Tensor:
         """x (M, B, D), a (B, A) -> x' (M, B, D), contact gates as `gate` says."""
         return self.next(x, a, gate=gate, generator=generator)[0]
+
+    @staticmethod
+    def consensus(x: torch.Tensor, which: torch.Tensor) -> torch.Tensor:
+        """x (M, B, D) with the rollouts `which` (B,) bool put on the members' mean: the `consensus` readout (READOUTS)
+        steps every member from that one state, so the ensemble acts as one model whose step is the mean of its
+        members' steps (their spread after it is the disagreement), instead of M worlds that drift apart and are
+        averaged afterwards."""
+        return torch.where(which[None, :, None], x.mean(0, keepdim=True).expand_as(x), x)
 
     @staticmethod
     def readout(x: torch.Tensor, member: torch.Tensor | None = None) -> torch.Tensor:
