@@ -12,6 +12,7 @@ the mean and under each member in turn:
   expected score of a rollout that draws its member);
 - the red cube's error at the end of each held-out episode (median, p90, cm) and the end-effector's error after
   4 and 16 steps (median, cm), replayed from the episode's first frame; `members`: pooled over members and episodes.
+`consensus`: the same under the members stepped from their mean state at every step (`state_channel.READOUTS`).
 
 Same model, same gate (each run's own, or `gate=`), same pairs and episodes for every run.
 
@@ -28,16 +29,16 @@ import numpy as np
 from wmrl.benchutil import finish
 
 
-def readout_scores(model, pairs, eps, member, matched) -> dict:
-    """One readout (`member` None: the mean) on the pairs and the held-out episodes: per-pair scores and per-episode
-    errors, unsummarised, so members can be pooled."""
+def readout_scores(model, pairs, eps, member, matched, consensus: bool = False) -> dict:
+    """One readout (`member` None: the mean, or with `consensus` the consensus) on the pairs and the held-out
+    episodes: per-pair scores and per-episode errors, unsummarised, so members can be pooled."""
     from sim.tabletop.twin import CUBE_COLOURS
     from wmrl.core.features import OBS_ENV_STATE, OBS_STATE
     from wmrl.eval.world_model import replay_states
     from world_models.video.evaluate import matched_max
 
-    p = replay_states(model, pairs, member=member)
-    r = replay_states(model, eps, member=member, seed=1)
+    p = replay_states(model, pairs, member=member, consensus=consensus)
+    r = replay_states(model, eps, member=member, seed=1, consensus=consensus)
     i = 3 * CUBE_COLOURS.index("red")
     ee_idx = list(model.cfg.ee_index)
     cube = np.array([np.linalg.norm(e[-1, i : i + 3] - ep[OBS_ENV_STATE][-1, i : i + 3]) * 100 for e, ep in zip(r["env"], eps)])
@@ -83,6 +84,7 @@ def main(quick: bool = False, world_models: str = "", pairs: int = 130, gate: st
                   "ee": {h: np.concatenate([p["ee"][h] for p in per]) for h in (4, 16)}}
         out["rows"].append({"world_model": run, "gate": model.cfg.state_gate, "heldout_episodes": len(eps),
                             "mean": summarise(mean, truth), "members": summarise(pooled, truth),
+                            "consensus": summarise(readout_scores(model, prs, eps, None, matched, True), truth),
                             "member_aurocs": [auroc(p["scores"], truth) for p in per]})
     out["minutes"] = (time.time() - t0) / 60
     label = name or "-".join(Path(r).name for r in runs)

@@ -795,6 +795,7 @@ def test_state_channel_open_loop_scores_every_run_and_readout_on_the_same_pairs(
     r = bench["main"](quick=True, world_models=f"{trained},{trained}", gate="sample")
     a, b = r["rows"]
     assert a["mean"] == b["mean"] and a["members"] == b["members"] and a["gate"] == "sample"
+    assert a["consensus"] == b["consensus"] and set(a["consensus"]) == set(a["mean"])
     from world_models.factory import make_world_model
 
     assert len(a["member_aurocs"]) == make_world_model("video", trained).cfg.state_members and r["n_pairs"] >= 1

@@ -25,3 +25,9 @@ def test_state_only_replay_follows_the_frame_path_and_reads_one_member(trained):
     assert not np.allclose(per[0]["ee"][0], per[1]["ee"][0])
     with pytest.raises(ValueError, match="member"):
         replay_states(model, eps, member=model.cfg.state_members)
+    # the consensus: the first step is the mean's (all members start alike), later ones are not
+    cons = replay_states(model, eps, consensus=True)
+    np.testing.assert_allclose(cons["ee"][0][0], alone["ee"][0][0], atol=1e-6)
+    assert not np.allclose(cons["ee"][0][1:], alone["ee"][0][1:], atol=1e-6)
+    with pytest.raises(ValueError, match="not both"):
+        replay_states(model, eps, member=0, consensus=True)

@@ -225,22 +225,27 @@ def held_episodes(held, cams: list[str]) -> list[dict]:
 
 
 @torch.no_grad()
-def replay_states(model, eps: list[dict], member: int | None = None, seed: int = 0) -> dict:
+def replay_states(model, eps: list[dict], member: int | None = None, seed: int = 0, consensus: bool = False) -> dict:
     """The state channel alone (no frames generated) replaying recorded episodes from their first frame under their
     recorded actions, batched and padded to the longest: per episode (its T - 1 steps) the predicted `ee`,
     `opening` and `env` (observation.environment_state) as the channel reports them, with the ensemble mean
-    (`member` None) or one member `member` for every episode, and the task rules' `success` and `reward`. The model's
-    own contact gate; `seed` draws sampled contacts. Needs a state channel that predicts all of observation.state."""
+    (`member` None), one member `member` for every episode, or the members stepped from their mean (`consensus`,
+    `state_channel.READOUTS`), and the task rules' `success` and `reward`. The model's own contact gate; `seed` draws
+    sampled contacts. Needs a state channel that predicts all of observation.state."""
     if not model.frames_optional:
         raise ValueError("replay_states needs a state channel that predicts all of observation.state (state_rest)")
     M = model.cfg.state_members
     if member is not None and not 0 <= member < M:
         raise ValueError(f"member: expected 0..{M - 1} or None, got {member}")
+    if member is not None and consensus:
+        raise ValueError("replay_states: one member or the consensus of all, not both")
     T, acts, obs = recorded_start(model, eps)
     Tm = max(T)
     state = model.encode(obs)
     if member is not None:
         state["member"] = torch.full((len(eps),), member, dtype=torch.long, device=model.device)
+    if consensus:
+        state["consensus"] = torch.ones(len(eps), dtype=torch.bool, device=model.device)
     g = torch.Generator(device=model.device).manual_seed(seed)
     ee, op, env = [], [], []
     for i in range(0, Tm, model.cfg.chunk):
