@@ -12,6 +12,9 @@ under other draws of the expert's noise, the most a model can reach), and, for a
 the expert's imagined success its training logged at the start of each round. It also times imagination with and
 without generating frames on the first model (`state_only_speed`): the closed loop here needs only the state channel.
 
+`noises`: the expert's action noise (default 0.1); several (`noises=0.1,0.3,1.0`) give every row at each level,
+with its own true run: a model should order the levels as the simulator does (a noisier expert succeeds less).
+
     wmrl bench state-channel-closed-loop --json --options world_models=RUN_A,RUN_B [starts=200 readouts=mean,member]
 """
 
@@ -76,7 +79,7 @@ def state_only_speed(model, replay, envs: int = 50, steps: int = 40, seed: int =
 
 
 def main(quick: bool = False, world_models: str = "", starts: int = 200, readouts: str = "mean,member",
-         name: str = "", first_layout: int = 70_000, gate: str = "") -> dict:
+         name: str = "", first_layout: int = 70_000, gate: str = "", noises: str = "0.1") -> dict:
     """`gate`: the contact gate the rollouts use (`state_channel.GATES`; default: each run's own `state_gate`), or
     several (`gate=hard,sample`): every run under each, with each row's paired gain over the first gate listed
     (same run and readout, `paired_vs_first_gate`).
@@ -94,44 +97,49 @@ def main(quick: bool = False, world_models: str = "", starts: int = 200, readout
     n = 4 if quick else int(starts)
     seeds = list(range(int(first_layout), int(first_layout) + n))
     t0 = time.time()
-    rows, gates = [], gate.split(",") if gate else [None]
+    rows, gates, levels = [], gate.split(",") if gate else [None], [float(x) for x in str(noises).split(",")]
+    if any(not 0 <= x < 10 for x in levels):
+        raise ValueError(f"noises: expected action noise levels in [0, 10), got {noises!r}")
     for run, g in [(r, g) for r in runs for g in gates]:
         model = make_world_model("video", run, state_gate=g)
         if model.state_channel is None:
             raise ValueError(f"{run} has no state channel")
         _, _, held = load_split(world_model_data(run), 0.1)
-        for readout in readouts.split(","):
-            h = hallucination(model, held, "push-red", "expert", seeds, state_readout=readout)
+        for readout, noise in [(ro, x) for ro in readouts.split(",") for x in levels]:
+            h = hallucination(model, held, "push-red", "expert", seeds, state_readout=readout, noise=noise)
             k_im, k_true = round(h["imagined_success"] * n), round(h["true_success"] * n)
-            rows.append({"world_model": run, "readout": readout, "gate": model.cfg.state_gate,
+            rows.append({"world_model": run, "readout": readout, "gate": model.cfg.state_gate, "noise": noise,
                          "imagined_success": h["imagined_success"],
                          "imagined_ci95": wilson_interval(k_im, n), "true_success": h["true_success"],
                          "true_ci95": wilson_interval(k_true, n), "imagined_minus_true": h["imagined_success"] - h["true_success"],
                          "hallucinated_share": h["hallucinated_share"], "median_disagreement_cm": h["median_disagreement_cm"],
                          **outcome_agreement(h["true_per_start"], h["imagined_per_start"]),
-                         "dagger_rounds": dagger_log(Path(run)), "per_start": h["imagined_per_start"]})
+                         "dagger_rounds": dagger_log(Path(run)), "per_start": h["imagined_per_start"],
+                         "true_per_start": h["true_per_start"]})
     # what a perfect model could reach: the simulator (the run every row was scored against) against itself under
     # other draws of the expert's noise
-    repeat = outcome_agreement(h["true_per_start"],
-                               true_closed_loop("push-red", seeds, noise_seed0=REPEAT_NOISE)["true_per_start"])
+    repeat = outcome_agreement(h["true_per_start"],  # the last row's noise level (the last listed)
+                               true_closed_loop("push-red", seeds, noise_seed0=REPEAT_NOISE, noise=levels[-1])["true_per_start"])
     first = make_world_model("video", runs[0])
     speed = state_only_speed(first, load_split(world_model_data(runs[0]), 0.1)[2], envs=4 if quick else 50,
                              steps=4 if quick else 40)
-    for row in rows:  # against the first model (same readout and gate), and the first gate, layout by layout
-        first = next(r for r in rows if r["readout"] == row["readout"] and r["gate"] == row["gate"])
+    for row in rows:  # against the first model (same readout, gate and noise), and the first gate, layout by layout
+        same = lambda r, *keys: all(r[k] == row[k] for k in keys)
+        first = next(r for r in rows if same(r, "readout", "gate", "noise"))
         row["paired_vs_first"] = paired_gain(first["per_start"], row["per_start"])
         if len(gates) > 1:
-            first = next(r for r in rows if r["readout"] == row["readout"] and r["world_model"] == row["world_model"])
+            first = next(r for r in rows if same(r, "readout", "world_model", "noise"))
             row["paired_vs_first_gate"] = paired_gain(first["per_start"], row["per_start"])
-    # each later gate against the first, all runs' layouts pooled (one readout at a time)
-    pick = lambda g, ro: sum((r["per_start"] for r in rows if r["gate"] == g and r["readout"] == ro), [])
-    pooled = {f"{g}_vs_{gates[0]}_{ro}": paired_gain(pick(gates[0], ro), pick(g, ro))
-              for g in gates[1:] for ro in readouts.split(",")}
-    out = {"task": "push-red", "policy": "scripted expert, noise 0.1", "starts": n, "first_layout": seeds[0], "rows": rows,
+    # each later gate against the first, all runs' layouts pooled (one readout and noise level at a time)
+    pick = lambda g, ro, x: sum((r["per_start"] for r in rows if (r["gate"], r["readout"], r["noise"]) == (g, ro, x)), [])
+    pooled = {f"{g}_vs_{gates[0]}_{ro}" + (f"_noise{x}" if len(levels) > 1 else ""): paired_gain(pick(gates[0], ro, x), pick(g, ro, x))
+              for g in gates[1:] for ro in readouts.split(",") for x in levels}
+    out = {"task": "push-red", "policy": f"scripted expert, noise {noises}", "starts": n, "first_layout": seeds[0], "rows": rows,
            **({"pooled_vs_first_gate": pooled} if pooled else {}),
            "true_vs_true": repeat, "state_only_speed": speed, "minutes": (time.time() - t0) / 60}
     label = (name or "-".join(Path(r).name for r in runs)) + (f"-from{seeds[0]}" if seeds[0] != 70_000 else "")
     return finish(f"state-channel-closed-loop-{label}" if not quick else "state-channel-closed-loop", out, quick,
                   command=f"wmrl bench state-channel-closed-loop --json --options world_models={world_models} "
                           f"starts={n} readouts={readouts}" + (f" gate={gate}" if gate else "")
-                          + (f" first_layout={seeds[0]}" if seeds[0] != 70_000 else ""))
+                          + (f" first_layout={seeds[0]}" if seeds[0] != 70_000 else "")
+                          + (f" noises={noises}" if str(noises) != "0.1" else ""))

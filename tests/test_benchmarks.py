@@ -666,6 +666,15 @@ def test_state_channel_closed_loop_pairs_imagination_and_the_simulator_on_the_sa
     assert [row["gate"] for row in two["rows"]] == ["hard", "sample"]
     assert two["rows"][0]["paired_vs_first_gate"]["gain"] == 0.0  # the first gate against itself
     assert set(two["pooled_vs_first_gate"]) == {"sample_vs_hard_member"}
+    # noise levels: each row's true run is the expert at that level (the imagined side gets the same policy)
+    from wmrl.eval.world_model import true_closed_loop
+
+    lv = bench["main"](quick=True, world_models=str(trained), readouts="mean", noises="0.1,1.0")
+    assert [row["noise"] for row in lv["rows"]] == [0.1, 1.0]
+    assert lv["rows"][0]["true_per_start"] == r["rows"][0]["true_per_start"]
+    assert lv["rows"][1]["true_per_start"] == true_closed_loop("push-red", list(range(70_000, 70_004)), noise=1.0)["true_per_start"]
+    with pytest.raises(ValueError, match="noises"):
+        bench["main"](quick=True, world_models=str(trained), noises="-1")
     (tmp_path / "metrics.jsonl").write_text('{"step": 3, "state_loss": 1.0}\n'
                                            '{"step": 5, "dagger_round": 0, "dagger_imagined_success": 0.4, "dagger_episodes": 9}\n')
     assert bench["dagger_log"](tmp_path) == [{"dagger_round": 0, "dagger_imagined_success": 0.4, "dagger_episodes": 9}]

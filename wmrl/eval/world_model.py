@@ -306,8 +306,8 @@ def pair_auroc(model, pairs: list[dict], seed: int = 0) -> dict:
 
 
 def hallucination(model, held, task: str, policy_name: str, seeds: list[int], max_steps: int = 80,
-                  flag_cm: float = 2.0, state_readout: str = "mean") -> dict:
-    """Closed-loop imagined episodes of a policy (`expert`: the scripted expert with noise 0.1; `random`) from
+                  flag_cm: float = 2.0, state_readout: str = "mean", noise: float = 0.1) -> dict:
+    """Closed-loop imagined episodes of a policy (`expert`: the scripted expert with `noise`; `random`) from
     true-simulator starts, success from the task's rules on predicted state. Every imagined success's actions are
     replayed in the true simulator from the same start; for the random policy every episode is replayed (its actions
     do not depend on what it sees), which gives its true success rate on the very same action sequences.
@@ -322,7 +322,7 @@ def hallucination(model, held, task: str, policy_name: str, seeds: list[int], ma
     n = len(seeds)
     venv = WorldModelEnv(model, held, num_envs=n, max_episode_steps=max_steps, decode_images=policy_name != "expert",
                          sampling_steps=1, rules=success_and_reward, state_readout=state_readout)
-    policy = ScriptedExpert(noise=0.1, seed=0) if policy_name == "expert" else RandomPolicy(venv.single_action_space, seed=0)
+    policy = ScriptedExpert(noise=noise, seed=0) if policy_name == "expert" else RandomPolicy(venv.single_action_space, seed=0)
     obs, _ = venv.reset(seed=0, options={"observations": batch})
     policy.reset()
     alive, success, trusted = np.ones(n, bool), np.zeros(n, bool), np.zeros(n, bool)
@@ -354,13 +354,13 @@ def hallucination(model, held, task: str, policy_name: str, seeds: list[int], ma
     if policy_name == "random":
         res["true_success"] = float(np.mean([true[i] for i in range(n)]))
     else:  # the policy itself in the true simulator from the same starts, and the chaos ceiling of the replay check
-        res.update(true_closed_loop(task, seeds, max_steps))
+        res.update(true_closed_loop(task, seeds, max_steps, noise=noise))
     return res
 
 
 def true_closed_loop(task: str, seeds: list[int], max_steps: int = 80, cube_shift: float = 1e-3,
-                     noise_seed0: int = 0) -> dict:
-    """The noisy scripted expert (noise 0.1) run closed-loop in the true simulator from the same starts (its true
+                     noise_seed0: int = 0, noise: float = 0.1) -> dict:
+    """The noisy scripted expert (`noise`) run closed-loop in the true simulator from the same starts (its true
     success rate: what imagined success should match), and the ceiling of the open-loop replay check: the share of
     its *true* successes whose actions fail when replayed from a start with every cube moved `cube_shift` (1 mm).
     A model exact up to 1 mm cannot score a lower hallucinated share than this. `true_per_start`: each start's
@@ -369,7 +369,7 @@ def true_closed_loop(task: str, seeds: list[int], max_steps: int = 80, cube_shif
     env = sim.make_env(task, cameras=(), max_episode_steps=max_steps).unwrapped
     ok, fail_shifted = [], []
     for k, s in enumerate(seeds):
-        r = evaluate(ScriptedExpert(noise=0.1, seed=noise_seed0 + k), env, 1, seed=s, record=True, progress=False)
+        r = evaluate(ScriptedExpert(noise=noise, seed=noise_seed0 + k), env, 1, seed=s, record=True, progress=False)
         ok.append(bool(r.per_episode[0]["success"]))
         if ok[-1]:
             fail_shifted.append(not replay_in_true_sim(task, s, r.episodes[0][ACTION], cube_shift=cube_shift, shift_seed=k))
