@@ -34,7 +34,7 @@ from wmrl.benchutil import finish
 STEPS = (0, 20, 40, 60)
 
 
-def true_episodes(task: str, seeds: list[int], horizon: int) -> dict:
+def true_episodes(task: str, seeds: list[int], horizon: int, noise: float = 0.1) -> dict:
     """The expert's true episodes from the same layouts: scenes at every step, the actions taken, the scene the last
     action led to (`final`), success, and each layout's target (the pushed cube's and its zone's x index in
     observation.environment_state)."""
@@ -46,7 +46,7 @@ def true_episodes(task: str, seeds: list[int], horizon: int) -> dict:
     from sim.tabletop.tasks import parse_instruction
 
     env = sim.make_env(task, cameras=()).unwrapped
-    policy = ScriptedExpert(noise=0.1, seed=0)
+    policy = ScriptedExpert(noise=noise, seed=0)
     scenes, finals, actions, success, targets = [], [], [], [], []
     try:
         for s in seeds:
@@ -150,15 +150,17 @@ def options(world_models: str, readout: str, starts: int, quick: bool) -> tuple[
     runs = [r for r in world_models.split(",") if r]
     if not runs:
         raise ValueError("options world_models=RUN[,RUN...] is required (runs with a state channel)")
-    if readout not in ("mean", "member"):
-        raise ValueError(f"readout must be mean or member, got {readout!r}")
+    from world_models.video.state_channel import READOUTS
+
+    if readout not in READOUTS:
+        raise ValueError(f"readout must be one of {READOUTS}, got {readout!r}")
     n = 4 if quick else int(starts)
     if n < 1:
         raise ValueError(f"starts must be >= 1, got {starts}")
     return runs, list(range(70_000, 70_000 + n))  # the closed-loop benchmark's layouts
 
 
-def imagine(run: str, seeds: list[int], readout: str, gate: str = "") -> tuple:
+def imagine(run: str, seeds: list[int], readout: str, gate: str = "", noise: float = 0.1) -> tuple:
     """A run's model and the expert's closed loop in its state channel (state only) from the layouts `seeds`:
     (model, per-episode scenes, success). `gate`: the contact gate of the rollouts (default: the run's own)."""
     from world_models.factory import make_world_model
@@ -169,7 +171,7 @@ def imagine(run: str, seeds: list[int], readout: str, gate: str = "") -> tuple:
     if model.state_channel is None or not model.frames_optional:
         raise ValueError(f"{run} needs a state channel that predicts all of observation.state (state_rest)")
     _, _, held = load_split(world_model_data(run), 0.1)
-    return (model, *imagined_expert(model, held, "push-red", seeds, 0.1, seed=0, readout=readout, frames=False))
+    return (model, *imagined_expert(model, held, "push-red", seeds, noise, seed=0, readout=readout, frames=False))
 
 
 def main(quick: bool = False, world_models: str = "", starts: int = 200, readout: str = "mean", name: str = "") -> dict:

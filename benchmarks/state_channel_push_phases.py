@@ -19,7 +19,10 @@ compared, per phase, with the true ones. Read it as a bias: a channel that carri
 more than the simulator does on the recorded data will do so more in imagination, where the expert re-aligns
 more often.
 
-    wmrl bench state-channel-push-phases --json --options world_models=RUN[,RUN] [starts=400 readout=member]
+`noise`: the expert's action noise (default 0.1) on both sides; a noisier expert shows where jittery pushing
+succeeds in imagination and not in the simulator.
+
+    wmrl bench state-channel-push-phases --json --options world_models=RUN[,RUN] [starts=400 readout=member noise=0.1]
 """
 
 from __future__ import annotations
@@ -125,18 +128,21 @@ def one_step(model, true: dict) -> dict:
 
 
 def main(quick: bool = False, world_models: str = "", starts: int = 400, readout: str = "member", name: str = "",
-         gate: str = "") -> dict:
-    """`readout`: the state channel's ensemble `mean` or one `member` per episode; `gate`: the contact gate of the
-    rollouts and the one-step check (`state_channel.GATES`; default: each run's own)."""
+         gate: str = "", noise: float = 0.1) -> dict:
+    """`readout`: the state channel's readout (`state_channel.READOUTS`); `gate`: the contact gate of the
+    rollouts and the one-step check (`state_channel.GATES`; default: each run's own); `noise`: the expert's."""
     runs, seeds = options(world_models, readout, starts, quick)
     n, t0 = len(seeds), time.time()
-    true = true_episodes("push-red", seeds, 80)
-    out: dict = {"task": "push-red", "policy": "scripted expert, noise 0.1", "starts": n, "readout": readout,
+    noise = float(noise)
+    if not 0 <= noise < 10:
+        raise ValueError(f"noise: expected an action noise level in [0, 10), got {noise}")
+    true = true_episodes("push-red", seeds, 80, noise=noise)
+    out: dict = {"task": "push-red", "policy": f"scripted expert, noise {noise}", "starts": n, "readout": readout,
                  "true": {"success": float(true["success"].mean()),
                           **phase_table(true["scenes"], true["final"], true["success"], true["targets"])},
                  "rows": []}
     for run in runs:
-        model, scenes, success = imagine(run, seeds, readout, gate)
+        model, scenes, success = imagine(run, seeds, readout, gate, noise)
         # an imagined episode's scenes stop at its last step: the scene after it is not kept, so its last step is not counted
         out["rows"].append({"world_model": run, "gate": model.cfg.state_gate, "imagined_success": float(success.mean()),
                             **phase_table(scenes, [None] * n, success, true["targets"]), "one_step": one_step(model, true)})
@@ -145,4 +151,4 @@ def main(quick: bool = False, world_models: str = "", starts: int = 400, readout
     return finish(f"state-channel-push-phases-{label}" if not quick else "state-channel-push-phases", out, quick,
                   command=f"wmrl bench state-channel-push-phases --json --options world_models={world_models} "
                           f"starts={n} readout={readout}" + (f" name={name}" if name else "")
-                          + (f" gate={gate}" if gate else ""))
+                          + (f" gate={gate}" if gate else "") + (f" noise={noise}" if noise != 0.1 else ""))

@@ -780,6 +780,11 @@ def test_state_channel_push_phases_labels_steps_with_the_experts_own_phases(trai
     assert sum(v["steps"] for v in row["one_step"].values()) == steps
     assert row["failures"] == round((1 - row["imagined_success"]) * r["starts"])
     assert sum(row["edge_reached_in"].values()) == row["failures_reaching_edge"] <= row["failures"]
+    # another noise level reaches both sides: the true episodes are the noisier expert's
+    noisy = bench["main"](quick=True, world_models=str(trained), noise=1.0, readout="consensus")
+    steps1 = sum(len(ep) for ep in bench["true_episodes"]("push-red", list(range(70_000, 70_004)), 80, noise=1.0)["scenes"])
+    assert sum(p["steps_per_episode"] for p in noisy["true"]["phases"].values()) * noisy["starts"] == pytest.approx(steps1)
+    assert noisy["policy"] == "scripted expert, noise 1.0" and noisy["readout"] == "consensus"
 
     # a hand-made realign step: the hand low behind the cube moves 2 cm across, the cube follows it by 1 cm
     c, z, e = ENV_STATE_NAMES.index("red_x"), ENV_STATE_NAMES.index("zone_yellow_x"), STATE_NAMES.index("ee_x")
