@@ -20,8 +20,8 @@ imagination unchanged (RLinf's BaseWorldEnv / DIAMOND's WorldModelEnv, with WoVR
   or `member`, one member drawn per episode and followed for its whole length (PETS's TS-infinity), so each
   imagined episode is one consistent world. Measured on the scripted expert, 200 true starts: imagined success 46.5%
   (mean) and 43% (member) against 94% in the simulator (README, world-model section): the readout alone is not
-  the gap (after state DAgger the member readout gains more than the mean). `consensus`: the members are put back
-  on their mean after every step, so the ensemble steps as one model (`state_channel.READOUTS`).
+  the gap (after state DAgger the member readout gains more than the mean). `consensus`: every step starts all members
+  from their mean, so the ensemble steps as one model (`state_channel.READOUTS`).
 - `object_noise` (std per object-channel dimension, metres): the observed `observation.environment_state` carries
   Gaussian noise of that size, the model's own state does not: a policy that perceives objects through an estimator
   meets the estimator's error in imagination as it will at deployment.

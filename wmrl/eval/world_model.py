@@ -313,7 +313,7 @@ def hallucination(model, held, task: str, policy_name: str, seeds: list[int], ma
     do not depend on what it sees), which gives its true success rate on the very same action sequences.
     `*_flagged`: the same, counting only successes reached while the ensemble's disagreement stayed <= `flag_cm`
     (the hallucination flag a caller can stop or discount uncertain imagined episodes with). `state_readout`: the
-    state channel's ensemble mean or one member per episode (`WorldModelEnv`)."""
+    state channel's readout (`state_channel.READOUTS`: mean, one member per episode, consensus; `WorldModelEnv`)."""
     env = sim.make_env(task).unwrapped
     starts = [env.reset(seed=s)[0] for s in seeds]
     env.close()

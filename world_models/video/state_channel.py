@@ -116,10 +116,10 @@ GATES = ("hard", "soft", "sample", "shared")
 GATE_FLOOR = 0.05  # "sample", "shared": contacts less likely than this are not drawn (far cubes stay exactly still)
 
 # What a rollout reads of the ensemble (`WorldModelEnv(state_readout=...)`): "mean", the average of members that each
-# follow their own prediction; "member", one member per episode (PETS's TS-infinity); "consensus", the members put
-# back on their mean after every step, so each step is the ensemble's mean prediction from one shared state (members
-# that drift apart, e.g. one pushed a cube and another did not, are not averaged into a state none of them is in:
-# the finger inside the mean cube).
+# follow their own prediction; "member", one member per episode (PETS's TS-infinity); "consensus", every step starts
+# all members from their mean, so each step is the ensemble's mean prediction from one shared state (members that
+# drift apart, e.g. one pushed a cube and another did not, are not averaged into a state none of them is in: the
+# finger inside the mean cube).
 READOUTS = ("mean", "member", "consensus")
 
 PAIR_RANGE = 0.3  # m: offsets to another cube are clipped here (a cube that fell off the table is metres away)
