@@ -100,13 +100,15 @@ def main(quick: bool = False, world_models: str = "", starts: int = 200, readout
     rows, gates, levels = [], gate.split(",") if gate else [None], [float(x) for x in str(noises).split(",")]
     if any(not 0 <= x < 10 for x in levels):
         raise ValueError(f"noises: expected action noise levels in [0, 10), got {noises!r}")
+    truth = {x: true_closed_loop("push-red", seeds, noise=x) for x in levels}  # the same for every model and readout
     for run, g in [(r, g) for r in runs for g in gates]:
         model = make_world_model("video", run, state_gate=g)
         if model.state_channel is None:
             raise ValueError(f"{run} has no state channel")
         _, _, held = load_split(world_model_data(run), 0.1)
         for readout, noise in [(ro, x) for ro in readouts.split(",") for x in levels]:
-            h = hallucination(model, held, "push-red", "expert", seeds, state_readout=readout, noise=noise)
+            h = hallucination(model, held, "push-red", "expert", seeds, state_readout=readout, noise=noise,
+                              true_run=truth[noise])
             k_im, k_true = round(h["imagined_success"] * n), round(h["true_success"] * n)
             rows.append({"world_model": run, "readout": readout, "gate": model.cfg.state_gate, "noise": noise,
                          "imagined_success": h["imagined_success"],

@@ -306,14 +306,17 @@ def pair_auroc(model, pairs: list[dict], seed: int = 0) -> dict:
 
 
 def hallucination(model, held, task: str, policy_name: str, seeds: list[int], max_steps: int = 80,
-                  flag_cm: float = 2.0, state_readout: str = "mean", noise: float = 0.1) -> dict:
+                  flag_cm: float = 2.0, state_readout: str = "mean", noise: float = 0.1,
+                  true_run: dict | None = None) -> dict:
     """Closed-loop imagined episodes of a policy (`expert`: the scripted expert with `noise`; `random`) from
     true-simulator starts, success from the task's rules on predicted state. Every imagined success's actions are
     replayed in the true simulator from the same start; for the random policy every episode is replayed (its actions
     do not depend on what it sees), which gives its true success rate on the very same action sequences.
     `*_flagged`: the same, counting only successes reached while the ensemble's disagreement stayed <= `flag_cm`
     (the hallucination flag a caller can stop or discount uncertain imagined episodes with). `state_readout`: the
-    state channel's readout (`state_channel.READOUTS`: mean, one member per episode, consensus; `WorldModelEnv`)."""
+    state channel's readout (`state_channel.READOUTS`: mean, one member per episode, consensus; `WorldModelEnv`).
+    `true_run`: the expert's `true_closed_loop` on the same seeds, noise and steps when the caller already has it
+    (it depends on neither the model nor the readout)."""
     env = sim.make_env(task).unwrapped
     starts = [env.reset(seed=s)[0] for s in seeds]
     env.close()
@@ -354,7 +357,7 @@ def hallucination(model, held, task: str, policy_name: str, seeds: list[int], ma
     if policy_name == "random":
         res["true_success"] = float(np.mean([true[i] for i in range(n)]))
     else:  # the policy itself in the true simulator from the same starts, and the chaos ceiling of the replay check
-        res.update(true_closed_loop(task, seeds, max_steps, noise=noise))
+        res.update(true_run if true_run is not None else true_closed_loop(task, seeds, max_steps, noise=noise))
     return res
 
 
