@@ -236,14 +236,15 @@ def main(quick: bool = False, cameras: str = "none", wm_episodes: int = 300, bc_
          group_size: int = 8, lr: float = 3e-5, eval_episodes: int = 300, work: str = "", ceiling: str = "false",
          min_std: float = 0.0, threads: int = 2, algo: str = "grpo", actor_state_dims: str = "",
          world_model: str = "", fidelity: int = 48, seed: int = 0, readout: str = "mean", workers: int = 0,
-         train_only: str = "false") -> dict:
+         train_only: str = "false", gate: str = "") -> dict:
     """`ceiling`: false, true (also the perfect-model run) or only (the perfect-model run alone). `min_std`: a floor
     on the actor's sigma (0: the residual's RMS as fitted). `actor_state_dims`: e.g. 4,5,6,7 (the proprioception the
     world model's state channel predicts; default: all of observation.state). `world_model`: a trained world-model
     run to use instead of the work folder's `wm` (named in the result). `fidelity`: true starts on which the start
     actor's closed-loop success in imagination is compared with the simulator's (0: skip). `seed`: the RL run's
     seed (rollout noise, minibatches; the start actor and the evaluation layouts stay the same). `readout`: the state
-    channel's readout in imagination (mean, or member: one ensemble member per episode). A PPO iteration's rollouts
+    channel's readout in imagination (`world_models.video.state_channel.READOUTS`: mean, member, consensus). `gate`:
+    the state channel's contact gate in imagination (`state_channel.GATES`; empty: the model's own). A PPO iteration's rollouts
     are split into 8 minibatches (at least 2 x group_size rollouts each), so a larger batch takes larger, not more,
     steps. `workers`: processes that step the perfect-model ceiling's true envs (0: this one). `train_only`: train
     (the ceiling's RL with `ceiling=only`, checkpointed and resumable under the work folder) and measure nothing, for
@@ -265,9 +266,17 @@ def main(quick: bool = False, cameras: str = "none", wm_episodes: int = 300, bc_
         raise ValueError("train_only=true trains the perfect-model ceiling's RL (ceiling=only); RL in imagination "
                          "trains with `wmrl imagine`")
     min_std = float(min_std)
+    from world_models.video.state_channel import GATES, READOUTS
+
+    if readout not in READOUTS or (gate and gate not in GATES):
+        raise ValueError(f"readout={readout!r}, gate={gate!r}: expected a readout in {READOUTS} and a gate in {GATES} (or none)")
     if quick:
         wm_episodes, bc_episodes, bc_steps, estimator_steps = 6, 6, 20, 4
-        iterations, groups, group_size, eval_episodes, fidelity = 1, 2, 2, 3, 2
+        iterations, groups, group_size, eval_episodes = 1, 2, 2, 3
+        fidelity = 2 if readout == "mean" and not gate else 0
+    if int(fidelity) and (readout != "mean" or gate):
+        raise ValueError("the closed-loop fidelity stage runs the mean readout with the model's own gate; "
+                         f"pass fidelity=0 with readout={readout!r} gate={gate!r}")
     torch.set_num_threads(int(threads))
     # the default run is the committed result; any other is written beside it, named by what differs
     suffix = "".join([f"-{'-'.join(cams)}"] * bool(cams) + [f"-{algo}"] * (algo != "grpo") + [f"-lr{lr:g}"] * (lr != 3e-5)
@@ -275,7 +284,7 @@ def main(quick: bool = False, cameras: str = "none", wm_episodes: int = 300, bc_
                      + [f"-state{''.join(map(str, dims))}"] * bool(dims)
                      + [f"-wm-{Path(world_model).name}"] * bool(world_model) + [f"-seed{seed}"] * (int(seed) != 0)
                      + [f"-g{groups}x{group_size}"] * ((groups, group_size) != (16, 8)) + [f"-{readout}"] * (readout != "mean")
-                     + ["-ceiling"] * (ceiling == "only"))
+                     + [f"-gate-{gate}"] * bool(gate) + ["-ceiling"] * (ceiling == "only"))
     name = "imagination-estimated-state" + suffix
     base = Path(work) if work else (Path(tempfile.mkdtemp(prefix="wmrl-bench-ies-")) if quick
                                     else ROOT / "runs" / "bench-imagination-estimated-state")
@@ -294,7 +303,7 @@ def main(quick: bool = False, cameras: str = "none", wm_episodes: int = 300, bc_
     before = stage("eval_before", lambda: success_in_task(start, "push-red", eval_episodes, cams))
     rl_dir = base / (f"rl-{bc_dir.name[3:]}-it{iterations}-g{groups}x{group_size}-lr{lr:g}" + ("" if algo == "grpo" else f"-{algo}")
                      + (f"-wm-{wm_run.name}" if world_model else "") + (f"-seed{seed}" if int(seed) else "")
-                     + (f"-{readout}" if readout != "mean" else ""))
+                     + (f"-{readout}" if readout != "mean" else "") + (f"-gate-{gate}" if gate else ""))
     out = {"task": "push-red", "cameras": list(cams) or "none (the object channel)",
            "success_rl_start": before["success"], "success_rl_start_ci": before["ci"],
            "success_rl_start_per_seed": before["per_seed"], "stalled_before": before["stalled"],
@@ -303,7 +312,8 @@ def main(quick: bool = False, cameras: str = "none", wm_episodes: int = 300, bc_
            "budgets": {"wm_episodes": wm_episodes, "bc_episodes": bc_episodes, "bc_steps": bc_steps, "min_std": min_std,
                        "estimator_steps": estimator_steps if cams else 0, "iterations": iterations, "groups": groups,
                        "group_size": group_size, "lr": lr, "algo": algo, "training_seeds": 1,
-                       "actor_state_dims": list(dims) or "all", "rl_seed": int(seed), "readout": readout},
+                       "actor_state_dims": list(dims) or "all", "rl_seed": int(seed), "readout": readout,
+                       "gate": gate or "the model's own"},
            "world_model": str(wm_run) if wm_run else None}
     if int(fidelity) and ceiling != "only":
         out["closed_loop_fidelity"] = stage("fidelity", lambda: closed_loop_fidelity(
@@ -314,7 +324,7 @@ def main(quick: bool = False, cameras: str = "none", wm_episodes: int = 300, bc_
         else:
             rl = stage("rl", lambda: imagine(ImagineConfig(
                 policy=bc_dir, policy_type="estimated-state", world_model=wm_run, data=wm_data, out=rl_dir,
-                iterations=iterations, groups=groups, group_size=group_size, lr=lr, algo=algo, state_readout=readout,
+                iterations=iterations, groups=groups, group_size=group_size, lr=lr, algo=algo, state_readout=readout, state_gate=gate,
                 minibatch_rollouts=ppo_minibatch(groups, group_size),
                 ckpt_every=max(1, iterations // 3), seed=int(seed), overwrite=True), progress=False))
             (rl_dir / "result.json").write_text(json.dumps(rl))
@@ -349,7 +359,7 @@ def main(quick: bool = False, cameras: str = "none", wm_episodes: int = 300, bc_
             + [f"iterations={iterations}"] * (iterations != 30) + [f"actor_state_dims={actor_state_dims}"] * bool(dims)
             + [f"world_model={world_model}"] * bool(world_model) + [f"seed={seed}"] * (int(seed) != 0)
             + [f"groups={groups}"] * (groups != 16) + [f"group_size={group_size}"] * (group_size != 8)
-            + [f"readout={readout}"] * (readout != "mean") + [f"work={work}"] * bool(work) + [f"threads={threads}"] * (int(threads) != 2)
+            + [f"readout={readout}"] * (readout != "mean") + [f"gate={gate}"] * bool(gate) + [f"work={work}"] * bool(work) + [f"threads={threads}"] * (int(threads) != 2)
             + [f"fidelity={fidelity}"] * (int(fidelity) != 48) + [f"workers={workers}"] * bool(int(workers)))
     return finish(name, out, quick, command="wmrl bench imagination-estimated-state --json" + (" --quick" if quick else "")
                   + (" --options " + " ".join(opts) if opts else ""))

@@ -467,6 +467,24 @@ def test_imagination_estimated_state_benchmark_pairs_its_evaluations(ies_quick):
     assert f["agreement"] == pytest.approx(1 - (f["true_only"] + f["imagined_only"]) / n) and f["state_rest"]
 
 
+def test_imagination_estimated_state_benchmark_passes_its_readout_and_gate_to_the_rl_run(ies_quick):
+    """`readout=` and `gate=` reach the RL run in imagination (its config), name its folder and result, and an unknown
+    one is refused before anything runs."""
+    import yaml
+
+    mod = runpy.run_path(str(BENCH / "imagination_estimated_state.py"), run_name="bench")
+    work = ies_quick[1]
+    with pytest.raises(ValueError, match="expected a readout in"):
+        mod["main"](quick=True, work=str(work), readout="median")
+    with pytest.raises(ValueError, match="gate in"):
+        mod["main"](quick=True, work=str(work), gate="always")
+    r = mod["main"](quick=True, work=str(work), readout="consensus", gate="shared")
+    assert r["budgets"]["readout"] == "consensus" and r["budgets"]["gate"] == "shared"
+    run = next(work.glob("rl-objects-*-consensus-gate-shared"))
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    assert (cfg["state_readout"], cfg["state_gate"]) == ("consensus", "shared")
+
+
 def test_perfect_model_ceiling_steps_in_workers_checkpoints_and_resumes(ies_quick, tmp_path):
     """The perfect-model ceiling's RL with its envs in two worker processes: the workers' simulator steps are counted
     (80 per rollout at most), it uses the imagination run's minibatch rule, and a rerun from the first checkpoint
