@@ -467,13 +467,16 @@ def test_imagination_estimated_state_benchmark_pairs_its_evaluations(ies_quick):
     assert f["agreement"] == pytest.approx(1 - (f["true_only"] + f["imagined_only"]) / n) and f["state_rest"]
 
 
-def test_imagination_estimated_state_benchmark_passes_its_readout_and_gate_to_the_rl_run(ies_quick):
+def test_imagination_estimated_state_benchmark_passes_its_readout_and_gate_to_the_rl_run(ies_quick, tmp_path):
     """`readout=` and `gate=` reach the RL run in imagination (its config), name its folder and result, and an unknown
     one is refused before anything runs."""
+    import shutil
+
     import yaml
 
     mod = runpy.run_path(str(BENCH / "imagination_estimated_state.py"), run_name="bench")
-    work = ies_quick[1]
+    work = tmp_path / "w"  # a copy: the shared work folder's RL runs are the population other tests rank
+    shutil.copytree(ies_quick[1], work, symlinks=True)
     with pytest.raises(ValueError, match="expected a readout in"):
         mod["main"](quick=True, work=str(work), readout="median")
     with pytest.raises(ValueError, match="gate in"):
