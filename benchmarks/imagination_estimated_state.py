@@ -236,7 +236,7 @@ def main(quick: bool = False, cameras: str = "none", wm_episodes: int = 300, bc_
          group_size: int = 8, lr: float = 3e-5, eval_episodes: int = 300, work: str = "", ceiling: str = "false",
          min_std: float = 0.0, threads: int = 2, algo: str = "grpo", actor_state_dims: str = "",
          world_model: str = "", fidelity: int = 48, seed: int = 0, readout: str = "mean", workers: int = 0,
-         train_only: str = "false", gate: str = "") -> dict:
+         train_only: str = "false", gate: str = "", checkpoints: str = "false") -> dict:
     """`ceiling`: false, true (also the perfect-model run) or only (the perfect-model run alone). `min_std`: a floor
     on the actor's sigma (0: the residual's RMS as fitted). `actor_state_dims`: e.g. 4,5,6,7 (the proprioception the
     world model's state channel predicts; default: all of observation.state). `world_model`: a trained world-model
@@ -244,7 +244,9 @@ def main(quick: bool = False, cameras: str = "none", wm_episodes: int = 300, bc_
     actor's closed-loop success in imagination is compared with the simulator's (0: skip). `seed`: the RL run's
     seed (rollout noise, minibatches; the start actor and the evaluation layouts stay the same). `readout`: the state
     channel's readout in imagination (`world_models.video.state_channel.READOUTS`: mean, member, consensus). `gate`:
-    the state channel's contact gate in imagination (`state_channel.GATES`; empty: the model's own). A PPO iteration's rollouts
+    the state channel's contact gate in imagination (`state_channel.GATES`; empty: the model's own). `checkpoints`:
+    also evaluate every kept checkpoint of the RL run before its last on the same layouts (where imagination starts
+    to be exploited: true success along the run, paired with the start). A PPO iteration's rollouts
     are split into 8 minibatches (at least 2 x group_size rollouts each), so a larger batch takes larger, not more,
     steps. `workers`: processes that step the perfect-model ceiling's true envs (0: this one). `train_only`: train
     (the ceiling's RL with `ceiling=only`, checkpointed and resumable under the work folder) and measure nothing, for
@@ -330,6 +332,16 @@ def main(quick: bool = False, cameras: str = "none", wm_episodes: int = 300, bc_
             (rl_dir / "result.json").write_text(json.dumps(rl))
         trained = in_true_world(EstimatedStatePolicy.load(rl_dir / "checkpoints" / "last"))
         after = stage("eval_after", lambda: success_in_task(trained, "push-red", eval_episodes, cams))
+        if str(checkpoints).lower() == "true":  # the kept checkpoints before the last, oldest first
+            kept = sorted(c for c in (rl_dir / "checkpoints").glob("ckpt-*") if c.resolve() != (rl_dir / "checkpoints" / "last").resolve())
+            along = []
+            for c in kept:
+                r = stage(f"eval_{c.name}", lambda c=c: success_in_task(in_true_world(EstimatedStatePolicy.load(c)), "push-red",
+                                                                        eval_episodes, cams))
+                along.append({"iteration": int(c.name.split("-")[1]), "success": r["success"], "ci": r["ci"],
+                              "per_seed": r["per_seed"], "stalled": r["stalled"],
+                              "paired": paired_gain(before["outcomes"], r["outcomes"])})
+            out["true_along_the_run"] = along
         curve = [json.loads(l) for l in (rl_dir / "metrics.jsonl").read_text().splitlines()]
         curve = [{k: r.get(k) for k in ("iteration", "imagined_success", "kept_groups", "approx_kl", "clip_frac",
                                         "log_std", "true_env_steps", "skipped_nonfinite")} for r in curve if "iteration" in r]
@@ -360,6 +372,7 @@ def main(quick: bool = False, cameras: str = "none", wm_episodes: int = 300, bc_
             + [f"world_model={world_model}"] * bool(world_model) + [f"seed={seed}"] * (int(seed) != 0)
             + [f"groups={groups}"] * (groups != 16) + [f"group_size={group_size}"] * (group_size != 8)
             + [f"readout={readout}"] * (readout != "mean") + [f"gate={gate}"] * bool(gate) + [f"work={work}"] * bool(work) + [f"threads={threads}"] * (int(threads) != 2)
-            + [f"fidelity={fidelity}"] * (int(fidelity) != 48) + [f"workers={workers}"] * bool(int(workers)))
+            + [f"fidelity={fidelity}"] * (int(fidelity) != 48) + [f"workers={workers}"] * bool(int(workers))
+            + ["checkpoints=true"] * (str(checkpoints).lower() == "true"))
     return finish(name, out, quick, command="wmrl bench imagination-estimated-state --json" + (" --quick" if quick else "")
                   + (" --options " + " ".join(opts) if opts else ""))

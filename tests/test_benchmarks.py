@@ -481,8 +481,9 @@ def test_imagination_estimated_state_benchmark_passes_its_readout_and_gate_to_th
         mod["main"](quick=True, work=str(work), readout="median")
     with pytest.raises(ValueError, match="gate in"):
         mod["main"](quick=True, work=str(work), gate="always")
-    r = mod["main"](quick=True, work=str(work), readout="consensus", gate="shared")
+    r = mod["main"](quick=True, work=str(work), readout="consensus", gate="shared", checkpoints="true")
     assert r["budgets"]["readout"] == "consensus" and r["budgets"]["gate"] == "shared"
+    assert r["true_along_the_run"] == []  # one iteration: its only checkpoint is the last, evaluated as the result
     run = next(work.glob("rl-objects-*-consensus-gate-shared"))
     cfg = yaml.safe_load((run / "config.yaml").read_text())
     assert (cfg["state_readout"], cfg["state_gate"]) == ("consensus", "shared")
