@@ -164,14 +164,14 @@ def imagine(run: str, seeds: list[int], readout: str, gate: str = "", noise: flo
     """A run's model and the expert's closed loop in its state channel (state only) from the layouts `seeds`:
     (model, per-episode scenes, success). `gate`: the contact gate of the rollouts (default: the run's own)."""
     from world_models.factory import make_world_model
-    from world_models.video.state_dagger import imagined_expert
+    from world_models.video.state_dagger import imagined_closed_loop
     from world_models.video.train import load_split, world_model_data
 
     model = make_world_model("video", run, state_gate=gate or None)
     if model.state_channel is None or not model.frames_optional:
         raise ValueError(f"{run} needs a state channel that predicts all of observation.state (state_rest)")
     _, _, held = load_split(world_model_data(run), 0.1)
-    return (model, *imagined_expert(model, held, "push-red", seeds, noise, seed=0, readout=readout, frames=False))
+    return (model, *imagined_closed_loop(model, held, "push-red", seeds, noise, seed=0, readout=readout, frames=False))
 
 
 def main(quick: bool = False, world_models: str = "", starts: int = 200, readout: str = "mean", name: str = "") -> dict:

@@ -279,8 +279,8 @@ def test_learned_layouts_of_a_world_model_include_its_state_dagger_rounds(tiny_d
     got = learned_layouts(run)
     assert got[f"{run} (state DAgger)"] == by_hand and got[str(tiny_data)] == list(range(8))
     used = []
-    monkeypatch.setattr(state_dagger, "imagined_visits", lambda model, replay, task, seeds, *a: (used.extend(seeds), ([], 0.0))[1])
-    monkeypatch.setattr(state_dagger, "true_continuations", lambda *a: ([], 0))
+    monkeypatch.setattr(state_dagger, "imagined_visits", lambda model, replay, task, seeds, *a, **k: (used.extend(seeds), ([], 0.0))[1])
+    monkeypatch.setattr(state_dagger, "true_continuations", lambda *a, **k: ([], 0))
     for r in range(2):
         state_dagger._round(None, None, ["push-red"], state_dagger.StateDaggerConfig(rounds=2, starts=5), r, 3)
     assert used == by_hand

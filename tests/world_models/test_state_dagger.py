@@ -129,3 +129,48 @@ def test_bad_dagger_settings_are_refused_in_one_line(tiny_data, tmp_path):
     with pytest.raises(ValueError, match="needs the dataset's"):
         train_world_model(tiny_wm_config(tiny_data, tmp_path / "b", state_dagger_rounds=1, state_channel=False),
                           progress=False)
+
+
+def test_a_learned_actor_samples_its_own_continuations_and_alternates_with_the_expert(tmp_path, monkeypatch):
+    """`actors=("expert", POLICY)`: round r's actor is actors[r % 2], in imagination and in the true continuations;
+    a policy's continuation records its own seeded samples (re-drawn by hand from a fresh copy with the same seed),
+    not the expert's actions."""
+    from policies.estimated_state import EstimatedStateConfig, EstimatedStatePolicy
+
+    pol = tmp_path / "actor"
+    EstimatedStatePolicy(EstimatedStateConfig(cameras=(), hidden=32, layers=2)).save(pol)
+    env, state, env_state = _scene()
+    env.close()
+    eps, refused = sd.true_continuations("push-red", [(3, state, env_state)], noise=0.0, length=3, seed=5, actor=str(pol))
+    assert refused == 0 and len(eps) == 1
+    by_hand = sd.dagger_actor(str(pol), seed=5, noise=0.0)
+    ep = eps[0]
+    for t in range(3):  # the same generator, drawn in the same order, on the recorded states
+        a = by_hand.select_action({OBS_STATE: ep[OBS_STATE][t][None], OBS_ENV_STATE: ep[OBS_ENV_STATE][t][None],
+                                   "task": ["push the red cube to the green zone"]})[0]
+        np.testing.assert_allclose(ep[ACTION][t], a, atol=1e-6)
+    mean = EstimatedStatePolicy.load(pol).select_action({OBS_STATE: ep[OBS_STATE][:1], OBS_ENV_STATE: ep[OBS_ENV_STATE][:1],
+                                                         "task": ["x"]})[0]
+    assert np.abs(ep[ACTION][0] - mean).max() > 1e-3  # sampled, as RL's rollouts act, not the actor's mean
+    expert, _ = sd.true_continuations("push-red", [(3, state, env_state)], noise=0.0, length=3, seed=5)
+    assert np.abs(expert[0][ACTION][0] - ep[ACTION][0]).max() > 1e-3
+
+    seen = []
+    monkeypatch.setattr(sd, "imagined_visits", lambda *a, actor, **k: (seen.append(("imagined", actor)), ([(3, state, env_state)], 0.5))[1])
+    monkeypatch.setattr(sd, "true_continuations", lambda *a, actor, **k: (seen.append(("true", actor)), ([], 0))[1])
+    cfg = sd.StateDaggerConfig(rounds=3, starts=2, actors=("expert", str(pol)))
+    infos = [sd._round(None, None, ["push-red"], cfg, r, 0)[1] for r in range(3)]
+    assert seen == [(w, a) for a in ("expert", str(pol), "expert") for w in ("imagined", "true")]
+    assert [i["dagger_actor"] for i in infos] == ["expert", str(pol), "expert"]
+
+
+def test_a_dagger_actor_that_cannot_act_on_state_is_refused_in_one_line(tmp_path):
+    from policies.estimated_state import EstimatedStateConfig, EstimatedStatePolicy
+
+    EstimatedStatePolicy(EstimatedStateConfig(cameras=("front",), width=8, hidden=32, layers=2)).save(tmp_path / "seeing")
+    with pytest.raises(ValueError, match="reads cameras"):
+        sd.StateDaggerConfig(rounds=1, actors=("expert", str(tmp_path / "seeing"))).validate()
+    with pytest.raises(ValueError, match="expected 'expert' or an estimated-state policy folder"):
+        sd.StateDaggerConfig(rounds=1, actors=(str(tmp_path / "nowhere"),)).validate()
+    with pytest.raises(ValueError, match="at least one actor"):
+        sd.StateDaggerConfig(rounds=1, actors=()).validate()

@@ -109,6 +109,10 @@ class TrainWMConfig:
     """State-channel training steps per DAgger round."""
     state_dagger_starts: int = 150
     """True layouts the expert is imagined from per DAgger round (up to 10 continuations each)."""
+    state_dagger_actors: tuple[str, ...] = ("expert",)
+    """Who acts in DAgger round r, in imagination and in the true continuations: actors[r % len(actors)], `expert`
+    (the scripted expert) or an estimated-state policy folder without cameras (sampling, as RL does), e.g.
+    `--state-dagger-actors expert runs/bc` alternates: the states the policy RL starts from visits, beside the expert's."""
     extra_data: tuple[Path, ...] = ()
     """More datasets to train on (all episodes to training), e.g. true rollouts of an evolved policy (co-evolution)."""
     init_from: Optional[Path] = None
@@ -365,7 +369,8 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
         raise ValueError(f"--mean-share must be in [0, 1) (1 would leave the diffusion path untrained), got {cfg.mean_share}")
     if cfg.compile not in COMPILE_MODES:
         raise ValueError(f"--compile must be one of {', '.join(m for m in COMPILE_MODES if m)}, got {cfg.compile!r}")
-    dagger = StateDaggerConfig(rounds=cfg.state_dagger_rounds, starts=cfg.state_dagger_starts, steps=cfg.state_dagger_steps)
+    dagger = StateDaggerConfig(rounds=cfg.state_dagger_rounds, starts=cfg.state_dagger_starts, steps=cfg.state_dagger_steps,
+                               actors=tuple(str(a) for a in cfg.state_dagger_actors))
     dagger.validate()
     run = start_run(cfg)
     torch.manual_seed(cfg.seed)
@@ -464,7 +469,7 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
                     eps, dinfo = dagger_round(model, train, dagger_tasks, dagger, r, cfg.seed)
                     save_episodes(path, eps)
                     tracker.log(dinfo, step=step)
-                    bar.write(f"state DAgger round {r}: expert imagined success {dinfo['dagger_imagined_success']:.3f}, "
+                    bar.write(f"state DAgger round {r}: {dinfo['dagger_actor']} imagined success {dinfo['dagger_imagined_success']:.3f}, "
                               f"{dinfo['dagger_episodes']} true continuations ({dinfo['dagger_refused']} refused)")
                 sampler.add_state_episodes(eps)
                 dagger_ready += 1
