@@ -147,6 +147,12 @@ def paired_gain(before: list[bool], after: list[bool], n_boot: int = 2000, seed:
             "layouts_won": int((d > 0).sum()), "layouts_lost": int((d < 0).sum())}
 
 
+def outcome_string(outcomes: list[bool]) -> str:
+    """Per-layout successes as "0"/"1", layout by layout (the evaluation's fixed order): two results on the same
+    layouts can then be paired with each other, not only with their own start."""
+    return "".join("1" if o else "0" for o in outcomes)
+
+
 def closed_loop_fidelity(policy, model_run: Path, n: int = 48, seed0: int = 60_000, max_steps: int = 80) -> dict:
     """Does imagination see the world the actor acts in? The actor with sampled actions (as RL runs it), from the
     same n true-simulator starts: closed loop in the true simulator and closed loop in the world model (reading
@@ -309,6 +315,7 @@ def main(quick: bool = False, cameras: str = "none", wm_episodes: int = 300, bc_
     out = {"task": "push-red", "cameras": list(cams) or "none (the object channel)",
            "success_rl_start": before["success"], "success_rl_start_ci": before["ci"],
            "success_rl_start_per_seed": before["per_seed"], "stalled_before": before["stalled"],
+           "outcomes_start": outcome_string(before["outcomes"]),
            "episodes_per_evaluation": before["episodes"],
            "bc": {k: record.get(k) for k in ("frames", "actor_train_mse", "actor_log_std", "estimate_noise")},
            "budgets": {"wm_episodes": wm_episodes, "bc_episodes": bc_episodes, "bc_steps": bc_steps, "min_std": min_std,
@@ -339,6 +346,7 @@ def main(quick: bool = False, cameras: str = "none", wm_episodes: int = 300, bc_
                 r = stage(f"eval_{c.name}", lambda c=c: success_in_task(in_true_world(EstimatedStatePolicy.load(c)), "push-red",
                                                                         eval_episodes, cams))
                 along.append({"iteration": int(c.name.split("-")[1]), "success": r["success"], "ci": r["ci"],
+                              "outcomes": outcome_string(r["outcomes"]),
                               "per_seed": r["per_seed"], "stalled": r["stalled"],
                               "paired": paired_gain(before["outcomes"], r["outcomes"])})
             out["true_along_the_run"] = along
@@ -347,6 +355,7 @@ def main(quick: bool = False, cameras: str = "none", wm_episodes: int = 300, bc_
                                         "log_std", "true_env_steps", "skipped_nonfinite")} for r in curve if "iteration" in r]
         out.update({
             "success_rl": after["success"], "success_rl_ci": after["ci"], "success_rl_per_seed": after["per_seed"],
+            "outcomes_rl": outcome_string(after["outcomes"]),
             "success_gain_points": 100 * (after["success"] - before["success"]),
             "paired": paired_gain(before["outcomes"], after["outcomes"]),
             "cis_overlap": not (after["ci"][0] > before["ci"][1] or before["ci"][0] > after["ci"][1]),

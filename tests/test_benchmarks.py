@@ -460,6 +460,9 @@ def test_imagination_estimated_state_benchmark_pairs_its_evaluations(ies_quick):
     assert r["true_env_steps_during_rl"] == 0 and r["episodes_per_evaluation"] == 3
     assert r["success_gain_points"] == pytest.approx(100 * (r["success_rl"] - r["success_rl_start"]))
     assert r["paired"]["gain"] == pytest.approx(r["success_rl"] - r["success_rl_start"])  # the same layouts
+    for key, rate in (("outcomes_start", "success_rl_start"), ("outcomes_rl", "success_rl")):  # layout by layout
+        assert len(r[key]) == 3 and set(r[key]) <= {"0", "1"} and r[key].count("1") / 3 == pytest.approx(r[rate])
+    assert mod["outcome_string"]([True, False, True]) == "101"
     assert [c["iteration"] for c in r["curve"]] == [1] and r["cameras"].startswith("none")
     f = r["closed_loop_fidelity"]  # the counts are a partition of the same starts
     n = f["episodes"]
