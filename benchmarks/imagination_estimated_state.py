@@ -268,6 +268,7 @@ def main(quick: bool = False, cameras: str = "none", wm_episodes: int = 300, bc_
     iterations, groups, group_size, eval_episodes = int(iterations), int(groups), int(group_size), int(eval_episodes)
     estimator_steps, lr = int(estimator_steps), float(lr)
     ceiling, train_only = str(ceiling).lower(), str(train_only).lower() == "true"
+    checkpoints = str(checkpoints).lower() == "true"
     if ceiling not in ("false", "true", "only"):
         raise ValueError(f"ceiling: expected false, true or only, got {ceiling!r}")
     if train_only and ceiling != "only":
@@ -339,7 +340,7 @@ def main(quick: bool = False, cameras: str = "none", wm_episodes: int = 300, bc_
             (rl_dir / "result.json").write_text(json.dumps(rl))
         trained = in_true_world(EstimatedStatePolicy.load(rl_dir / "checkpoints" / "last"))
         after = stage("eval_after", lambda: success_in_task(trained, "push-red", eval_episodes, cams))
-        if str(checkpoints).lower() == "true":  # the kept checkpoints before the last, oldest first
+        if checkpoints:  # the kept checkpoints before the last, oldest first
             kept = sorted(c for c in (rl_dir / "checkpoints").glob("ckpt-*") if c.resolve() != (rl_dir / "checkpoints" / "last").resolve())
             along = []
             for c in kept:
@@ -382,6 +383,6 @@ def main(quick: bool = False, cameras: str = "none", wm_episodes: int = 300, bc_
             + [f"groups={groups}"] * (groups != 16) + [f"group_size={group_size}"] * (group_size != 8)
             + [f"readout={readout}"] * (readout != "mean") + [f"gate={gate}"] * bool(gate) + [f"work={work}"] * bool(work) + [f"threads={threads}"] * (int(threads) != 2)
             + [f"fidelity={fidelity}"] * (int(fidelity) != 48) + [f"workers={workers}"] * bool(int(workers))
-            + ["checkpoints=true"] * (str(checkpoints).lower() == "true"))
+            + ["checkpoints=true"] * checkpoints)
     return finish(name, out, quick, command="wmrl bench imagination-estimated-state --json" + (" --quick" if quick else "")
                   + (" --options " + " ".join(opts) if opts else ""))
