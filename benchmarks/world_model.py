@@ -50,7 +50,7 @@ def main(quick: bool = False, size: str = "small", device: str = "cpu", steps_sc
          batch_size: int = 32, amp: bool = False, compile: str | None = None, train_only: bool = False,
          deterministic: bool = True, motion_weight: float = 3.0, episodes: int = 300, extra_envs: int = 2,
          eval_every: int = 500, seed: int = 0, state_unroll: int = 12, state_arm_rest: bool = False,
-         state_detach_hand: bool = False) -> dict:
+         state_detach_hand: bool = False, unroll: bool = True) -> dict:
     """The defaults are the committed CPU numbers. Anything else (e.g. `--size base --device cuda --steps-scale 5`)
     trains in its own work folder and writes `world-model-SIZE-DEVICE.json`, never the CPU result.
 
@@ -68,7 +68,9 @@ def main(quick: bool = False, size: str = "small", device: str = "cpu", steps_sc
     (`TrainWMConfig.eval_every`; 0 = only the final model's, measured here; training is the same either way).
     `state_unroll`: the state channel's training unroll (`TrainWMConfig.state_unroll`); another value trains in its
     own work folder (`...-suN`). `state_arm_rest`, `state_detach_hand`: the channel's options of those names
-    (`TrainWMConfig`), each in its own work folder (`...-ar`, `...-dh`).
+    (`TrainWMConfig`), each in its own work folder (`...-ar`, `...-dh`). `unroll=false`: no final unrolled phase
+    (`unroll_steps` 0; `...-nounroll`). With a constant learning rate and per-step randomness, that model is the
+    full recipe's checkpoint at the end of its denoiser phase, so a device run cut there is measured as this.
     `seed`: the training seed (`TrainWMConfig.seed`; the data stay the same), for a second model of one recipe
     (`...-sN`). The committed CPU result is the default with its deterministic baseline; `deterministic=false` alone
     writes `world-model-small-cpu.json` instead."""
@@ -84,13 +86,14 @@ def main(quick: bool = False, size: str = "small", device: str = "cpu", steps_sc
         raise ValueError(f"episodes must be >= 300 (the dataset with the held-out episodes), got {episodes}")
     n_eps, n_extra = (16, 0) if quick else (300, episodes - 300)
     default = (size, device, steps_scale, batch_size, float(motion_weight), episodes, seed, deterministic,
-               int(state_unroll), state_arm_rest, state_detach_hand) == ("small", "cpu", 1.0, 32, 3.0, 300, 0, True, 12,
-                                                                          False, False)
+               int(state_unroll), state_arm_rest, state_detach_hand, unroll) == ("small", "cpu", 1.0, 32, 3.0, 300, 0,
+                                                                                  True, 12, False, False, True)
     tag = "full" if default else (f"{size}-{device.split(':')[0]}" + (f"-x{steps_scale:g}" if steps_scale != 1 else "")
                                   + (f"-mw{float(motion_weight):g}" if float(motion_weight) != 3.0 else "")
                                   + (f"-ep{episodes}" if episodes != 300 else "") + (f"-s{seed}" if seed else "")
                                   + (f"-su{int(state_unroll)}" if int(state_unroll) != 12 else "")
-                                  + ("-ar" if state_arm_rest else "") + ("-dh" if state_detach_hand else ""))
+                                  + ("-ar" if state_arm_rest else "") + ("-dh" if state_detach_hand else "")
+                                  + ("" if unroll else "-nounroll"))
     work = Path(tempfile.mkdtemp(prefix="wmrl-bench-wm-")) if quick else WORK / tag  # quick: always fresh
     mix = dict(failures=0.3, noise=0.05, perturbed=0.25)
     base = TrainWMConfig(data=Path("."), out=Path("."))
@@ -99,6 +102,8 @@ def main(quick: bool = False, size: str = "small", device: str = "cpu", steps_sc
         eval_every=int(eval_every), seed=int(seed), state_unroll=int(state_unroll), state_arm_rest=state_arm_rest,
         state_detach_hand=state_detach_hand,
         **{k: int(getattr(base, k) * steps_scale) for k in ("ae_steps", "state_steps", "dyn_steps", "unroll_steps")})
+    if not unroll:
+        steps["unroll_steps"] = 0
     data, extra = work / "data", work / "extra-data"
     for out_dir, n, first_seed, envs in ((data, n_eps, 0, 2), (extra, n_extra, n_eps, int(extra_envs))):
         if n and not (out_dir / "meta/info.json").exists():
@@ -203,6 +208,8 @@ def main(quick: bool = False, size: str = "small", device: str = "cpu", steps_sc
         docs = ROOT / "docs"
         gain_plot(run / "psnr_gain_h16.png", pw["gain"], pw["motion"], pw["masked_gain"])
         auroc_plot(run / "auroc_pairs.png", scores, truth)
+        if not (run / "videos" / "real_vs_imagined.gif").exists():  # training cut before its videos (a device lease)
+            write_side_by_side(model, held, run / "videos", n=3)
         if det is not None:
             write_side_by_side(det, held, det_run / "videos", n=3)
         if default:
@@ -225,5 +232,6 @@ def main(quick: bool = False, size: str = "small", device: str = "cpu", steps_sc
             + (f" episodes={episodes}" if episodes != 300 else "") + (f" extra_envs={extra_envs}" if n_extra and extra_envs != 2 else "")
             + (f" seed={seed}" if seed else "")
             + (f" state_unroll={int(state_unroll)}" if int(state_unroll) != 12 else "")
-            + (" state_arm_rest=true" if state_arm_rest else "") + (" state_detach_hand=true" if state_detach_hand else ""))
+            + (" state_arm_rest=true" if state_arm_rest else "") + (" state_detach_hand=true" if state_detach_hand else "")
+            + ("" if unroll else " unroll=false"))
     return finish(f"world-model-{tag}", out, quick, command=f"wmrl bench world-model --json --options {opts}")

@@ -106,6 +106,21 @@ def test_resume_reproduces_the_next_loss(tiny_data, tmp_path):
     assert np.isclose(a[11], b[11], rtol=1e-5) and np.isclose(a[14], b[14], rtol=1e-4)
 
 
+def test_a_run_without_the_unrolled_phase_is_the_full_runs_checkpoint_before_that_phase(tiny_data, tmp_path):
+    """What lets a device run cut before its unrolled phase be measured as `bench world-model unroll=false`: a
+    constant learning rate and per-step randomness make the two trainings identical up to that phase's start."""
+    from safetensors.torch import load_file
+
+    kw = dict(ae_steps=2, state_steps=2, dyn_steps=3)
+    train_world_model(_cfg(tiny_data, tmp_path / "full", unroll_steps=2, **kw), progress=False)
+    train_world_model(_cfg(tiny_data, tmp_path / "cut", unroll_steps=0, **kw), progress=False)
+    before = load_file(tmp_path / "full/checkpoints/ckpt-000000007/model.safetensors")  # the denoiser phase's end
+    cut = load_file(tmp_path / "cut/checkpoints/last/model.safetensors")
+    after = load_file(tmp_path / "full/checkpoints/last/model.safetensors")
+    assert before.keys() == cut.keys() and all(torch.equal(before[k], cut[k]) for k in cut)
+    assert not all(torch.equal(after[k], cut[k]) for k in cut)  # the unrolled phase did change weights
+
+
 def test_checkpoint_from_another_config_is_refused(trained):
     cfg = VideoWorldModel.load(trained / "checkpoints/last").cfg
     other = WorldModelConfig(**{**cfg.__dict__, "chunk": cfg.chunk + 1})
