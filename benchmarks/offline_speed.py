@@ -14,10 +14,10 @@ HalfCheetah's 17-d state and 6-d action):
 
 The metric's check: the counter gives exactly 2*m*n*k for a single (m, k) @ (k, n) product, verified in the same run.
 
-The peer in the same run: torchrl's own `IQLLoss` and `TD3BCLoss` (with `SoftUpdate` and Adam), at our IQL's and
-TD3+BC's network shapes (2 hidden layers of `hidden` units, 2 critics), one gradient step each on the very same
-batch tensors (asserted: the TensorDict holds our tensors, not copies). TD3+BC's actor and targets move every second
-step in both.
+`ravl_previous` is the same RAVL update as this project ran it before 2026-11-27, timed in the same run as the
+reference for `ravl_speedup_vs_previous`: a second critic forward for EDAC's action gradients (now one forward serves
+the TD loss and the gradients), the critics' weight gradients computed in the actor's step and thrown away, and
+Adam's per-parameter loop instead of its fused kernel. Both give the same losses (tests/rl/test_offline.py).
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ import torch
 
 from wmrl.benchutil import finish, median_time
 
-AGENTS = {"ravl": dict(num_critics=10, eta=1.0), "sac-n": dict(num_critics=10, eta=0.0), "mbpo_sac": dict(num_critics=2, eta=0.0)}
+AGENTS = {"ravl": dict(num_critics=10, eta=1.0), "ravl_previous": dict(num_critics=10, eta=1.0),
+          "sac-n": dict(num_critics=10, eta=0.0), "mbpo_sac": dict(num_critics=2, eta=0.0)}
 
 
 def flops_of(fn) -> int:
@@ -137,6 +138,23 @@ def torchrl_peers(batch: dict, obs_dim: int, act_dim: int, hidden: int, repeats:
     return out
 
 
+def as_before(agent) -> None:
+    """Puts `agent` (a `SAC`) back on the update this project ran before 2026-11-27 (see the module's docstring)."""
+    critic = agent.critic
+
+    def two_forwards(obs, act):
+        N = critic.n
+        a = act.unsqueeze(0).expand(N, -1, -1).clone().requires_grad_(True)
+        (grad,) = torch.autograd.grad(critic(obs.unsqueeze(0).expand(N, -1, -1), a).sum(), a, create_graph=True)
+        return critic(obs, act), grad
+
+    critic.q_and_action_grad = two_forwards
+    critic.requires_grad_ = lambda flag=True: critic  # the actor's step then computes the critics' weight gradients
+    for name in ("opt_actor", "opt_critic"):
+        old = getattr(agent, name)
+        setattr(agent, name, torch.optim.Adam(old.param_groups[0]["params"], lr=old.param_groups[0]["lr"]))
+
+
 def main(quick: bool = False, batch_size: int = 256, hidden: int = 256, layers: int = 3) -> dict:
     from wmrl.rl.sac import SAC, SACConfig
 
@@ -162,6 +180,8 @@ def main(quick: bool = False, batch_size: int = 256, hidden: int = 256, layers: 
         torch.manual_seed(0)
         agent = SAC(SACConfig(obs_dim=obs_dim, act_dim=act_dim, action_low=(-1.0,) * act_dim, action_high=(1.0,) * act_dim,
                               hidden=hidden, layers=layers, batch_size=batch_size, **fields))
+        if name == "ravl_previous":
+            as_before(agent)
         flops = flops_of(lambda: agent.update(batch))
         sec = median_time(lambda: agent.update(batch), repeats)
         out["agents"][name] = {"updates_per_s": 1 / sec, "gflop_per_update": flops / 1e9, "achieved_gflops": flops / sec / 1e9,
@@ -171,6 +191,7 @@ def main(quick: bool = False, batch_size: int = 256, hidden: int = 256, layers: 
     out["ravl_updates_per_s"] = r["updates_per_s"]
     out["ravl_ceiling_updates_per_s"] = r["ceiling_updates_per_s"]
     out["ravl_ceiling_over_measured"] = r["ceiling_updates_per_s"] / r["updates_per_s"]
+    out["ravl_speedup_vs_previous"] = r["updates_per_s"] / out["agents"]["ravl_previous"]["updates_per_s"]
     name = "offline-speed" + ("" if (hidden, layers, batch_size) == (256, 3, 256) else f"-h{hidden}x{layers}-b{batch_size}")
     return finish(name, out, quick, command=f"wmrl bench offline-speed --json --options hidden={hidden} layers={layers} "
                                             f"batch_size={batch_size}")

@@ -57,6 +57,17 @@ class CriticEnsemble(nn.Module):
             x = x.unsqueeze(0).expand(self.n, -1, -1)
         return self.head(self.body(x)).squeeze(-1)
 
+    def q_and_action_grad(self, obs: torch.Tensor, act: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(Q (N, B), grad_a Q (N, B, A)) from one forward pass, the gradient differentiable w.r.t. the weights (what
+        EDAC's diversity term trains through, by a double backward). One forward serves both the TD loss and the
+        diversity term, which a second forward for the gradients alone would cost again."""
+        x = torch.cat([obs, act], -1)
+        x = x.unsqueeze(0).expand(self.n, -1, -1) if x.ndim == 2 else x
+        a = x[..., obs.shape[-1]:].detach().clone().requires_grad_(True)
+        q = self.head(self.body(torch.cat([x[..., : obs.shape[-1]], a], -1))).squeeze(-1)
+        (grad,) = torch.autograd.grad(q.sum(), a, create_graph=True)
+        return q, grad
+
 
 class StatePolicy:
     """The `Policy` protocol for actors on `observation.state`: each actor supplies `act(s) -> (B, A)` tensor."""

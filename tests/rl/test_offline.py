@@ -78,26 +78,82 @@ def test_true_dynamics_reproduce_halfcheetah_exactly():
         oracle.step(np.stack(S), np.stack(A), None)
 
 
-class _LinearCritics(torch.nn.Module):
-    """Q_i(s, a) = w_i . a: grad_a Q_i = w_i, so EDAC's term is known in closed form."""
-
-    def __init__(self, w):
-        super().__init__()
-        self.w = torch.as_tensor(w, dtype=torch.float32)
-        self.n = len(w)
-
-    def forward(self, obs, act):
-        return (act * self.w[:, None, :]).sum(-1)
-
-
 def test_edac_diversity_on_a_hand_example():
+    """Linear critics Q_i(s, a) = w_i . a have grad_a Q_i = w_i, so EDAC's term is known in closed form."""
     from wmrl.rl.sac import edac_diversity
 
-    obs, act = torch.zeros(5, 3), torch.randn(5, 2)
+    grads = lambda w: torch.tensor(w, dtype=torch.float32)[:, None, :].expand(-1, 5, -1)  # (N, B=5, A)
     # two critics at 45 degrees: sum over i != j of cos = 2 cos(45) and 1/(N-1) = 1
-    assert edac_diversity(_LinearCritics([[1, 0], [1, 1]]), obs, act).item() == pytest.approx(2 ** 0.5, abs=1e-5)
+    assert edac_diversity(grads([[1, 0], [1, 1]])).item() == pytest.approx(2 ** 0.5, abs=1e-5)
     # three critics: pairs (1,2) 0, (1,3) -1, (2,3) 0, each counted twice, divided by N-1 = 2
-    assert edac_diversity(_LinearCritics([[1, 0], [0, 1], [-1, 0]]), obs, act).item() == pytest.approx(-1.0, abs=1e-5)
+    assert edac_diversity(grads([[1, 0], [0, 1], [-1, 0]])).item() == pytest.approx(-1.0, abs=1e-5)
+
+
+@pytest.mark.parametrize("layer_norm", [False, True])
+def test_one_forward_gives_the_q_and_action_gradients_of_two(layer_norm):
+    """`q_and_action_grad` (one forward for the TD loss and EDAC's term) against a forward for Q and a second one for
+    grad_a Q: the same Q, the same action gradients and, through both losses, the same weight gradients."""
+    from policies.state.networks import CriticEnsemble
+    from wmrl.rl.sac import edac_diversity
+
+    torch.manual_seed(0)
+    critic = CriticEnsemble(5, 3, n=4, hidden=16, layers=3, layer_norm=layer_norm)
+    obs, act = torch.randn(32, 5), torch.rand(32, 3) * 2 - 1
+    a = act.unsqueeze(0).expand(4, -1, -1).clone().requires_grad_(True)
+    (g_ref,) = torch.autograd.grad(critic(obs.unsqueeze(0).expand(4, -1, -1), a).sum(), a, create_graph=True)
+    q_ref = critic(obs, act)
+    q, g = critic.q_and_action_grad(obs, act)
+    torch.testing.assert_close(q, q_ref, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(g, g_ref, rtol=1e-5, atol=1e-6)
+    loss = lambda q, g: (q ** 2).mean() + edac_diversity(g)
+    w_ref = torch.autograd.grad(loss(q_ref, g_ref), list(critic.parameters()))
+    w = torch.autograd.grad(loss(q, g), list(critic.parameters()))
+    for x, y in zip(w, w_ref):
+        torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-6)
+
+
+def test_the_batched_ensemble_equals_n_separate_networks():
+    """`CriticEnsemble` (one batched product per layer for all N critics) against N ordinary MLPs holding the same
+    weights: the same Q-values and the same weight gradients, to 1e-5."""
+    from policies.state.networks import CriticEnsemble, VectorizedLinear
+
+    torch.manual_seed(0)
+    N, critic = 5, CriticEnsemble(7, 3, n=5, hidden=32, layers=3)
+    lins = [m for m in critic.body if isinstance(m, VectorizedLinear)] + [critic.head]
+    nets = []
+    for i in range(N):
+        mods = []
+        for lin in lins:
+            layer = torch.nn.Linear(*lin.weight.shape[1:])
+            with torch.no_grad():
+                layer.weight.copy_(lin.weight[i].T)
+                layer.bias.copy_(lin.bias[i, 0])
+            mods += [layer, torch.nn.ReLU()]
+        nets.append(torch.nn.Sequential(*mods[:-1]))
+    obs, act = torch.randn(64, 7), torch.randn(64, 3)
+    q = critic(obs, act)
+    q_sep = torch.stack([net(torch.cat([obs, act], -1)).squeeze(-1) for net in nets])
+    torch.testing.assert_close(q, q_sep, rtol=1e-5, atol=1e-5)
+    (q ** 2).sum().backward()
+    (q_sep ** 2).sum().backward()
+    for j, lin in enumerate(lins):
+        for i in range(N):
+            torch.testing.assert_close(lin.weight.grad[i].T, nets[i][2 * j].weight.grad, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(lin.bias.grad[i, 0], nets[i][2 * j].bias.grad, rtol=1e-5, atol=1e-5)
+
+
+def test_the_actor_step_keeps_the_critics_trainable():
+    from wmrl.rl.sac import SAC, SACConfig
+
+    torch.manual_seed(0)
+    agent = SAC(SACConfig(obs_dim=3, act_dim=2, action_low=(-1.0, -1.0), action_high=(1.0, 1.0), num_critics=3, eta=1.0,
+                          hidden=8, layers=2, batch_size=16))
+    b = {"obs": torch.randn(16, 3), "act": torch.rand(16, 2) * 2 - 1, "rew": torch.randn(16),
+         "next_obs": torch.randn(16, 3), "term": torch.zeros(16)}
+    before = [p.detach().clone() for p in agent.critic.parameters()]
+    agent.update(b)
+    assert all(p.requires_grad for p in agent.critic.parameters())
+    assert all(not torch.equal(p, q) for p, q in zip(agent.critic.parameters(), before))  # the critic step still trains
 
 
 def test_ravl_target_is_min_over_the_ensemble_minus_entropy():

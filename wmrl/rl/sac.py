@@ -62,12 +62,10 @@ def batch_tensors(batch: dict, device="cpu") -> dict[str, torch.Tensor]:
             "next_obs": t(batch[f"next.{OBS_STATE}"]), "term": t(batch[TERMINATED]).reshape(-1)}
 
 
-def edac_diversity(critic: CriticEnsemble, obs: torch.Tensor, act: torch.Tensor) -> torch.Tensor:
-    """EDAC's ensemble similarity: mean over pairs i != j of cos(grad_a Q_i, grad_a Q_j) (An et al. 2021, eq. 5)."""
-    N = critic.n
-    a = act.unsqueeze(0).expand(N, -1, -1).clone().requires_grad_(True)
-    q = critic(obs.unsqueeze(0).expand(N, -1, -1), a)
-    (grad,) = torch.autograd.grad(q.sum(), a, create_graph=True)  # (N, B, A)
+def edac_diversity(grad: torch.Tensor) -> torch.Tensor:
+    """EDAC's ensemble similarity from the critics' action gradients `grad` (N, B, A), e.g.
+    `CriticEnsemble.q_and_action_grad`: mean over pairs i != j of cos(grad_a Q_i, grad_a Q_j) (An et al. 2021, eq. 5)."""
+    N = grad.shape[0]
     g = grad / (grad.norm(dim=-1, keepdim=True) + 1e-10)
     sim = torch.einsum("nba,mba->bnm", g, g)  # (B, N, N)
     off = sim.sum(dim=(1, 2)) - sim.diagonal(dim1=1, dim2=2).sum(-1)
@@ -92,8 +90,8 @@ class SAC(torch.nn.Module):
         self.target = copy.deepcopy(self.critic).requires_grad_(False)
         self.log_alpha = torch.nn.Parameter(torch.tensor(float(np.log(cfg.init_alpha))))
         self.target_entropy = -float(act_dim) if cfg.target_entropy is None else cfg.target_entropy
-        self.opt_actor = torch.optim.Adam(self.actor.parameters(), lr=cfg.actor_lr)
-        self.opt_critic = torch.optim.Adam(self.critic.parameters(), lr=cfg.critic_lr)
+        self.opt_actor = torch.optim.Adam(self.actor.parameters(), lr=cfg.actor_lr, fused=True)
+        self.opt_critic = torch.optim.Adam(self.critic.parameters(), lr=cfg.critic_lr, fused=True)
         self.opt_alpha = torch.optim.Adam([self.log_alpha], lr=cfg.alpha_lr)
 
     def optimizers(self) -> dict[str, torch.optim.Optimizer]:
@@ -116,11 +114,14 @@ class SAC(torch.nn.Module):
 
     def critic_loss(self, b: dict) -> tuple[torch.Tensor, dict]:
         y = self.target_q(b["rew"], b["next_obs"], b["term"])
-        q = self.critic(b["obs"], b["act"])
+        if self.cfg.eta > 0:  # one forward gives Q and the action gradients the diversity term needs
+            q, grad_a = self.critic.q_and_action_grad(b["obs"], b["act"])
+        else:
+            q = self.critic(b["obs"], b["act"])
         loss = ((q - y) ** 2).mean(1).sum()
         info = {"q_mean": q.mean().item(), "q_std": q.std(0).mean().item(), "target_mean": y.mean().item()}
         if self.cfg.eta > 0:
-            div = edac_diversity(self.critic, b["obs"], b["act"])
+            div = edac_diversity(grad_a)
             loss = loss + self.cfg.eta * div
             info["edac_diversity"] = div.item()
         info["critic_loss"] = loss.item()
@@ -133,10 +134,14 @@ class SAC(torch.nn.Module):
         self.opt_alpha.zero_grad(set_to_none=True)
         alpha_loss.backward()
         self.opt_alpha.step()
-        q_pi = self.critic(b["obs"], a).min(0).values
-        actor_loss = (self.alpha.detach() * logp - q_pi).mean()
-        self.opt_actor.zero_grad(set_to_none=True)
-        actor_loss.backward()
+        self.critic.requires_grad_(False)  # the actor's step needs dQ/da, not the critics' weight gradients
+        try:
+            q_pi = self.critic(b["obs"], a).min(0).values
+            actor_loss = (self.alpha.detach() * logp - q_pi).mean()
+            self.opt_actor.zero_grad(set_to_none=True)
+            actor_loss.backward()
+        finally:
+            self.critic.requires_grad_(True)
         self.opt_actor.step()
         info = {}
         for part in torch.arange(len(b["obs"])).chunk(self.cfg.utd):
@@ -147,8 +152,7 @@ class SAC(torch.nn.Module):
             loss.backward()
             self.opt_critic.step()
             with torch.no_grad():
-                for p, tp in zip(self.critic.parameters(), self.target.parameters()):
-                    tp.lerp_(p, self.cfg.tau)
+                torch._foreach_lerp_(list(self.target.parameters()), list(self.critic.parameters()), self.cfg.tau)
         return {**info, "actor_loss": actor_loss.item(), "alpha": self.alpha.item(), "entropy": -logp.mean().item()}
 
     @torch.no_grad()
