@@ -14,6 +14,11 @@ HalfCheetah's 17-d state and 6-d action):
 
 The metric's check: the counter gives exactly 2*m*n*k for a single (m, k) @ (k, n) product, verified in the same run.
 
+The peer in the same run: torchrl's own `IQLLoss` and `TD3BCLoss` (with `SoftUpdate` and Adam), at our IQL's and
+TD3+BC's network shapes (2 hidden layers of `hidden` units, 2 critics), one gradient step each on the very same
+batch tensors (asserted: the TensorDict holds our tensors, not copies). TD3+BC's actor and targets move every second
+step in both.
+
 `ravl_previous` is the same RAVL update as this project ran it before 2026-11-27, timed in the same run as the
 reference for `ravl_speedup_vs_previous`: a second critic forward for EDAC's action gradients (now one forward serves
 the TD loss and the gradients), the critics' weight gradients computed in the actor's step and thrown away, and

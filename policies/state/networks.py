@@ -61,10 +61,9 @@ class CriticEnsemble(nn.Module):
         """(Q (N, B), grad_a Q (N, B, A)) from one forward pass, the gradient differentiable w.r.t. the weights (what
         EDAC's diversity term trains through, by a double backward). One forward serves both the TD loss and the
         diversity term, which a second forward for the gradients alone would cost again."""
-        x = torch.cat([obs, act], -1)
-        x = x.unsqueeze(0).expand(self.n, -1, -1) if x.ndim == 2 else x
-        a = x[..., obs.shape[-1]:].detach().clone().requires_grad_(True)
-        q = self.head(self.body(torch.cat([x[..., : obs.shape[-1]], a], -1))).squeeze(-1)
+        per_member = lambda t: t.unsqueeze(0).expand(self.n, -1, -1) if t.ndim == 2 else t
+        a = per_member(act).detach().clone().requires_grad_(True)
+        q = self(per_member(obs), a)
         (grad,) = torch.autograd.grad(q.sum(), a, create_graph=True)
         return q, grad
 
