@@ -78,6 +78,32 @@ def test_bad_frames_get_named_errors(tmp_path, episode_factory):
         w.add_frame({k: v for k, v in frame.items() if k != "action"})
 
 
+def test_episodes_table_rolls_over_and_older_files_are_never_rewritten(tmp_path, episode_factory):
+    """Recording rewrites only the last episodes-table file, so its cost does not grow with the dataset; a dataset
+    resumed with another file size continues in its last file without duplicating rows."""
+    root = tmp_path / "ds"
+    eps = [episode_factory(3 + i % 4, start=10 * i) for i in range(7)]
+    w = LeRobotV3Writer(root, fps=10, features=features_for(eps[0]), episodes_per_meta_file=3)
+    for ep in eps[:3]:
+        write_episode(w, ep)
+    first = (root / "meta/episodes/chunk-000/file-000.parquet").read_bytes()
+    for ep in eps[3:5]:
+        write_episode(w, ep)
+    assert (root / "meta/episodes/chunk-000/file-000.parquet").read_bytes() == first
+    assert pq.read_table(root / "meta/episodes/chunk-000/file-001.parquet")["episode_index"].to_pylist() == [3, 4]
+    w2 = LeRobotV3Writer(root, fps=10, features=features_for(eps[0]), mode="resume", episodes_per_meta_file=2)
+    for ep in eps[5:]:
+        write_episode(w2, ep)
+    files = sorted((root / "meta/episodes/chunk-000").glob("*.parquet"))
+    assert [pq.read_table(f)["episode_index"].to_pylist() for f in files] == [[0, 1, 2], [3, 4], [5, 6]]
+    ds = LeRobotV3Dataset(root)
+    assert ds.num_episodes == 7 and ds.num_frames == sum(3 + i % 4 + 1 for i in range(7))
+    for i, ep in enumerate(eps):
+        assert np.array_equal(ds.episode(i)["observation.state"], ep["observation.state"]), i
+    with pytest.raises(ValueError, match="episodes_per_meta_file"):
+        LeRobotV3Writer(tmp_path / "other", fps=10, features=features_for(eps[0]), episodes_per_meta_file=0)
+
+
 def test_crash_mid_episode_loses_only_that_episode(tmp_path):
     script = textwrap.dedent(f"""
         import os, signal, sys

@@ -4,13 +4,16 @@ Layout (LeRobot's):
     meta/info.json            codebase_version "v3.0", fps, features, path templates, totals
     meta/stats.json           normalisation statistics (min, max, mean, std, count); images per channel in [0, 1]
     meta/tasks.parquet        task string (index "task") -> task_index
-    meta/episodes/chunk-000/file-000.parquet   one row per episode: length, tasks, data/video file and offsets
+    meta/episodes/chunk-000/file-NNN.parquet   one row per episode: length, tasks, data/video file and offsets
+                                               (`episodes_per_meta_file` rows per file)
     data/chunk-XXX/file-YYY.parquet            frames (timestamp, frame_index, episode_index, index, task_index, ...)
     videos/<key>/chunk-XXX/file-YYY.mp4        one video per camera
     meta/wmrl.json            wmrl's own metadata (lerobot drops unknown keys of info.json)
 
 Crash safety: every episode goes to its own data and video files, written to temporary names and renamed into
-place; the episodes table is the commit point, rewritten atomically after the episode's files exist. A crash
+place; the episodes table is the commit point, rewritten atomically after the episode's files exist. Only its last file is
+rewritten (a file holds `episodes_per_meta_file` rows), so recording stays as fast at the ten-thousandth episode as
+at the first. A crash
 mid-episode loses that episode only. Files left behind by a crash between the data rename and the commit are
 ignored by the reader and removed when the writer resumes. The reader also reads datasets written by lerobot itself,
 with many episodes per file, image features (PNG in parquet) and AV1 or h264 videos.
@@ -170,12 +173,15 @@ class LeRobotV3Writer:
 
     def __init__(self, root: str | Path, fps: int, features: dict[str, dict], robot_type: str | None = None,
                  mode: str = "create", codec: str = "h264", crf: int = 12, chunks_size: int = 1000,
-                 extra_meta: dict | None = None):
+                 extra_meta: dict | None = None, episodes_per_meta_file: int = 100):
         self.root = Path(root)
         if mode not in ("create", "overwrite", "resume"):
             raise ValueError(f"mode: expected create, overwrite or resume; got {mode!r}")
         if fps <= 0:
             raise ValueError(f"fps must be positive, got {fps}")
+        if episodes_per_meta_file < 1:
+            raise ValueError(f"episodes_per_meta_file must be >= 1, got {episodes_per_meta_file}")
+        self.episodes_per_meta_file = int(episodes_per_meta_file)
         exists = self.root.exists() and any(self.root.iterdir())
         if exists and mode == "create":
             raise FileExistsError(f"{self.root} already exists; pass overwrite (start again) or resume (append)")
@@ -346,7 +352,7 @@ class LeRobotV3Writer:
             x = np.asarray(columns[k], dtype=np.float64).reshape(T, -1)
             st = self.stats.setdefault(k, _RunningStats()).update(x, axes=(0,))
             row.update({f"stats/{k}/{s}": np.asarray(v).reshape(-1).tolist() for s, v in st.items()})
-        row.update({"meta/episodes/chunk_index": 0, "meta/episodes/file_index": 0})
+        row.update(self._next_meta_file())
         # 3. tasks (a superset is harmless), data, then the commit: the episodes table
         self._write_tasks()
         arrays, fields = [], []
@@ -375,10 +381,31 @@ class LeRobotV3Writer:
         with atomic_path(self._target("meta/tasks.parquet")) as tmp:
             df.to_parquet(tmp)
 
+    META_FILE = ("meta/episodes/chunk_index", "meta/episodes/file_index")
+
+    def _last_meta_file(self) -> tuple[tuple[int, int], list[dict]]:
+        """The episodes-table file of the last row, (chunk, file), and its rows (the trailing ones), oldest first."""
+        where = tuple(self.episodes[-1].get(k, 0) for k in self.META_FILE)
+        rows = []
+        for e in reversed(self.episodes):
+            if tuple(e.get(k, 0) for k in self.META_FILE) != where:
+                break
+            rows.append(e)
+        return where, rows[::-1]
+
+    def _next_meta_file(self) -> dict[str, int]:
+        """The episodes-table file the next row goes to: the last row's file while it holds fewer than
+        `episodes_per_meta_file` rows (a dataset resumed from another layout included), else the next file."""
+        if not self.episodes:
+            return dict.fromkeys(self.META_FILE, 0)
+        (chunk, file), rows = self._last_meta_file()
+        return dict(zip(self.META_FILE, (chunk, file + (len(rows) >= self.episodes_per_meta_file))))
+
     def _write_episodes(self) -> None:
-        table = pa.Table.from_pylist(self.episodes)
-        with atomic_path(self._target(EPISODES_PATH.format(chunk_index=0, file_index=0))) as tmp:
-            pq.write_table(table, tmp)
+        """Rewrite the last row's file only: the files before it are complete and never change."""
+        (chunk, file), rows = self._last_meta_file()
+        with atomic_path(self._target(EPISODES_PATH.format(chunk_index=chunk, file_index=file))) as tmp:
+            pq.write_table(pa.Table.from_pylist(rows), tmp)
 
     def _write_meta(self) -> None:
         stats = {}
