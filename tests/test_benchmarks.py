@@ -859,3 +859,18 @@ def test_state_channel_heldout_error_scores_every_run_on_the_same_windows(traine
     assert ea == eb and ea["6"] > ea["1"] > 0 and r["rows"][0]["cube_error_cm_by_horizon"] == r["rows"][1]["cube_error_cm_by_horizon"]
     with pytest.raises(ValueError, match="horizons"):
         bench["main"](quick=True, world_models=str(trained), horizons="0,4")
+
+
+def test_rl_seeds_pooled_averages_seeds_per_layout_and_refuses_other_starts():
+    r = _run("rl_seeds_pooled")  # hand example: start 001100; recipe a: 101100 and 111000; b: 111111
+    a, b = r["recipes"]["a"], r["recipes"]["b"]
+    assert a["success_per_rl_seed"] == [50.0, 50.0] and r["success_start"] == pytest.approx(100 / 3)
+    assert a["pooled_gain"]["mean"] == pytest.approx(100 / 6)  # per layout (1, .5, 0, -.5, 0, 0)
+    assert b["pooled_gain"]["mean"] == pytest.approx(200 / 3) and "rl_seed_difference" not in b
+    assert a["rl_seed_difference"]["mean"] == 0.0  # layouts 2 and 4 swap: the seeds differ on 2 of 6, not on average
+    assert r["differences"]["b minus a"]["mean"] == pytest.approx(50.0)
+    lo, hi = r["differences"]["b minus a"]["ci"]
+    assert 0 < lo < 50 < hi <= 100
+    pool = runpy.run_path(str(BENCH / "rl_seeds_pooled.py"), run_name="bench")["pool"]
+    with pytest.raises(ValueError, match="outcomes_start differ"):
+        pool({"a": [{"outcomes_start": "01", "outcomes_rl": "11"}], "b": [{"outcomes_start": "10", "outcomes_rl": "11"}]})
