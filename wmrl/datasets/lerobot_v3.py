@@ -11,10 +11,9 @@ Layout (LeRobot's):
     meta/wmrl.json            wmrl's own metadata (lerobot drops unknown keys of info.json)
 
 Crash safety: every episode goes to its own data and video files, written to temporary names and renamed into
-place; the episodes table is the commit point, rewritten atomically after the episode's files exist. Only its last file is
-rewritten (a file holds `episodes_per_meta_file` rows), so recording stays as fast at the ten-thousandth episode as
-at the first. A crash
-mid-episode loses that episode only. Files left behind by a crash between the data rename and the commit are
+place; the episodes table is the commit point, rewritten atomically after the episode's files exist. Only its last
+file is rewritten (a file holds `episodes_per_meta_file` rows), so recording does not slow down as the dataset grows
+(1.15x over 2,000 episodes, `wmrl bench dataset`). A crash mid-episode loses that episode only. Files left behind by a crash between the data rename and the commit are
 ignored by the reader and removed when the writer resumes. The reader also reads datasets written by lerobot itself,
 with many episodes per file, image features (PNG in parquet) and AV1 or h264 videos.
 """
