@@ -29,13 +29,14 @@ test: $(STAMP)
 	$(BIN)/lint-imports --no-cache  # the layer contract in pyproject.toml: an upward import fails the build
 	$(BIN)/python -m pytest -q
 
-# The suites under mujoco 3.3, the version `pip install 'wmrl[metaworld]'` resolves to (CI runs this after `test`).
+# The suites under mujoco 3.3, the version `pip install 'wmrl[metaworld]'` resolves to, with LIBERO, which needs mujoco<4
+# (CI runs this after `test`).
 VENV3 := .venv-mujoco3
 test-mujoco3:
 	test -x $(VENV3)/bin/python || $(PYTHON) -m venv $(VENV3)
 	$(VENV3)/bin/pip install -q --upgrade pip
 	$(VENV3)/bin/pip install -q "$(TORCH)"
-	$(VENV3)/bin/pip install -q -e ".[test,metaworld,so101]" "$(TORCH)"
+	$(VENV3)/bin/pip install -q -e ".[test,metaworld,so101,libero]" "$(TORCH)"
 	$(VENV3)/bin/python -c "import mujoco; assert mujoco.__version__.startswith('3.'), mujoco.__version__"
 	$(VENV3)/bin/python -m pytest -q -p no:cacheprovider tests/sim tests/eval/test_loop.py
 

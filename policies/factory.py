@@ -22,8 +22,9 @@ from wmrl.core.registry import POLICIES
 @POLICIES.register("scripted")
 def _scripted(action_space: gym.spaces.Box, seed: int = 0, noise: float = 0.0, failure_prob: float = 0.0,
               perturb_prob: float = 0.0, **_):
-    if action_space.shape != (4,):
-        raise ValueError("the scripted expert drives the end-effector delta control (4-D actions)")
+    if action_space.shape not in ((4,), (7,)):
+        raise ValueError("the scripted expert drives end-effector delta control: 4-D actions (tabletop, Meta-World, "
+                         f"SO-101) or LIBERO's 7-D OSC_POSE; got {action_space.shape}")
     return ScriptedExpert(noise=noise, failure_prob=failure_prob, seed=seed, perturb_prob=perturb_prob)
 
 

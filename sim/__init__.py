@@ -1,7 +1,7 @@
 """Simulated task suites. Importing `sim` registers every task in gymnasium's registry under `wmrl/`: the embedded
 tabletop (`gymnasium.make("wmrl/tabletop-push-red-v0")`, its hidden-parameter "real" cell
-`wmrl/tabletop-real-push-red-v0`) and, when the optional packages are installed, Meta-World (`wmrl/metaworld-push-v0`)
-and the tabletop on LeRobot's SO-101 arm (`wmrl/so101-reach-red-v0`).
+`wmrl/tabletop-real-push-red-v0`) and, when the optional packages are installed, Meta-World (`wmrl/metaworld-push-v0`),
+the tabletop on LeRobot's SO-101 arm (`wmrl/so101-reach-red-v0`) and LIBERO (`wmrl/libero-object-0-v0`).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ os.environ.setdefault("MUJOCO_GL", "egl")  # headless rendering; must be set bef
 import gymnasium as gym  # noqa: E402
 import numpy as np  # noqa: E402
 
+import sim.libero  # noqa: E402
 import sim.metaworld  # noqa: E402
 import sim.so101  # noqa: E402
 from sim.tabletop.tasks import all_tasks  # noqa: E402
@@ -25,7 +26,7 @@ ENTRY_POINT = "sim.tabletop.env:TabletopEnv"
 
 def env_ids() -> list[str]:
     tabletop = [f"wmrl/tabletop-{t.name}-v0" for t in all_tasks()] + [f"wmrl/tabletop-real-{t.name}-v0" for t in all_tasks()]
-    return tabletop + sim.metaworld.env_ids() + sim.so101.env_ids()
+    return tabletop + sim.metaworld.env_ids() + sim.so101.env_ids() + sim.libero.env_ids()
 
 
 def _register() -> None:
@@ -42,11 +43,15 @@ def _register() -> None:
         if env_id not in gym.registry:
             task = env_id.removeprefix("wmrl/so101-").removesuffix("-v0")
             gym.register(id=env_id, entry_point=sim.so101.ENTRY_POINT, kwargs={"task": task})
+    for env_id in sim.libero.env_ids():
+        if env_id not in gym.registry:
+            task = env_id.removeprefix("wmrl/libero-").removesuffix("-v0")
+            gym.register(id=env_id, entry_point=sim.libero.ENTRY_POINT, kwargs={"task": task})
 
 
 def resolve_task(task: str) -> str:
-    """Accept 'push-red', 'tabletop-push-red', 'tabletop-real-push-red', 'metaworld-push', 'so101-reach-red' or a
-    full gymnasium id; return the id. A suite's name without its package installed says how to install it."""
+    """Accept 'push-red', 'tabletop-push-red', 'tabletop-real-push-red', 'metaworld-push', 'so101-reach-red',
+    'libero-object-0' or a full gymnasium id; return the id. A suite's name without its package installed says how to install it."""
     ids = env_ids()
     for candidate in (task, f"wmrl/{task}-v0", f"wmrl/tabletop-{task}-v0", f"wmrl/{task}"):
         if candidate in ids:
@@ -55,6 +60,12 @@ def resolve_task(task: str) -> str:
         raise ValueError(f"task {task!r} needs Meta-World: pip install 'wmrl[metaworld]'")
     if task.removeprefix("wmrl/").startswith("so101-") and not sim.so101.available():
         raise ValueError(f"task {task!r} needs the SO-101 model: pip install 'wmrl[so101]'")
+    if task.removeprefix("wmrl/").startswith("libero-"):
+        if not sim.libero.available():
+            raise ValueError(f"task {task!r} needs LIBERO: pip install 'wmrl[libero]'")
+        from sim.libero.env import parse_task
+
+        parse_task(task.removeprefix("wmrl/").removeprefix("libero-").removesuffix("-v0"))  # names the valid ones
     short = sorted({i.removeprefix("wmrl/").removesuffix("-v0") for i in ids})
     raise ValueError(f"unknown task {task!r}; valid tasks: {', '.join(short)}")
 
@@ -66,6 +77,11 @@ def task_from_instruction(text: str) -> str:
 
         if (mw := task_of(text)) is not None:
             return f"metaworld-{mw}"
+    if sim.libero.available():
+        from sim.libero.env import task_of as libero_task_of
+
+        if (lt := libero_task_of(text)) is not None:
+            return f"libero-{lt}"
     return tabletop_task_from_instruction(text)
 
 
@@ -110,7 +126,9 @@ def true_steps_taken() -> int:
     from sim.tabletop.env import TabletopEnv
 
     mw = sys.modules.get("sim.metaworld.env")  # not imported: no Meta-World step can have been taken
-    return TabletopEnv.steps_taken + (mw.MetaWorldEnv.steps_taken if mw is not None else 0)
+    lib = sys.modules.get("sim.libero.env")
+    return (TabletopEnv.steps_taken + (mw.MetaWorldEnv.steps_taken if mw is not None else 0)
+            + (lib.LiberoEnv.steps_taken if lib is not None else 0))
 
 
 def _make_registered(env_id: str, kwargs: dict) -> gym.Env:

@@ -1,8 +1,8 @@
 """The scripted expert of every suite, as one batched policy (`wmrl.core.protocols.Policy`), and DART/DAgger labels.
 
 Each suite supplies a reactive `expert_action(instruction, state, environment_state, failure) -> action`: the
-tabletop's hand-written controllers (`sim.tabletop.experts`) and Meta-World's own scripted policies
-(`sim.metaworld.experts`, when installed). `expert_action` here dispatches on the instruction, so one expert drives
+tabletop's hand-written controllers (`sim.tabletop.experts`), Meta-World's own scripted policies
+(`sim.metaworld.experts`) and a pick-and-place controller for LIBERO (`sim.libero.experts`), when installed. `expert_action` here dispatches on the instruction, so one expert drives
 a batch that mixes tasks and suites, and noise, failure modes and perturbation segments work the same in all.
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+import sim.libero
 import sim.metaworld
 from sim.tabletop import experts as tabletop
 from wmrl.core.features import ACTION, OBS_ENV_STATE, OBS_STATE, TASK
@@ -23,6 +24,11 @@ def expert_action(task: str, state: np.ndarray, env_state: np.ndarray, failure: 
 
         if metaworld.task_of(task) is not None:
             return metaworld.expert_action(task, state, env_state, failure)
+    if sim.libero.available():
+        from sim.libero import experts as libero
+
+        if libero.task_of(task) is not None:
+            return libero.expert_action(task, state, env_state, failure)
     return tabletop.expert_action(task, state, env_state, failure)
 
 
@@ -76,13 +82,15 @@ class ScriptedExpert(torch.nn.Module):
             self.failure = self.rng.random(batch) < self.failure_prob
             self.perturbed = self.rng.random(batch) < self.perturb_prob
             self.segment = np.zeros(batch, np.int64)
-            self.segment_action = np.zeros((batch, 4), np.float32)
+            self.segment_action = None  # sized by the first actions (4-D tabletop, 7-D LIBERO)
         return self.failure
 
     def _perturb(self, actions: np.ndarray) -> np.ndarray:
         p = self.perturbed
         if not p.any():
             return actions
+        if self.segment_action is None or self.segment_action.shape != actions.shape:
+            self.segment_action = np.zeros(actions.shape, np.float32)
         actions[p, :3] += self.rng.normal(0.0, self.PERTURB_NOISE, size=(int(p.sum()), 3))
         start = p & (self.segment == 0) & (self.rng.random(len(p)) < self.PERTURB_SEGMENT_PROB)
         self.segment[start] = self.rng.integers(3, 9, int(start.sum()))

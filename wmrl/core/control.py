@@ -35,6 +35,10 @@ class EEDeltaControl:
     """Where [end-effector xyz, gripper opening] repeat inside observation.environment_state (-1: they do not)."""
     env_previous: tuple[int, int] = (0, 0)
     """(start, n): entries holding the previous frame's first n entries (Meta-World's frame stacking; n = 0: none)."""
+    gripper_action: int = 3
+    """Where the gripper command sits in the action: 3 for [dx, dy, dz, gripper] (the tabletop, Meta-World, the
+    SO-101 cell); 6 for LIBERO's OSC_POSE [dx, dy, dz, drx, dry, drz, gripper], whose rotation the world model's
+    commanded pose does not integrate (`world_models.video.train` refuses such data)."""
 
     def to_meta(self) -> dict:
         return asdict(self)

@@ -1,0 +1,124 @@
+"""LIBERO behind wmrl's env contract (skipped, with the reason, when the optional package is absent).
+
+Building a LIBERO env takes about 5 s, so each test builds at most one or two."""
+
+import json
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from gymnasium.utils.env_checker import check_env
+
+import sim
+import sim.libero
+
+pytestmark = pytest.mark.skipif(not sim.libero.available(), reason="LIBERO not installed (pip install 'wmrl[libero]')")
+
+ENV_STATE = "observation.environment_state"
+
+
+@pytest.fixture(scope="module")
+def object0():
+    env = gym.make("wmrl/libero-object-0-v0", disable_env_checker=True).unwrapped
+    yield env
+    env.close()
+
+
+def test_every_task_of_the_five_suites_is_registered_with_its_files_and_official_starts():
+    from sim.libero.env import bddl_file, initial_states, instruction
+
+    ids = sim.libero.env_ids()
+    assert len(ids) == 130 and set(ids) <= set(sim.env_ids()) and ids[0] == "wmrl/libero-spatial-0-v0"
+    for t in sim.libero.task_names():
+        assert bddl_file(t).is_file(), t
+        assert initial_states(t).shape[0] == 50, t  # LIBERO's evaluation runs exactly these 50 per task
+        assert sim.task_from_instruction(instruction(t)).startswith("libero-"), t
+    assert sim.task_from_instruction("pick up the alphabet soup and place it in the basket") == "libero-object-0"
+
+
+def test_check_env_and_lerobot_observations(object0):
+    env = object0
+    check_env(env, skip_render_check=True)
+    obs, info = env.reset(seed=0)
+    assert obs["observation.images.front"].shape == (64, 64, 3) and obs["observation.images.wrist"].dtype == np.uint8
+    assert obs["observation.state"].shape == (8,)  # LeRobot's LIBERO state: eef xyz, axis-angle, two fingers
+    assert obs[ENV_STATE].shape == (7 * len(env.object_names()),)
+    assert env.object_names()[:2] == ["alphabet_soup_1", "basket_1"]
+    assert obs["task"] == "pick up the alphabet soup and place it in the basket"
+    assert env.action_space.shape == (7,) and env.max_episode_steps == 280
+    control = env.metadata["control"]
+    assert control["gripper_action"] == 6 and control["object_state"] is None
+    # upright images: the floor (bottom rows) is brighter than the dark background above the table in agentview
+    front = obs["observation.images.front"].astype(float)
+    assert front[-16:].mean() > front[:8].mean()
+
+
+def test_a_seed_is_an_official_initial_state_and_restarts_exactly(object0):
+    env = object0
+    from sim.libero.env import initial_states
+
+    a, info = env.reset(seed=7)
+    assert info["init_state"] == 7
+    env.step(np.r_[np.ones(3), np.zeros(3), -1.0])
+    b, _ = env.reset(seed=57)  # 57 % 50: the same official start
+    c, _ = env.reset(options={"init_state": 8})
+    assert np.array_equal(a[ENV_STATE], b[ENV_STATE]) and np.array_equal(a["observation.state"], b["observation.state"])
+    assert np.abs(a[ENV_STATE] - c[ENV_STATE]).max() > 1e-3
+    starts = initial_states("object-0")
+    assert not np.array_equal(starts[7], starts[8])
+    with pytest.raises(ValueError, match="init_state"):
+        env.reset(options={"init_state": 50})
+
+
+def test_the_scripted_expert_puts_the_soup_in_the_basket_and_fails_near_it_in_failure_mode(object0):
+    """Success is LIBERO's own goal check; the near-success failure ends with the can outside the basket."""
+    from sim.experts import ScriptedExpert
+    from wmrl.eval import evaluate
+
+    env = object0
+    ok = evaluate(ScriptedExpert(seed=0), env, 1, seed=0, record=False, progress=False)
+    bad = evaluate(ScriptedExpert(seed=0, failure_prob=1.0), env, 1, seed=0, record=True, progress=False)
+    assert ok.pc_success == 100.0 and bad.pc_success == 0.0
+    final = bad.episodes[0][ENV_STATE][-1].reshape(-1, 7)
+    soup, basket = final[0, :3], final[1, :3]
+    assert 0.06 < np.linalg.norm(soup[:2] - basket[:2]) < 0.25 and soup[2] < 0.05  # released beside it, on the floor
+
+
+def test_bad_input_is_refused_with_the_valid_names(object0):
+    env = object0
+    with pytest.raises(ValueError, match="NaN"):
+        env.step(np.r_[np.zeros(6), np.nan])
+    with pytest.raises(ValueError, match="shape"):
+        env.step(np.zeros(4))
+    with pytest.raises(ValueError, match="spatial, object, goal, 10, 90"):
+        sim.resolve_task("libero-kitchen-0")
+    with pytest.raises(ValueError, match=r"tasks 0\.\.9"):
+        sim.resolve_task("libero-object-10")
+    from sim.libero.experts import expert_action
+    from sim.libero.env import instruction
+
+    with pytest.raises(ValueError, match="pick-and-place only"):
+        expert_action(instruction("goal-0"), np.zeros(8), np.zeros(7 * 20), False)
+
+
+def test_a_missing_package_says_how_to_install_it(monkeypatch):
+    monkeypatch.setattr(sim.libero, "available", lambda: False)
+    with pytest.raises(ValueError, match=r"pip install 'wmrl\[libero\]'"):
+        sim.resolve_task("libero-object-0")
+
+
+def test_collect_writes_a_lerobot_dataset_and_the_world_model_refuses_its_rotations(tmp_path):
+    from wmrl.commands.collect import CollectConfig, collect
+    from wmrl.datasets import LeRobotV3Dataset
+    from world_models.video.train import TrainWMConfig, train_world_model
+
+    out = tmp_path / "data"
+    collect(CollectConfig(task="libero-object-0", episodes=2, out=out, noise=0.1, num_envs=1, image_size=16),
+            progress=False)
+    info = json.loads((out / "meta" / "info.json").read_text())
+    assert info["fps"] == 20 and info["robot_type"] == "panda" and info["features"]["action"]["shape"] == [7]
+    ep = LeRobotV3Dataset(out).episode(0)
+    assert ep["observation.images.front"].shape[1:] == (16, 16, 3) and ep["task"][0].startswith("pick up the alphabet")
+    assert bool(np.any(ep["next.success"]))
+    with pytest.raises(ValueError, match="rotation"):
+        train_world_model(TrainWMConfig(data=out, out=tmp_path / "wm", size="tiny", holdout=0.0), progress=False)
