@@ -3,9 +3,10 @@
 `LiberoEnv(task="object-3")` wraps the fourth task of `libero_object` (upstream order):
 
 - observations use LeRobot's names, as its LIBERO datasets do: `observation.images.front` (LIBERO's `agentview`)
-  and `.wrist` (`robot0_eye_in_hand`), both upright (LIBERO's own renderer returns them upside down, which policies
-  trained on its HDF5 files undo by a 180-degree turn; ours renders with `mujoco.Renderer`, which is already
-  upright), `observation.state` (end-effector xyz, its orientation as an axis-angle vector and the two finger
+  and `.wrist` (`robot0_eye_in_hand`), both as the camera sees them (`mujoco.Renderer`). LIBERO's own arrays are
+  these flipped upside down (OpenGL's row order; measured: correlation 0.77 with ours flipped vertically, -0.40
+  unflipped), and LeRobot's and OpenVLA's LIBERO code turn those by 180 degrees, which makes ours mirrored left to
+  right: a policy trained on their data wants `image[:, ::-1]` of ours. `observation.state` (end-effector xyz, its orientation as an axis-angle vector and the two finger
   joints: the 8 entries of LeRobot's LIBERO datasets), `observation.environment_state` (privileged: position and
   wxyz quaternion of every object then every fixture of the task's BDDL file, `object_names()` says which) and
   `task` (LIBERO's instruction);
