@@ -122,3 +122,18 @@ def test_collect_writes_a_lerobot_dataset_and_the_world_model_refuses_its_rotati
     assert bool(np.any(ep["next.success"]))
     with pytest.raises(ValueError, match="rotation"):
         train_world_model(TrainWMConfig(data=out, out=tmp_path / "wm", size="tiny", holdout=0.0), progress=False)
+
+
+def test_the_benchmark_checks_its_metric():
+    """`wmrl bench libero` in quick mode: the expert is the ceiling, its failure mode and a random policy the floor."""
+    import runpy
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parents[2] / "benchmarks" / "libero.py"
+    r = runpy.run_path(str(bench), run_name="bench")["main"](quick=True)
+    soup = r["tasks"]["object-0"]
+    assert soup["expert"]["success"] == 1.0 and soup["expert_failure_mode"]["success"] == 0.0
+    assert r["random_success_max"] == 0.0
+    tp = r["throughput"]
+    assert tp["steps_per_s_state_only"] > tp["steps_per_s_two_cameras_64px"] > 0
+    assert tp["steps_per_s_tabletop_two_cameras_64px"] > tp["steps_per_s_two_cameras_64px"]  # LIBERO's meshes cost
