@@ -20,10 +20,10 @@
   LIBERO's evaluation scripts, 10 no-op steps with the gripper open let the objects settle before the first
   observation; they are not counted.
 
-Rendering is ours, not robosuite's: a `mujoco.Renderer` with shadows, reflections and multisampling off (1.3x
-LIBERO's own renderer with both 64 px cameras, 9.3 vs 7.1 control steps/s on 2 CPU cores; `wmrl bench libero`).
-Physics alone runs about 76 control steps/s (25 substeps each); LIBERO's scenes are textured meshes, so rendering
-dominates (the tabletop runs 277 steps/s with both cameras in the same benchmark).
+Rendering is ours, not robosuite's: a `mujoco.Renderer` with shadows, reflections and multisampling off (1.4x
+LIBERO's own renderer with both 64 px cameras, 8.0 vs 5.7 control steps/s on 2 shared CPU cores; `wmrl bench
+libero`). Physics alone runs about 61 control steps/s (25 substeps each); LIBERO's scenes are textured meshes, so
+rendering dominates (the tabletop runs 180 steps/s with both cameras in the same benchmark).
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import io
-import os
 from pathlib import Path
 
 import gymnasium as gym
@@ -40,7 +39,7 @@ import numpy as np
 from gymnasium import spaces
 
 from sim.libero import SUITES
-from sim.tabletop.env import validate_action
+from sim.tabletop.env import check_view_args, validate_action
 from wmrl.core.control import EEDeltaControl
 from wmrl.core.features import OBS_ENV_STATE, OBS_STATE, TASK, image_key
 
@@ -125,14 +124,7 @@ class LiberoEnv(gym.Env):
                  cameras: tuple[str, ...] = ("front", "wrist"), max_episode_steps: int | None = None,
                  render_mode: str | None = None, render_size: tuple[int, int] = (256, 256), post_success_steps: int = 0):
         suite, _ = parse_task(task)
-        for cam in cameras:
-            if cam not in CAMERAS:
-                raise ValueError(f"cameras: unknown camera {cam!r}; valid: {', '.join(CAMERAS)}")
-        if render_mode not in (None, "rgb_array"):
-            raise ValueError(f"render_mode: expected None or 'rgb_array', got {render_mode!r}")
-        if post_success_steps < 0:
-            raise ValueError(f"post_success_steps must be >= 0, got {post_success_steps}")
-        os.environ.setdefault("MUJOCO_GL", "egl")
+        check_view_args(cameras, render_mode, post_success_steps)
         with contextlib.redirect_stdout(io.StringIO()):
             from libero.libero.envs import OffScreenRenderEnv
 
@@ -157,7 +149,6 @@ class LiberoEnv(gym.Env):
                                  object_xyz=tuple(7 * k for k in range(len(self._bodies))), gripper_action=6)
         self.metadata = {**type(self).metadata, "control": control.to_meta()}
         self._renderers: dict[tuple[int, int], mujoco.Renderer] = {}
-        self._model = None
 
         obs = {image_key(c): spaces.Box(0, 255, (self.height, self.width, 3), np.uint8) for c in self.cameras}
         obs[OBS_STATE] = spaces.Box(-np.inf, np.inf, (len(STATE_NAMES),), np.float32)
@@ -217,12 +208,9 @@ class LiberoEnv(gym.Env):
                 "init_state": self.init_state, "qpos": np.array(d.qpos, np.float32), "qvel": np.array(d.qvel, np.float32)}
 
     def _render(self, camera: str, size: tuple[int, int]) -> np.ndarray:
-        model = self.lib.sim.model._model
-        if model is not self._model:  # robosuite rebuilt its model: renderers hold the old one
-            self._close_renderers()
-            model.vis.quality.offsamples = 0
-            self._model = model
-        if size not in self._renderers:
+        if size not in self._renderers:  # the model is built once (hard_reset=False), so renderers stay valid
+            model = self.lib.sim.model._model
+            model.vis.quality.offsamples = 0  # no multisampling
             self._renderers[size] = mujoco.Renderer(model, *size)
         r = self._renderers[size]
         r.update_scene(self.lib.sim.data._data, camera=CAMERAS[camera])

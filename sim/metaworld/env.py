@@ -36,7 +36,7 @@ import numpy as np
 from gymnasium import spaces
 
 from sim.metaworld import tasks as mw_tasks
-from sim.tabletop.env import TEXT_CHARSET, geom_masks, validate_action
+from sim.tabletop.env import TEXT_CHARSET, check_view_args, geom_masks, validate_action
 from wmrl.core.control import EEDeltaControl
 from wmrl.core.features import OBS_ENV_STATE, OBS_STATE, TASK, image_key
 
@@ -115,13 +115,7 @@ class MetaWorldEnv(gym.Env):
     def __init__(self, task: str = "reach", image_size: int | tuple[int, int] = 64,
                  cameras: tuple[str, ...] = ("front", "wrist"), max_episode_steps: int | None = None,
                  render_mode: str | None = None, render_size: tuple[int, int] = (240, 320), post_success_steps: int = 0):
-        for cam in cameras:
-            if cam not in CAMERAS:
-                raise ValueError(f"cameras: unknown camera {cam!r}; valid: {', '.join(CAMERAS)}")
-        if render_mode not in (None, "rgb_array"):
-            raise ValueError(f"render_mode: expected None or 'rgb_array', got {render_mode!r}")
-        if post_success_steps < 0:
-            raise ValueError(f"post_success_steps must be >= 0, got {post_success_steps}")
+        check_view_args(cameras, render_mode, post_success_steps)
         self.task = task
         self.sawyer = _sawyer_class(task)()
         self.sawyer._partially_observable = False  # the goal is part of the (privileged) environment state

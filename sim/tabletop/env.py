@@ -54,6 +54,11 @@ def check_cell_args(control: str, cameras: tuple[str, ...], render_mode: str | N
     """The constructor arguments every MuJoCo tabletop cell takes, refused with the valid values."""
     if control not in ("ee_delta", "joint"):
         raise ValueError(f"control: expected 'ee_delta' or 'joint', got {control!r}")
+    check_view_args(cameras, render_mode, post_success_steps)
+
+
+def check_view_args(cameras: tuple[str, ...], render_mode: str | None, post_success_steps: int) -> None:
+    """Cameras, render mode and post-success steps, which every suite's env takes (front and wrist cameras in all)."""
     for cam in cameras:
         if cam not in ("front", "wrist"):
             raise ValueError(f"cameras: unknown camera {cam!r}; valid: front, wrist")
