@@ -16,6 +16,7 @@ Work folder runs/bench-offline/ (datasets and SAC runs are cached). Plots go to 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import tempfile
 import time
@@ -30,6 +31,7 @@ WORK = REPO / "runs" / "bench-offline"
 
 
 def _runs(data: Path, work: Path, algos, dynamics, seeds, **kw) -> dict:
+    from wmrl.core.run import resume_differences
     from wmrl.rl.ravl import OfflineConfig, train_offline
 
     out = {}
@@ -45,9 +47,12 @@ def _runs(data: Path, work: Path, algos, dynamics, seeds, **kw) -> dict:
                     if prev.get("budget") == budget:  # finished with the same budget: reuse it
                         rows.append(prev)
                         continue
-                res = train_offline(OfflineConfig(data=data, out=run, algo=algo, dynamics=dyn, seed=seed,
-                                                  dynamics_dir=work / f"dynamics-s{seed}", overwrite=True,
-                                                  progress=False, **kw))
+                cfg = OfflineConfig(data=data, out=run, algo=algo, dynamics=dyn, seed=seed,
+                                    dynamics_dir=work / f"dynamics-s{seed}", progress=False, **kw)
+                # a run stopped part way, or finished at fewer epochs of the same budget, continues where it stopped
+                # (exactly: tested); any other difference in its config.yaml starts it over
+                resume = (run / "checkpoints" / "last").exists() and not resume_differences(run, cfg)
+                res = train_offline(dataclasses.replace(cfg, resume=resume, overwrite=not resume))
                 res["budget"] = budget
                 done.write_text(json.dumps(res, default=float))
                 rows.append(res)
@@ -67,29 +72,44 @@ def _summary(rows: list[dict], reference: dict) -> dict:
             "q_abs_max_mean": float(np.mean(q_max)), "minutes_mean": float(np.mean([r["minutes"] for r in rows]))}
 
 
-def _plot_curves(results: dict, path: Path, title: str) -> None:
+def _plot_curves(results: dict, path: Path, title: str, updates_per_epoch: int | None = None,
+                 reference: dict | None = None) -> None:
+    """Per method: mean Q at dataset (s, a), mean Q at the states rollouts end in (the edge-of-reach candidates) and
+    the return (normalised when `reference` is given) over training; lines are seed means, bands span the seeds."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from wmrl.rl.d4rl import normalized_score
+
+    scale = updates_per_epoch or 1
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.4))
-    for name, rows in results.items():
-        ep = [c["epoch"] for c in rows[0]["curve"]]
+    for i, (name, rows) in enumerate(results.items()):
+        color = f"C{i}"
+        n = min(len(r["curve"]) for r in rows)
+        ep = np.array([c["epoch"] for c in rows[0]["curve"][:n]]) * scale
         for ax, key in zip(axes, ("q_dataset", "q_rollout_end")):
-            vals = np.array([[c.get(key, np.nan) for c in r["curve"]] for r in rows])
-            ax.plot(ep, np.nanmean(vals, 0), label=name)
-        ev = [(c["epoch"], c["return"]) for c in rows[0]["curve"] if "return" in c]
-        rets = np.array([[c["return"] for c in r["curve"] if "return" in c] for r in rows])
-        axes[2].plot([e for e, _ in ev], rets.mean(0), marker="o", label=name)
-    for ax, t in zip(axes, ("mean Q at dataset (s, a)", "mean Q at rollout end states (edge of reach)", "return")):
+            vals = np.array([[c.get(key, np.nan) for c in r["curve"][:n]] for r in rows])
+            ax.plot(ep, np.nanmean(vals, 0), color=color, label=name)
+            if len(rows) > 1:
+                ax.fill_between(ep, np.nanmin(vals, 0), np.nanmax(vals, 0), color=color, alpha=0.15, lw=0)
+        ev = np.array([c["epoch"] for c in rows[0]["curve"][:n] if "return" in c]) * scale
+        rets = np.array([[c["return"] for c in r["curve"][:n] if "return" in c] for r in rows])
+        if reference is not None:
+            rets = np.vectorize(lambda x: normalized_score(x, reference))(rets)
+        axes[2].plot(ev, rets.mean(0), marker="o", ms=3, color=color, label=name)
+        if len(rows) > 1:
+            axes[2].fill_between(ev, rets.min(0), rets.max(0), color=color, alpha=0.15, lw=0)
+    ret_title = "normalised return (online SAC = 100)" if reference is not None else "return"
+    for ax, t in zip(axes, ("mean Q at dataset (s, a)", "mean Q at rollout end states (edge of reach)", ret_title)):
         ax.set_title(t, fontsize=10)
-        ax.set_xlabel("epoch")
+        ax.set_xlabel("agent updates" if updates_per_epoch else "epoch")
         ax.grid(alpha=0.3)
     axes[0].set_yscale("symlog")
     axes[1].set_yscale("symlog")
     axes[2].legend(fontsize=8)
-    fig.suptitle(title)
+    fig.suptitle(title + ("; bands: min to max over seeds" if any(len(r) > 1 for r in results.values()) else ""))
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
@@ -203,10 +223,18 @@ def _plot_finetuning(curves: dict, path: Path) -> None:
 def main(quick: bool = False, envs: str = "point,HalfCheetah", seeds: int = 3, point_epochs: int = 30, point_updates: int = 200,
          cheetah_epochs: int = 20, cheetah_updates: int = 400, cheetah_rollouts: int = 1000, cheetah_model_epochs: int = 60,
          cheetah_transitions: int = 50_000, cheetah_sac_steps: int = 100_000, hidden: int = 64,
-         finetune_steps: int = 3000, cheetah_seeds: int = 1) -> dict:
+         finetune_steps: int = 3000, cheetah_seeds: int = 1, algos: str = "mbpo,mopo,ravl",
+         dynamics: str = "true,learned", eval_every: int = 0, tag: str = "") -> dict:
+    """`algos`, `dynamics`: which locomotion runs (two processes can run disjoint sets side by side; a last
+    invocation naming all of them reads their cached results). `eval_every`: epochs between evaluations and
+    checkpoints (default a fifth of the run; fix it when a run is to be continued at a larger `cheetah_epochs`).
+    `tag`: the result goes to `offline-<tag>.json` and its plots to `docs/offline_<tag>_*.png`, and its runs to their
+    own work folder, so runs at another budget leave the committed ones alone."""
     from wmrl.rl.d4rl import MakeDatasetConfig, make_dataset
 
     work = Path(tempfile.mkdtemp(prefix="wmrl-bench-offline-")) if quick else WORK
+    runs_work = work / tag if tag else work  # datasets and the SAC cache are shared across tags
+    result_name = f"offline-{tag}" if tag else "offline"
     docs = REPO / "docs"
     out: dict = {"budgets": {}}
     t0 = time.time()
@@ -255,9 +283,10 @@ def main(quick: bool = False, envs: str = "point,HalfCheetah", seeds: int = 3, p
                                            sac_hidden=hidden, cache=work / "cache", progress=False))
         made = json.loads((data / "meta" / "make.json").read_text())
         ref = made["reference_returns"]
-        res = _runs(data, work / name, ("mbpo", "mopo", "ravl"), ("true", "learned"), cheetah_seeds, epochs=cheetah_epochs,
+        res = _runs(data, runs_work / name, algos.split(","), dynamics.split(","), cheetah_seeds, epochs=cheetah_epochs,
                     updates_per_epoch=cheetah_updates, rollout_batch=cheetah_rollouts, hidden=hidden,
-                    eval_every=max(cheetah_epochs // 5, 1), eval_episodes=3, ensemble_max_epochs=cheetah_model_epochs)
+                    eval_every=eval_every or max(cheetah_epochs // 5, 1), eval_episodes=3,
+                    ensemble_max_epochs=cheetah_model_epochs)
         out[env] = {k: _summary(v, ref) for k, v in res.items()}
         out[env]["reference_returns"] = ref
         out[env]["dataset_normalized_score"] = made["normalized_score_mean"]
@@ -266,16 +295,20 @@ def main(quick: bool = False, envs: str = "point,HalfCheetah", seeds: int = 3, p
                                "rollout_batch": cheetah_rollouts, "k": 5, "real_ratio": 0.05, "hidden": hidden,
                                "ensemble": "7 members, 5 elites, 4x200, at most %d epochs" % cheetah_model_epochs,
                                "seeds": cheetah_seeds}
+        out["updates_per_run"] = cheetah_epochs * cheetah_updates
         if env == "HalfCheetah-v5":  # the headline keys of the result file
             for k in ("ravl_true", "ravl_learned", "mbpo_true", "mbpo_learned", "mopo_true", "mopo_learned"):
-                out[k] = out[env][k]["normalized_return_mean"]
+                if k in out[env]:
+                    out[k] = out[env][k]["normalized_return_mean"]
             out["online_sac_reference"] = 100.0  # the expert reference *is* our online SAC's return
         if not quick:
-            _plot_curves(res, docs / f"offline_{name}_curves.png".replace("cheetah", "halfcheetah"), f"{env} medium")
+            _plot_curves(res, docs / f"offline_{tag + '_' if tag else ''}{name}_curves.png".replace("cheetah", "halfcheetah"),
+                         f"{env} medium, {cheetah_updates * cheetah_epochs:,} updates per run", cheetah_updates,
+                         ref)
     out["seeds"] = {part: n for part, n in (("point", seeds), ("HalfCheetah", cheetah_seeds), ("Hopper", cheetah_seeds),
                                             ("Walker2d", cheetah_seeds)) if part in envs}
     out["minutes"] = (time.time() - t0) / 60
-    prev_path = REPO / "benchmarks" / "results" / "offline.json"
+    prev_path = REPO / "benchmarks" / "results" / f"{result_name}.json"
     if not quick and prev_path.exists():  # parts run separately (`--options envs=...`) add up in one result file
         prev = json.loads(prev_path.read_text())
         for k in ("benchmark", "machine", "command", "date"):
@@ -283,4 +316,9 @@ def main(quick: bool = False, envs: str = "point,HalfCheetah", seeds: int = 3, p
         prev_seeds = prev.get("seeds") if isinstance(prev.get("seeds"), dict) else {}
         out = {**prev, **out, "budgets": {**prev.get("budgets", {}), **out["budgets"]}, "seeds": {**prev_seeds, **out["seeds"]},
                "minutes_by_part": {**prev.get("minutes_by_part", {}), envs: out["minutes"]}}
-    return finish("offline", out, quick)
+    import inspect
+
+    params, loc = inspect.signature(main).parameters, dict(locals())  # (a comprehension has its own locals())
+    given = {k: loc[k] for k in params if k != "quick" and loc[k] != params[k].default}
+    command = f"wmrl bench offline --json" + (" --options " + " ".join(f"{k}={v}" for k, v in given.items()) if given else "")
+    return finish(result_name, out, quick, command)

@@ -299,3 +299,33 @@ def test_a_made_dataset_does_not_depend_on_what_ran_before(tmp_path):
                                        sac_hidden=16, cache=tmp_path / f"cache{i}", progress=False, reference_episodes=2))
         refs.append(json.loads((tmp_path / f"d{i}" / "meta" / "make.json").read_text())["reference_returns"])
     assert refs[0] == refs[1]
+
+
+@pytest.mark.parametrize("algo,dynamics", [("ravl", "true"), ("mopo", "learned")])
+def test_a_resumed_run_continues_exactly_as_one_never_stopped(algo, dynamics, point_data, tmp_path):
+    """Paper-scale runs span sessions: stopped at a checkpoint and resumed with a longer budget, a run gives the
+    same losses, Q-values and weights as one trained straight through (the model buffer of past rollouts, the
+    rollout RNG, the dataset sampler's RNG and the optimisers all come back)."""
+    from wmrl.rl.agents import load_agent
+    from wmrl.rl.ravl import OfflineConfig, train_offline
+
+    data, _ = point_data
+    base = dict(data=data, algo=algo, dynamics=dynamics, num_critics=3, updates_per_epoch=15, rollout_batch=60,
+                retain_epochs=3, hidden=16, eval_every=2, eval_episodes=1, ensemble_members=3, ensemble_elites=2,
+                ensemble_hidden=16, ensemble_max_epochs=5, dynamics_dir=tmp_path / "dyn", progress=False)
+    straight = train_offline(OfflineConfig(out=tmp_path / "straight", epochs=6, **base))
+    first = train_offline(OfflineConfig(out=tmp_path / "split", epochs=2, **base))
+    assert len(first["curve"]) == 2
+    resumed = train_offline(OfflineConfig(out=tmp_path / "split", epochs=6, resume=True, **base))
+    keys = ("q_dataset", "q_rollout_end", "critic_loss", "model_transitions", "return")
+    assert [r["epoch"] for r in resumed["curve"]] == list(range(1, 7))  # the whole curve, not only the new epochs
+    for a, b in zip(straight["curve"], resumed["curve"]):
+        assert {k: a.get(k) for k in keys} == {k: b.get(k) for k in keys}, a["epoch"]
+    wa, wb = (load_agent(tmp_path / r / "checkpoints" / "last") for r in ("straight", "split"))
+    assert all(torch.equal(x, y) for x, y in zip(wa.parameters(), wb.parameters()))
+    # a checkpoint whose saved rollouts were changed is refused, not resumed from
+    buf = next((tmp_path / "split" / "checkpoints" / "last" / "model_buffer").glob("observation.state.npy"))
+    arr = np.load(buf)
+    np.save(buf, arr + 1)
+    with pytest.raises(ValueError, match="model_buffer.*hash mismatch"):
+        train_offline(OfflineConfig(out=tmp_path / "split", epochs=8, resume=True, **base))

@@ -157,8 +157,9 @@ def verify_checkpoint(ck: str | Path, only: tuple[str, ...] | None = None) -> di
 
 
 def commit_checkpoint(home: str | Path, step: int, write: Callable[[Path], None], keep: int = 2) -> Path:
-    """`write(folder)` fills a fresh folder; then the manifest (step + SHA-256 of each file), then `home/last` is
-    switched to it by one atomic rename. The newest `keep` committed checkpoints are kept."""
+    """`write(folder)` fills a fresh folder; then the manifest (step + SHA-256 of each file, those in sub-folders
+    too, e.g. a saved replay), then `home/last` is switched to it by one atomic rename. The newest `keep` committed
+    checkpoints are kept."""
     home = Path(home)
     home.mkdir(parents=True, exist_ok=True)
     name, n = f"ckpt-{step:09d}", 0
@@ -169,7 +170,7 @@ def commit_checkpoint(home: str | Path, step: int, write: Callable[[Path], None]
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     write(tmp)  # every file lands through `atomic_path`, fsynced
-    files = {p.name: _sha256(p) for p in sorted(tmp.iterdir()) if p.is_file()}
+    files = {p.relative_to(tmp).as_posix(): _sha256(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
     write_json(tmp / MANIFEST, {"step": step, "files": files})
     final = home / name
     os.rename(tmp, final)

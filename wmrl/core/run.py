@@ -71,6 +71,25 @@ RESUME_MAY_CHANGE = {"resume", "overwrite", "device", "threads", "progress", "wa
 BUDGETS = {"steps", "iterations", "epochs"}  # and every `*_steps`: may grow on resume (train longer), never shrink
 
 
+def resume_differences(run_dir: Path, cfg: Any) -> dict[str, tuple[Any, Any]]:
+    """The settings in which `cfg` differs from the run's saved config.yaml, as (saved, now), besides those a
+    resumed run may change (`RESUME_MAY_CHANGE`, a budget that grows); empty when the run can be resumed with it."""
+    path = Path(run_dir) / "config.yaml"
+    try:
+        saved = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise ValueError(f"{path}: unreadable ({str(e).splitlines()[0]}); cannot check the resumed config") from None
+    now = _plain(cfg)
+    if not isinstance(saved, dict):
+        raise ValueError(f"{path}: not a mapping of settings; cannot check the resumed config")
+
+    def grows(k):
+        return (k in BUDGETS or k.endswith("_steps")) and isinstance(saved.get(k), int) and isinstance(now.get(k), int) and now[k] >= saved[k]
+
+    return {k: (saved.get(k), now.get(k)) for k in sorted(set(saved) | set(now))
+            if k not in RESUME_MAY_CHANGE and saved.get(k) != now.get(k) and not grows(k)}
+
+
 def save_config(run_dir: Path, cfg: Any) -> None:
     """Write `config.yaml`; on `--resume`, refuse a config that differs from the saved one (besides
     `RESUME_MAY_CHANGE`) instead of rewriting it."""
@@ -78,21 +97,8 @@ def save_config(run_dir: Path, cfg: Any) -> None:
 
     path = run_dir / "config.yaml"
     if getattr(cfg, "resume", False) and path.exists():
-        try:
-            saved = yaml.safe_load(path.read_text())
-        except yaml.YAMLError as e:
-            raise ValueError(f"{path}: unreadable ({str(e).splitlines()[0]}); cannot check the resumed config") from None
-        now = _plain(cfg)
-        if not isinstance(saved, dict):
-            raise ValueError(f"{path}: not a mapping of settings; cannot check the resumed config")
-
-        def grows(k):
-            return (k in BUDGETS or k.endswith("_steps")) and isinstance(saved.get(k), int) and isinstance(now.get(k), int) and now[k] >= saved[k]
-
-        diff = sorted(k for k in set(saved) | set(now)
-                      if k not in RESUME_MAY_CHANGE and saved.get(k) != now.get(k) and not grows(k))
-        if diff:
-            shown = ", ".join(f"{k}: {saved.get(k)!r} -> {now.get(k)!r}" for k in diff[:4])
+        if diff := resume_differences(run_dir, cfg):
+            shown = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in list(diff.items())[:4])
             raise ValueError(f"--resume {run_dir}: the config differs from the run's config.yaml ({shown}"
                              f"{', ...' if len(diff) > 4 else ''}); resume with the same settings or use a new --out")
     with atomic_path(path) as tmp:  # new, or the same settings (a longer budget at most) on resume
@@ -126,6 +132,12 @@ class Tracker:
     def close(self) -> None:
         if self._wandb is not None:
             self._wandb.finish()
+
+
+def read_metrics(run_dir: str | Path) -> list[dict]:
+    """The records a run's Tracker wrote, in order (none for a run that logged nothing yet)."""
+    path = Path(run_dir) / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
 def start_run(cfg: Any, out: str | Path | None = None) -> Path:

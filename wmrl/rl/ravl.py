@@ -37,7 +37,7 @@ from wmrl.core.checkpoint import (commit_checkpoint, load_state, load_train_stat
                                   save_pretrained, save_train_state)
 from wmrl.core.features import ACTION, IS_LAST, OBS_STATE, REWARD, SOURCE, TERMINATED, TRUNCATED
 from wmrl.core.io import write_json
-from wmrl.core.run import Tracker, start_run
+from wmrl.core.run import Tracker, read_metrics, start_run
 from wmrl.replay import EpisodeReplay, MixedReplay
 from wmrl.replay.weighting import apply_weighting
 from wmrl.rl.agents import load_agent, make_agent, save_agent
@@ -256,6 +256,11 @@ def train_offline(cfg: OfflineConfig, source: ModelDataSource | None = None) -> 
     if real.data[OBS_STATE].shape[1] != spaces["obs_dim"] or real.data[ACTION].shape[1] != spaces["act_dim"]:
         raise ValueError(f"{cfg.data}: observation/action dims {real.data[OBS_STATE].shape[1]}/{real.data[ACTION].shape[1]} "
                          f"do not match {env_id}'s {spaces['obs_dim']}/{spaces['act_dim']}")
+    dyn_info: dict = {}
+    if source is None and preset.model_data:
+        dynamics, dyn_info = make_dynamics(cfg, env_id, real, run)
+        source = DynamicsRollouts(cfg, dynamics, real, preset.penalty, termination_fn(env_id), rng)
+    torch.manual_seed(cfg.seed)  # the same agent whether the ensemble was fitted here or loaded from `dynamics_dir`
     if preset.agent != "sac":
         agent = make_agent(preset.agent, spaces, hidden=cfg.hidden, batch_size=cfg.batch_size)
         if preset.agent == "td3bc":
@@ -263,24 +268,26 @@ def train_offline(cfg: OfflineConfig, source: ModelDataSource | None = None) -> 
     else:
         agent = make_agent("sac", spaces, num_critics=preset.num_critics, eta=preset.eta, hidden=cfg.hidden,
                            layers=cfg.layers, batch_size=cfg.batch_size)
+    use_model = source is not None
+    rollouts = isinstance(source, DynamicsRollouts)
+    model_buf = EpisodeReplay(max(source.capacity if use_model else 1, 1), seed=cfg.seed)
     ck, epoch0 = resume_checkpoint(run / "checkpoints") if cfg.resume else (None, 0)
-    if ck is not None:
+    curve: list[dict] = []
+    if ck is not None:  # everything the next update depends on, so a resumed run continues as if never stopped
         saved = load_agent(ck)
         if dataclasses.asdict(saved.cfg) != dataclasses.asdict(agent.cfg):
             raise ValueError(f"{ck}: the checkpointed agent's config differs from this run's; use a new --out")
         agent = saved
-        epoch0 = load_train_state(ck, agent.optimizers())["step"]
-    dyn_info: dict = {}
-    if source is None and preset.model_data:
-        dynamics, dyn_info = make_dynamics(cfg, env_id, real, run)
-        source = DynamicsRollouts(cfg, dynamics, real, preset.penalty, termination_fn(env_id), rng)
-    use_model = source is not None
-    rollouts = isinstance(source, DynamicsRollouts)
-    model_buf = EpisodeReplay(max(source.capacity if use_model else 1, 1), seed=cfg.seed)
+        state = load_train_state(ck, agent.optimizers())
+        epoch0 = state["step"]
+        rng.bit_generator.state, real.rng.bit_generator.state = state["rng"], state["real_rng"]
+        if use_model:
+            model_buf = EpisodeReplay.load(ck / "model_buffer")
+        curve = [r for r in read_metrics(run) if r.get("epoch", 0) <= epoch0]
     mix = MixedReplay(real, model_buf, online_ratio=1.0 - cfg.real_ratio) if use_model else None
     keys = [OBS_STATE, ACTION, REWARD, TERMINATED]
     logger = Tracker(run)
-    curve, t0 = [], time.time()
+    t0 = time.time() - 60 * (curve[-1].get("minutes", 0.0) if curve else 0.0)
     bar = tqdm(range(epoch0, cfg.epochs), desc=f"{cfg.algo} ({cfg.dynamics})", disable=not cfg.progress)
     for epoch in bar:
         row: dict = {"epoch": epoch + 1}
@@ -305,11 +312,18 @@ def train_offline(cfg: OfflineConfig, source: ModelDataSource | None = None) -> 
         if (epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs:
             row["return"] = evaluate_return(agent.actor, env_id, cfg.eval_episodes)
             row["minutes"] = (time.time() - t0) / 60
-            commit_checkpoint(run / "checkpoints", epoch + 1, lambda d: (
-                save_agent(agent, d), save_train_state(d, epoch + 1, agent.optimizers())))
-            bar.set_postfix(ret=f"{row['return']:.0f}", q=f"{row['q_dataset']:.1f}")
-        logger.log(row, step=epoch + 1)
+        logger.log(row, step=epoch + 1)  # before the checkpoint: a resumed run finds every row up to it
         curve.append(row)
+        if "return" in row:
+            def write(d: Path) -> None:
+                save_agent(agent, d)
+                if use_model:
+                    model_buf.save(d / "model_buffer")
+                save_train_state(d, epoch + 1, agent.optimizers(), rng=rng.bit_generator.state,
+                                 real_rng=real.rng.bit_generator.state)
+
+            commit_checkpoint(run / "checkpoints", epoch + 1, write)
+            bar.set_postfix(ret=f"{row['return']:.0f}", q=f"{row['q_dataset']:.1f}")
     logger.close()
     evals = [r["return"] for r in curve if "return" in r]
     return {"run_dir": str(run), "algo": cfg.algo, "dynamics": cfg.dynamics, "env": env_id,
