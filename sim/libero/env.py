@@ -6,7 +6,8 @@
   and `.wrist` (`robot0_eye_in_hand`), both as the camera sees them (`mujoco.Renderer`). LIBERO's own arrays are
   these flipped upside down (OpenGL's row order; measured: correlation 0.77 with ours flipped vertically, -0.40
   unflipped), and LeRobot's and OpenVLA's LIBERO code turn those by 180 degrees, which makes ours mirrored left to
-  right: a policy trained on their data wants `image[:, ::-1]` of ours. `observation.state` (end-effector xyz, its orientation as an axis-angle vector and the two finger
+  right: a policy trained on their data wants `image[:, ::-1]` of ours, which `image_convention="lerobot"` gives
+  (observations only; `render()` stays as the camera sees). `observation.state` (end-effector xyz, its orientation as an axis-angle vector and the two finger
   joints: the 8 entries of LeRobot's LIBERO datasets), `observation.environment_state` (privileged: position and
   wxyz quaternion of every object then every fixture of the task's BDDL file, `object_names()` says which) and
   `task` (LIBERO's instruction);
@@ -116,15 +117,24 @@ def quat_to_axis_angle(q_xyzw: np.ndarray) -> np.ndarray:
     return q[:3] / s * 2.0 * np.arctan2(s, q[3])
 
 
+# How observation images are laid out: as the camera sees (ours), or as in LeRobot's and OpenVLA's LIBERO data
+# (LIBERO's upside-down arrays turned by 180 degrees: ours mirrored left to right), for policies trained on those.
+IMAGE_CONVENTIONS = {"camera": lambda img: img, "lerobot": lambda img: np.ascontiguousarray(img[:, ::-1])}
+
+
 class LiberoEnv(gym.Env):
     metadata = {"render_modes": ["rgb_array"], "render_fps": 20, "robot_type": "panda"}
     steps_taken = 0  # true-simulator steps in this process (imagination RL reports that it stays 0)
 
     def __init__(self, task: str = "object-0", image_size: int | tuple[int, int] = 64,
                  cameras: tuple[str, ...] = ("front", "wrist"), max_episode_steps: int | None = None,
-                 render_mode: str | None = None, render_size: tuple[int, int] = (256, 256), post_success_steps: int = 0):
+                 render_mode: str | None = None, render_size: tuple[int, int] = (256, 256), post_success_steps: int = 0,
+                 image_convention: str = "camera"):
         suite, _ = parse_task(task)
         check_view_args(cameras, render_mode, post_success_steps)
+        if image_convention not in IMAGE_CONVENTIONS:
+            raise ValueError(f"image_convention: expected one of {', '.join(IMAGE_CONVENTIONS)}, got {image_convention!r}")
+        self.image_convention = image_convention
         with contextlib.redirect_stdout(io.StringIO()):
             from libero.libero.envs import OffScreenRenderEnv
 
@@ -220,7 +230,8 @@ class LiberoEnv(gym.Env):
 
     def _obs(self) -> dict:
         raw, d = self._raw, self.lib.sim.data
-        obs = {image_key(c): self._render(c, (self.height, self.width)) for c in self.cameras}
+        obs = {image_key(c): IMAGE_CONVENTIONS[self.image_convention](self._render(c, (self.height, self.width)))
+               for c in self.cameras}
         obs[OBS_STATE] = np.concatenate([raw["robot0_eef_pos"], quat_to_axis_angle(raw["robot0_eef_quat"]),
                                          raw["robot0_gripper_qpos"]]).astype(np.float32)
         obs[OBS_ENV_STATE] = np.concatenate([np.concatenate([d.body_xpos[b], d.body_xquat[b]])

@@ -53,6 +53,39 @@ def test_check_env_and_lerobot_observations(object0):
     assert front[-16:].mean() > front[:8].mean()
 
 
+def test_lerobot_image_convention_matches_liberos_own_arrays_turned_as_lerobot_does():
+    """LeRobot's and OpenVLA's LIBERO data are LIBERO's arrays turned by 180 degrees; `image_convention="lerobot"`
+    must give that picture from our renderer (shadows differ: a correlation, not equality)."""
+    import contextlib
+    import io
+
+    from sim.libero.env import LiberoEnv, bddl_file, initial_states
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        from libero.libero.envs import OffScreenRenderEnv
+
+        own = OffScreenRenderEnv(bddl_file_name=str(bddl_file("object-0")), camera_heights=64, camera_widths=64)
+    own.reset()
+    raw = own.set_init_state(initial_states("object-0")[0])
+    for _ in range(10):  # the settle steps our reset takes
+        raw, *_ = own.step(np.r_[np.zeros(6), -1.0])
+    own.close()
+    theirs = raw["agentview_image"][::-1, ::-1].astype(float)  # as LeRobot's / OpenVLA's LIBERO code turns it
+    images = {}
+    for conv in ("camera", "lerobot"):
+        env = LiberoEnv("object-0", cameras=("front",), image_convention=conv)
+        obs, _ = env.reset(seed=0)
+        env.close()
+        images[conv] = obs["observation.images.front"].astype(float)
+    np.testing.assert_array_equal(images["lerobot"], images["camera"][:, ::-1])
+    cam = images["camera"]  # which of the four flips of ours is theirs: the left-right mirror, clearly
+    corr = {name: np.corrcoef(img.ravel(), theirs.ravel())[0, 1] for name, img in
+            (("none", cam), ("up-down", cam[::-1]), ("left-right", cam[:, ::-1]), ("180", cam[::-1, ::-1]))}
+    assert corr["left-right"] > 0.7 and all(corr["left-right"] > c + 0.2 for k, c in corr.items() if k != "left-right"), corr
+    with pytest.raises(ValueError, match="image_convention"):
+        LiberoEnv("object-0", image_convention="opengl")
+
+
 def test_a_seed_is_an_official_initial_state_and_restarts_exactly(object0):
     env = object0
     from sim.libero.env import initial_states
