@@ -32,14 +32,14 @@ WORK = REPO / "runs" / "bench-offline"
 
 def _runs(data: Path, work: Path, algos, dynamics, seeds, **kw) -> dict:
     from wmrl.core.run import resume_differences
-    from wmrl.rl.ravl import OfflineConfig, train_offline
+    from wmrl.rl.ravl import PRESETS, OfflineConfig, train_offline
 
     out = {}
     for algo in algos:
-        for dyn in dynamics:
+        for dyn in dynamics if PRESETS[algo].model_data else ("",):  # model-free: one run, no dynamics
             rows = []
             for seed in range(seeds):
-                run = work / f"{algo}-{dyn}-s{seed}"
+                run = work / (f"{algo}-{dyn}-s{seed}" if dyn else f"{algo}-s{seed}")
                 done = run / "result.json"
                 budget = json.dumps(kw, sort_keys=True, default=str)
                 if done.exists():
@@ -47,7 +47,7 @@ def _runs(data: Path, work: Path, algos, dynamics, seeds, **kw) -> dict:
                     if prev.get("budget") == budget:  # finished with the same budget: reuse it
                         rows.append(prev)
                         continue
-                cfg = OfflineConfig(data=data, out=run, algo=algo, dynamics=dyn, seed=seed,
+                cfg = OfflineConfig(data=data, out=run, algo=algo, dynamics=dyn or "learned", seed=seed,
                                     dynamics_dir=work / f"dynamics-s{seed}", progress=False, **kw)
                 # a run stopped part way, or finished at fewer epochs of the same budget, continues where it stopped
                 # (exactly: tested); any other difference in its config.yaml starts it over
@@ -56,7 +56,7 @@ def _runs(data: Path, work: Path, algos, dynamics, seeds, **kw) -> dict:
                 res["budget"] = budget
                 done.write_text(json.dumps(res, default=float))
                 rows.append(res)
-            out[f"{algo}_{dyn}"] = rows
+            out[f"{algo}_{dyn}" if dyn else algo] = rows
     return out
 
 
