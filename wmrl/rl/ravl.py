@@ -16,7 +16,9 @@ in the true dynamics, go into a FIFO model buffer (the common replay, tagged `so
 | td3bc, iql | their own | (no model data)              | behaviour regularisation / in-sample learning      |
 
 `wmrl offline --algo ravl --data DIR --out RUN [--dynamics learned|true]`. Runs write `metrics.jsonl` (return,
-mean Q on dataset transitions), checkpoints every evaluation and resume with `--resume`.
+mean Q on dataset transitions), checkpoints every evaluation and resume with `--resume`, also with a larger
+`--epochs`: the checkpoint holds the agent, its optimisers, the model buffer of past rollouts and every RNG, so a
+resumed run continues exactly as one never stopped (tested), and paper-scale runs can span several sittings.
 """
 
 from __future__ import annotations
