@@ -30,7 +30,9 @@ REPO = Path(__file__).resolve().parent.parent
 WORK = REPO / "runs" / "bench-offline"
 
 
-def _runs(data: Path, work: Path, algos, dynamics, seeds, **kw) -> dict:
+def _runs(data: Path, work: Path, algos, dynamics, seeds, finished_only: bool = False, **kw) -> dict:
+    """Every (algo, dynamics, seed) run, each reused when it finished with this budget and continued when it stopped
+    part way. `finished_only`: report the finished ones and train nothing (a method with none is left out)."""
     from wmrl.core.run import resume_differences
     from wmrl.rl.ravl import PRESETS, OfflineConfig, train_offline
 
@@ -47,6 +49,8 @@ def _runs(data: Path, work: Path, algos, dynamics, seeds, **kw) -> dict:
                     if prev.get("budget") == budget:  # finished with the same budget: reuse it
                         rows.append(prev)
                         continue
+                if finished_only:
+                    continue
                 cfg = OfflineConfig(data=data, out=run, algo=algo, dynamics=dyn or "learned", seed=seed,
                                     dynamics_dir=work / f"dynamics-s{seed}", progress=False, **kw)
                 # a run stopped part way, or finished at fewer epochs of the same budget, continues where it stopped
@@ -56,7 +60,8 @@ def _runs(data: Path, work: Path, algos, dynamics, seeds, **kw) -> dict:
                 res["budget"] = budget
                 done.write_text(json.dumps(res, default=float))
                 rows.append(res)
-            out[f"{algo}_{dyn}" if dyn else algo] = rows
+            if rows:
+                out[f"{algo}_{dyn}" if dyn else algo] = rows
     return out
 
 
@@ -167,10 +172,10 @@ def _weighting(work: Path, seeds: int, quick: bool, hidden: int) -> dict:
     ref = json.loads((data / "meta" / "make.json").read_text())["reference_returns"]
     out = {}
     for weighting in ("none", "return"):
-        res = _runs(data, work / f"weighting-{weighting}", ("td3bc",), ("true",), seeds, weighting=weighting,
+        res = _runs(data, work / f"weighting-{weighting}", ("td3bc",), ("learned",), seeds, weighting=weighting,
                     epochs=2 if quick else 20, updates_per_epoch=20 if quick else 250, hidden=hidden,
                     eval_every=2 if quick else 20, eval_episodes=20)
-        out[weighting] = _summary(res["td3bc_true"], ref)["normalized_return_mean"]
+        out[weighting] = _summary(res["td3bc"], ref)["normalized_return_mean"]
     return {"uniform": out["none"], "return_weighted": out["return"], "weighted_vs_uniform": out["return"] - out["none"]}
 
 
@@ -224,12 +229,13 @@ def main(quick: bool = False, envs: str = "point,HalfCheetah", seeds: int = 3, p
          cheetah_epochs: int = 20, cheetah_updates: int = 400, cheetah_rollouts: int = 1000, cheetah_model_epochs: int = 60,
          cheetah_transitions: int = 50_000, cheetah_sac_steps: int = 100_000, hidden: int = 64,
          finetune_steps: int = 3000, cheetah_seeds: int = 1, algos: str = "mbpo,mopo,ravl",
-         dynamics: str = "true,learned", eval_every: int = 0, tag: str = "") -> dict:
+         dynamics: str = "true,learned", eval_every: int = 0, tag: str = "", finished_only: bool = False) -> dict:
     """`algos`, `dynamics`: which locomotion runs (two processes can run disjoint sets side by side; a last
     invocation naming all of them reads their cached results). `eval_every`: epochs between evaluations and
     checkpoints (default a fifth of the run; fix it when a run is to be continued at a larger `cheetah_epochs`).
     `tag`: the result goes to `offline-<tag>.json` and its plots to `docs/offline_<tag>_*.png`, and its runs to their
-    own work folder, so runs at another budget leave the committed ones alone."""
+    own work folder, so runs at another budget leave the committed ones alone. `finished_only`: report the locomotion
+    runs that finished with this budget and train none (a long campaign's results so far)."""
     from wmrl.rl.d4rl import MakeDatasetConfig, make_dataset
 
     work = Path(tempfile.mkdtemp(prefix="wmrl-bench-offline-")) if quick else WORK
@@ -287,7 +293,7 @@ def main(quick: bool = False, envs: str = "point,HalfCheetah", seeds: int = 3, p
         res = _runs(data, runs_work / name, str(algos).split(","), str(dynamics).lower().split(","), cheetah_seeds, epochs=cheetah_epochs,
                     updates_per_epoch=cheetah_updates, rollout_batch=cheetah_rollouts, hidden=hidden,
                     eval_every=eval_every or max(cheetah_epochs // 5, 1), eval_episodes=3,
-                    ensemble_max_epochs=cheetah_model_epochs)
+                    ensemble_max_epochs=cheetah_model_epochs, finished_only=finished_only)
         out[env] = {k: _summary(v, ref) for k, v in res.items()}
         out[env]["reference_returns"] = ref
         out[env]["dataset_normalized_score"] = made["normalized_score_mean"]
@@ -315,8 +321,12 @@ def main(quick: bool = False, envs: str = "point,HalfCheetah", seeds: int = 3, p
         for k in ("benchmark", "machine", "command", "date"):
             prev.pop(k, None)
         prev_seeds = prev.get("seeds") if isinstance(prev.get("seeds"), dict) else {}
-        out = {**prev, **out, "budgets": {**prev.get("budgets", {}), **out["budgets"]}, "seeds": {**prev_seeds, **out["seeds"]},
-               "minutes_by_part": {**prev.get("minutes_by_part", {}), envs: out["minutes"]}}
+        # a part's methods add to those already in the file (`--options algos=mopo dynamics=learned` keeps the
+        # true-dynamics rows of the same environment); each method's row lists its own seeds
+        merged = {k: {**prev[k], **v} for k, v in out.items() if k.endswith("-v5") and isinstance(prev.get(k), dict)}
+        out = {**prev, **out, **merged, "budgets": {**prev.get("budgets", {}), **out["budgets"]},
+               "seeds": {**prev_seeds, **out["seeds"]},
+               "minutes_by_part": {**prev.get("minutes_by_part", {}), f"{envs}:{algos}:{dynamics}": out["minutes"]}}
     import inspect
 
     params, loc = inspect.signature(main).parameters, dict(locals())  # (a comprehension has its own locals())
