@@ -239,7 +239,6 @@ def main(quick: bool = False, envs: str = "point,HalfCheetah", seeds: int = 3, p
     from wmrl.rl.d4rl import MakeDatasetConfig, make_dataset
 
     work = Path(tempfile.mkdtemp(prefix="wmrl-bench-offline-")) if quick else WORK
-    # (`--options dynamics=true` arrives as YAML's True: str().lower() turns it back into the name)
     runs_work = work / tag if tag else work  # datasets and the SAC cache are shared across tags
     result_name = f"offline-{tag}" if tag else "offline"
     docs = REPO / "docs"
@@ -290,6 +289,7 @@ def main(quick: bool = False, envs: str = "point,HalfCheetah", seeds: int = 3, p
                                            sac_hidden=hidden, cache=work / "cache", progress=False))
         made = json.loads((data / "meta" / "make.json").read_text())
         ref = made["reference_returns"]
+        # (`--options dynamics=true` arrives as YAML's True: str().lower() turns it back into the name)
         res = _runs(data, runs_work / name, str(algos).split(","), str(dynamics).lower().split(","), cheetah_seeds, epochs=cheetah_epochs,
                     updates_per_epoch=cheetah_updates, rollout_batch=cheetah_rollouts, hidden=hidden,
                     eval_every=eval_every or max(cheetah_epochs // 5, 1), eval_episodes=3,

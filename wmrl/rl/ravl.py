@@ -285,7 +285,9 @@ def train_offline(cfg: OfflineConfig, source: ModelDataSource | None = None) -> 
         rng.bit_generator.state, real.rng.bit_generator.state = state["rng"], state["real_rng"]
         if use_model:
             model_buf = EpisodeReplay.load(ck / "model_buffer")
-        curve = [r for r in read_metrics(run) if r.get("epoch", 0) <= epoch0]
+        # rows logged after the checkpoint by the stopped run come again now: keep each epoch's last row
+        rows = {r["epoch"]: r for r in read_metrics(run) if r.get("epoch", 0) <= epoch0}
+        curve = [rows[e] for e in sorted(rows)]
     mix = MixedReplay(real, model_buf, online_ratio=1.0 - cfg.real_ratio) if use_model else None
     keys = [OBS_STATE, ACTION, REWARD, TERMINATED]
     logger = Tracker(run)
