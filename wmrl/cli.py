@@ -32,7 +32,7 @@ COMMANDS: dict[str, tuple[str, str, str, str]] = {
     "imagine": ("imagine", "ImagineConfig", "imagine", "RL (GRPO or PPO) of a VLA policy inside a video world model"),
     "rank": ("rank", "RankConfig", "run_rank", "rank policies in the world model and in the true simulator; agreement"),
     "datasets-make": ("datasets_make", "MakeDatasetConfig", "make_dataset", "make a D4RL-style state dataset (SAC locally, qpos/qvel)"),
-    "offline": ("offline", "OfflineConfig", "train_offline", "offline RL: ravl | mopo | mbpo | sac-n | td3bc | iql"),
+    "offline": ("offline", "OfflineConfig", "train_offline", "offline RL: ravl | mopo | mbpo | sac-n | edac | td3bc | iql"),
     "finetune": ("finetune", "FinetuneConfig", "finetune", "offline-to-online fine-tuning: wsrl | naive | naive-retain"),
     "pgd": ("pgd", "PGDConfig", "train_pgd", "policy-guided diffusion: td3bc | iql on synthetic + real data"),
     "deploy": ("deploy", "DeployConfig", "deploy", "run a policy on a robot arm: safety layer, sync | async | aligned chunks"),

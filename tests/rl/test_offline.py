@@ -223,14 +223,15 @@ def test_wsrl_warmup_makes_no_updates_and_keeps_no_offline_data(point_data, tmp_
         finetune(FinetuneConfig(agent=tmp_path / "agent", env=ENV, algo="naive-retain", out=tmp_path / "x"))
 
 
-@pytest.mark.parametrize("algo", ["mbpo", "mopo", "ravl", "sac-n", "td3bc", "iql"])
+@pytest.mark.parametrize("algo", ["mbpo", "mopo", "ravl", "sac-n", "edac", "td3bc", "iql"])
 def test_every_agent_beats_the_random_policy_on_the_point_task(algo, point_data, tmp_path):
     from wmrl.rl.ravl import OfflineConfig, train_offline
 
     data, res = point_data
     random_return = res["reference_returns"]["random"]
-    epochs = 14 if algo == "ravl" else 8  # pessimistic critics learn more slowly at first
-    critics = 5 if algo == "ravl" else None  # RAVL's 10 cost 4x a SAC-2 update; 5 keep the test's time in line
+    diversified = algo in ("ravl", "edac")
+    epochs = 14 if diversified else 8  # pessimistic critics learn more slowly at first
+    critics = 5 if diversified else None  # 10 critics cost 4x a SAC-2 update; 5 keep the test's time in line
     out = train_offline(OfflineConfig(data=data, out=tmp_path / algo, algo=algo, epochs=epochs, updates_per_epoch=150,
                                       num_critics=critics,
                                       rollout_batch=300, hidden=64, eval_every=epochs, eval_episodes=10,

@@ -13,6 +13,7 @@ in the true dynamics, go into a FIFO model buffer (the common replay, tagged `so
 | mopo  | 2              | r - lambda max_i |sigma_i|   | the uncertainty penalty (zero under true dynamics) |
 | ravl  | N=10, eta=1    | r                            | min over a diversified Q-ensemble                  |
 | sac-n | N=10, eta=0    | (no model data)              | min over N critics, dataset only                   |
+| edac  | N=10, eta=1    | (no model data)              | RAVL's critics on the dataset alone (An et al.)     |
 | td3bc, iql | their own | (no model data)              | behaviour regularisation / in-sample learning      |
 
 `wmrl offline --algo ravl --data DIR --out RUN [--dynamics learned|true]`. Runs write `metrics.jsonl` (return,
@@ -62,9 +63,10 @@ MBPO = Preset(num_critics=2, eta=0.0, penalty=0.0, model_data=True)
 MOPO = Preset(num_critics=2, eta=0.0, penalty=0.5, model_data=True)
 RAVL = Preset(num_critics=10, eta=1.0, penalty=0.0, model_data=True)
 SAC_N = Preset(num_critics=10, eta=0.0, penalty=0.0, model_data=False)
+EDAC = Preset(num_critics=10, eta=1.0, penalty=0.0, model_data=False)  # RAVL without the model: what rollouts add
 TD3BC = Preset(num_critics=2, eta=0.0, penalty=0.0, model_data=False, agent="td3bc")
 IQL = Preset(num_critics=2, eta=0.0, penalty=0.0, model_data=False, agent="iql")
-PRESETS = {"mbpo": MBPO, "mopo": MOPO, "ravl": RAVL, "sac-n": SAC_N, "td3bc": TD3BC, "iql": IQL}
+PRESETS = {"mbpo": MBPO, "mopo": MOPO, "ravl": RAVL, "sac-n": SAC_N, "edac": EDAC, "td3bc": TD3BC, "iql": IQL}
 
 
 @dataclass
@@ -72,7 +74,7 @@ class OfflineConfig:
     data: Path = Path("data/halfcheetah-medium")
     out: Path = Path("runs/offline")
     algo: str = "ravl"
-    """mbpo | mopo | ravl | sac-n | td3bc | iql (presets above; the fields below override them)"""
+    """mbpo | mopo | ravl | sac-n | edac | td3bc | iql (presets above; the fields below override them)"""
     env: str = ""
     """the environment to evaluate in; default: the dataset's `wmrl.env` entry"""
     dynamics: str = "learned"

@@ -31,7 +31,7 @@ METHODS = ("wsrl", "naive", "naive-retain")
 @dataclass
 class FinetuneConfig:
     agent: Path = Path("runs/offline")
-    """an offline run folder or checkpoint of a SAC-family agent (ravl, mbpo, mopo, sac-n)"""
+    """an offline run folder or checkpoint of a SAC-family agent (ravl, mbpo, mopo, sac-n, edac)"""
     out: Path = Path("runs/finetune")
     algo: str = "wsrl"
     env: str = ""
@@ -65,7 +65,7 @@ def finetune(cfg: FinetuneConfig) -> dict:
     else:
         agent = load_agent(cfg.agent)
     if not isinstance(agent, SAC):
-        raise ValueError(f"{cfg.agent}: fine-tuning needs a SAC-family agent (ravl, mbpo, mopo, sac-n), got {type(agent).__name__}")
+        raise ValueError(f"{cfg.agent}: fine-tuning needs a SAC-family agent (ravl, mbpo, mopo, sac-n, edac), got {type(agent).__name__}")
     env = cfg.env
     if not env:
         import yaml
