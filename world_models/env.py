@@ -53,7 +53,7 @@ from world_models.video.state_channel import READOUTS
 from world_models.video.train import load_split
 
 STATE, ENV_STATE = OBS_STATE, OBS_ENV_STATE
-TEXT_CHARSET = string.ascii_lowercase + string.digits + " "
+TEXT_CHARSET = string.ascii_lowercase + string.digits + " '-,."  # every suite's instructions (LIBERO's too)
 
 
 class WorldModelEnv(gym.vector.VectorEnv):
@@ -105,7 +105,7 @@ class WorldModelEnv(gym.vector.VectorEnv):
         obs[STATE] = spaces.Box(-np.inf, np.inf, (cfg.state_dim,), np.float32)
         if model.state_channel is not None:  # predicted by the state channel (scripted policies act on it)
             obs[ENV_STATE] = spaces.Box(-np.inf, np.inf, (cfg.env_state_dim,), np.float32)
-        obs["task"] = spaces.Text(max_length=64, min_length=1, charset=TEXT_CHARSET)
+        obs["task"] = spaces.Text(max_length=160, min_length=1, charset=TEXT_CHARSET)
         self.single_observation_space = spaces.Dict(obs)
         self.single_action_space = spaces.Box(action_low, action_high, (cfg.action_dim,), np.float32)
         self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, num_envs)
@@ -208,7 +208,7 @@ class WorldModelEnv(gym.vector.VectorEnv):
         if self.decode_images:
             obs.update({k: v.copy() for k, v in self._last_frames.items()})
         obs[STATE] = self._state["proprio"].cpu().numpy().astype(np.float32)
-        if self.model.cfg.env_state_dim:
+        if self.model.state_channel is not None:  # without one nothing predicts it (and the space has no entry)
             obs[ENV_STATE] = self._env_state.copy()
             if self.object_noise is not None:
                 obs[ENV_STATE] += (self._rng.standard_normal(obs[ENV_STATE].shape) * self.object_noise).astype(np.float32)

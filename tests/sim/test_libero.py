@@ -140,21 +140,37 @@ def test_a_missing_package_says_how_to_install_it(monkeypatch):
         sim.resolve_task("libero-object-0")
 
 
-def test_collect_writes_a_lerobot_dataset_and_the_world_model_refuses_its_rotations(tmp_path):
+def test_collect_writes_a_lerobot_dataset_and_a_world_model_imagines_it_under_7d_pose_actions(tmp_path):
+    """The loop's first two steps on LIBERO: `wmrl collect` writes LeRobot v3 with LIBERO's 7-D OSC_POSE actions,
+    `wmrl train-wm` builds a world model whose frames are conditioned on [target xyz, rotation step, gripper] (no
+    state channel: LIBERO's state has no task rules here, so success comes from the frame head), and imagination
+    takes 7-D actions."""
     from wmrl.commands.collect import CollectConfig, collect
     from wmrl.datasets import LeRobotV3Dataset
-    from world_models.video.train import TrainWMConfig, train_world_model
+    from world_models.env import WorldModelSingleEnv
+    from world_models.video.model import VideoWorldModel
+    from world_models.video.train import TrainWMConfig, load_split, train_world_model
 
     out = tmp_path / "data"
-    collect(CollectConfig(task="libero-object-0", episodes=2, out=out, noise=0.1, num_envs=1, image_size=16),
+    collect(CollectConfig(task="libero-object-0", episodes=3, out=out, noise=0.1, num_envs=1, max_episode_steps=40),
             progress=False)
     info = json.loads((out / "meta" / "info.json").read_text())
     assert info["fps"] == 20 and info["robot_type"] == "panda" and info["features"]["action"]["shape"] == [7]
     ep = LeRobotV3Dataset(out).episode(0)
-    assert ep["observation.images.front"].shape[1:] == (16, 16, 3) and ep["task"][0].startswith("pick up the alphabet")
-    assert bool(np.any(ep["next.success"]))
-    with pytest.raises(ValueError, match="rotation"):
-        train_world_model(TrainWMConfig(data=out, out=tmp_path / "wm", size="tiny", holdout=0.0), progress=False)
+    assert ep["observation.images.front"].shape[1:] == (64, 64, 3) and ep["task"][0].startswith("pick up the alphabet")
+    with pytest.raises(ValueError, match="no-state-channel"):
+        train_world_model(TrainWMConfig(data=out, out=tmp_path / "wm0", size="tiny", holdout=0.0), progress=False)
+    train_world_model(TrainWMConfig(data=out, out=tmp_path / "wm", size="tiny", state_channel=False, ae_steps=2,
+                                    state_steps=0, dyn_steps=2, unroll_steps=0, batch_size=2, holdout=0.34,
+                                    videos=0, overwrite=True), progress=False)
+    model = VideoWorldModel.load(tmp_path / "wm" / "checkpoints" / "last")
+    assert model.cfg.action_dim == 7 and model.cfg.pose_dim == 7 and model.success_source == "frames"
+    _, _, held = load_split(out, 0.34)
+    env = WorldModelSingleEnv(model, held, max_episode_steps=8)
+    check_env(env, skip_render_check=True)
+    obs, _ = env.reset(seed=0)
+    obs, *_ = env.step(np.array([0.2, 0, -0.3, 0.1, 0, 0, -1], np.float32))
+    assert obs["observation.images.front"].shape == (64, 64, 3) and obs["task"].startswith("pick up")
 
 
 def test_the_benchmark_checks_its_metric():

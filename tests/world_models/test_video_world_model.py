@@ -104,6 +104,11 @@ def test_resume_reproduces_the_next_loss(tiny_data, tmp_path):
     train_world_model(_cfg(tiny_data, part, dyn_steps=8, overwrite=False, resume=True, **kw), progress=False)
     a, b = _losses(full, "dyn_loss"), _losses(part, "dyn_loss")
     assert np.isclose(a[11], b[11], rtol=1e-5) and np.isclose(a[14], b[14], rtol=1e-4)
+    # data with environment state, a model without the channel: imagination observes no (stale) environment state
+    env = WorldModelSingleEnv(VideoWorldModel.load(full / "checkpoints/last"), load_split(tiny_data, 0.25)[2],
+                              max_episode_steps=4)
+    check_env(env, skip_render_check=True)
+    assert "observation.environment_state" not in env.reset(seed=0)[0]
 
 
 def test_a_run_without_the_unrolled_phase_is_the_full_runs_checkpoint_before_that_phase(tiny_data, tmp_path):
@@ -218,6 +223,46 @@ def test_commanded_pose_integration_follows_the_simulators_end_effector():
     err = np.linalg.norm(poses[:, :3] - np.stack(real), axis=1)
     assert err.max() < 0.02 and err[0] < 0.005
     assert np.allclose(poses[:, 3], np.stack(acts)[:, 3])
+
+
+def test_a_pose_layout_carries_each_frames_rotation_step_to_the_denoiser():
+    """LIBERO's OSC_POSE actions [dx, dy, dz, drx, dry, drz, g]: each frame's commanded pose is [target, rot_step *
+    rotation, g]; with no rotation it is the 4-D layout's pose with zeros between; the rotation changes the
+    generated frames (the denoiser reads it); a gripper index outside the action is refused."""
+    cfg7 = WorldModelConfig(task_vocab=VOCAB, size="tiny", action_dim=7, gripper_action=6, rot_step=0.5)
+    cfg4 = WorldModelConfig(task_vocab=VOCAB, size="tiny")
+    ee = torch.tensor([[0.4, 0.0, 0.1]])
+    a4 = torch.tensor([[0.5, -0.2, 0.1, 0.7]])
+    a7 = torch.tensor([[0.5, -0.2, 0.1, 0.0, 0.0, 0.0, 0.7]])
+    p4, p7 = commanded_pose(ee, a4, cfg4), commanded_pose(ee, a7, cfg7)
+    assert p7.shape == (1, 7) and torch.equal(p7[:, [0, 1, 2, 6]], p4) and torch.equal(p7[:, 3:6], torch.zeros(1, 3))
+    turn = a7.clone()
+    turn[:, 3:6] = torch.tensor([0.2, -1.0, 0.4])
+    assert torch.allclose(commanded_pose(ee, turn, cfg7)[:, 3:6], torch.tensor([[0.1, -0.5, 0.2]]))
+
+    torch.manual_seed(0)
+    model = VideoWorldModel(dataclasses.replace(cfg7, state_dim=8, gripper_index=6, ee_index=(0, 1, 2),
+                                                deterministic=True, env_state_dim=0)).eval()
+    with torch.no_grad():  # the output layers start at zero (the identity path); give them weights to read through
+        for w in model.unet.parameters():
+            if not w.abs().sum():
+                w.normal_(0, 0.1)
+    rng = np.random.default_rng(0)
+    obs = {f"observation.images.{c}": rng.integers(0, 255, (2, 64, 64, 3), dtype=np.uint8) for c in ("front", "wrist")}
+    obs |= {"observation.state": rng.normal(0, 0.1, (2, 8)).astype(np.float32), "task": [VOCAB[0]] * 2}
+    state = model.encode(obs)
+    assert state["pose"].shape == (2, 7) and torch.equal(state["pose"][:, 3:6], torch.zeros(2, 3))
+    still = torch.zeros(2, 4, 7)
+    turning = still.clone()
+    turning[..., 3:6] = 1.0
+    _, p_still = model.step(state, still)
+    _, p_turn = model.step(state, turning)
+    assert p_still["pose"].shape == (2, 4, 7) and torch.allclose(p_turn["pose"][..., 3:6], torch.full((2, 4, 3), 0.5))
+    assert not torch.allclose(p_still["latents"], p_turn["latents"])
+    with pytest.raises(ValueError, match="gripper_action"):
+        VideoWorldModel(dataclasses.replace(cfg7, gripper_action=5))
+    with pytest.raises(ValueError, match="gripper_action"):
+        VideoWorldModel(dataclasses.replace(cfg4, gripper_action=6))
 
 
 def test_unrolled_phase_trains_on_generated_context(tiny_data, tmp_path, monkeypatch):

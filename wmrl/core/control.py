@@ -1,4 +1,4 @@
-"""How a 4-D end-effector-delta action moves a suite's arm: the contract between a simulator, the datasets it
+"""How an end-effector-delta action moves a suite's arm: the contract between a simulator, the datasets it
 writes (`meta/wmrl.json`, key `control`) and the world model, which integrates commanded poses from actions
 (`world_models.video.model.commanded_pose`) and so must know the step size, the workspace and where the hand and
 gripper sit in `observation.state`.
@@ -37,8 +37,10 @@ class EEDeltaControl:
     """(start, n): entries holding the previous frame's first n entries (Meta-World's frame stacking; n = 0: none)."""
     gripper_action: int = 3
     """Where the gripper command sits in the action: 3 for [dx, dy, dz, gripper] (the tabletop, Meta-World, the
-    SO-101 cell); 6 for LIBERO's OSC_POSE [dx, dy, dz, drx, dry, drz, gripper], whose rotation the world model's
-    commanded pose does not integrate (`world_models.video.train` refuses such data)."""
+    SO-101 cell); 6 for LIBERO's OSC_POSE [dx, dy, dz, drx, dry, drz, gripper], whose rotation step the world
+    model's commanded pose then carries (`world_models.video.model.commanded_pose`)."""
+    rot_step: float = 0.5
+    """rad of axis-angle rotation per control step at |action| = 1 (pose layouts; robosuite's OSC: 0.5)."""
 
     def to_meta(self) -> dict:
         return asdict(self)

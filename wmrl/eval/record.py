@@ -34,6 +34,8 @@ class CollectConfig:
     num_envs: int = 2
     """Parallel simulator processes (gymnasium AsyncVectorEnv)."""
     image_size: int = 64
+    max_episode_steps: int = 0
+    """Cut episodes at this many control steps (0: the task's own horizon)."""
     post_success_steps: int = 0
     """Keep recording this many steps after success before the episode ends (more success frames)."""
     codec: str = "h264"
@@ -47,9 +49,10 @@ class CollectConfig:
 def collect(cfg: CollectConfig, progress: bool = True) -> dict:
     check_codec(cfg.codec)  # before simulating anything
     check_out(cfg.out)
-    for name in ("num_envs", "image_size", "post_success_steps"):
-        if getattr(cfg, name) < (0 if name == "post_success_steps" else 1):
-            raise ValueError(f"--{name.replace('_', '-')} must be >= {0 if name == 'post_success_steps' else 1}, got {getattr(cfg, name)}")
+    for name in ("num_envs", "image_size", "post_success_steps", "max_episode_steps"):
+        least = 0 if name in ("post_success_steps", "max_episode_steps") else 1
+        if getattr(cfg, name) < least:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= {least}, got {getattr(cfg, name)}")
     if not (math.isfinite(cfg.noise) and cfg.noise >= 0):
         raise ValueError(f"--noise must be a finite number >= 0, got {cfg.noise}")
     if cfg.episodes <= 0:
@@ -66,8 +69,9 @@ def collect(cfg: CollectConfig, progress: bool = True) -> dict:
         raise FileExistsError(f"{cfg.out} already exists; pass --overwrite to replace it or --resume to append")
     if existing and recognise(cfg.out) != "dataset" and not (mode == "overwrite" and recognise(cfg.out) == "run"):
         raise FileExistsError(f"{cfg.out} is not a LeRobot dataset; --{mode} refuses to touch it")
+    horizon = {"max_episode_steps": cfg.max_episode_steps} if cfg.max_episode_steps else {}
     env = sim.make_vector_env(cfg.task, cfg.num_envs, image_size=cfg.image_size,
-                              post_success_steps=cfg.post_success_steps)
+                              post_success_steps=cfg.post_success_steps, **horizon)
     try:
         if cfg.policy_path is not None:
             policy = make_policy("vla", env.single_action_space, path=cfg.policy_path, stochastic=True,

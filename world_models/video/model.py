@@ -38,7 +38,6 @@ from world_models.video.networks import FourierEmbedding, FrameAutoencoder, Fram
 from world_models.video.state_channel import GATES, StateChannel, StateChannelConfig
 
 SIZES = {"tiny": (16, 32), "small": (48, 96), "base": (128, 256), "large": (192, 384)}
-POSE_DIM = 4  # commanded end-effector xyz + gripper command
 
 
 @dataclass
@@ -74,6 +73,11 @@ class WorldModelConfig:
     gripper_index: int = 4  # gripper opening (m) inside observation.state
     gripper_open: float = 0.09  # opening at command -1 (fully open); command +1 closes
     ee_step: float = 0.05
+    # where the gripper command sits in the action: 3 for [dx, dy, dz, gripper]; 6 for a pose layout
+    # [dx, dy, dz, drx, dry, drz, gripper] (LIBERO's OSC_POSE), whose rotation step (rot_step rad per unit) each
+    # frame's commanded pose then carries
+    gripper_action: int = 3
+    rot_step: float = 0.5
     workspace_low: tuple[float, float, float] = (0.2, -0.28, 0.015)
     workspace_high: tuple[float, float, float] = (0.62, 0.28, 0.3)
     state_members: int = 5  # ensemble members of the state channel (used when env_state_dim > 0)
@@ -106,13 +110,29 @@ class WorldModelConfig:
     def frame_channels(self) -> int:
         return len(self.cameras) * self.latent_channels
 
+    @property
+    def rotation(self) -> bool:
+        """Whether actions command a rotation (a pose layout: rotation at 3:6, the gripper at 6)."""
+        return self.gripper_action == 6
+
+    @property
+    def pose_dim(self) -> int:
+        """Entries of a commanded pose: end-effector xyz target, [the rotation step,] gripper command."""
+        return 7 if self.rotation else 4
+
 
 def commanded_pose(ee: torch.Tensor, action: torch.Tensor, cfg: WorldModelConfig) -> torch.Tensor:
     """The pose one action commands: [clip(ee + ee_step * a[:3], workspace), a[3]] (..., 4). This is the
-    controller's target, as the simulator computes it (`TabletopEnv._ctrl_from_action`) and as a robot logs it."""
+    controller's target, as the simulator computes it (`TabletopEnv._ctrl_from_action`) and as a robot logs it.
+    With a pose layout (`cfg.rotation`), [target, rot_step * a[3:6], a[6]] (..., 7): the commanded rotation step
+    (axis-angle, rad) rides with the frame it moves. The absolute orientation is not integrated: it is what the
+    context frames show, and an operational-space controller such as robosuite's turns the hand by this step
+    from wherever it is (its goal is the current orientation rotated by the step)."""
     lo, hi = (torch.tensor(v, dtype=ee.dtype, device=ee.device) for v in (cfg.workspace_low, cfg.workspace_high))
     target = torch.minimum(torch.maximum(ee + cfg.ee_step * action[..., :3], lo), hi)
-    return torch.cat([target, action[..., 3:4]], -1)
+    g = cfg.gripper_action
+    parts = [target, cfg.rot_step * action[..., 3:6]] if cfg.rotation else [target]
+    return torch.cat([*parts, action[..., g : g + 1]], -1)
 
 
 ARM_MARGIN = 0.03  # m: how far past the commanded workspace (and the gripper's range) the recorded hand ever is
@@ -130,7 +150,7 @@ def bound_arm(x: torch.Tensor, cfg: WorldModelConfig) -> torch.Tensor:
 
 
 def integrate_poses(ee0: torch.Tensor, actions: torch.Tensor, cfg: WorldModelConfig) -> torch.Tensor:
-    """Commanded poses (B, h, 4) of an action chunk (B, h, A) from the last known end-effector ee0 (B, 3), when no
+    """Commanded poses (B, h, pose_dim) of an action chunk (B, h, A) from the last known end-effector ee0 (B, 3), when no
     better estimate of the arm exists: each target becomes the next step's start (perfect tracking assumed)."""
     out, ee = [], ee0
     for j in range(actions.shape[1]):
@@ -171,7 +191,10 @@ class VideoWorldModel(nn.Module):
         if cfg.state_gate not in GATES:
             raise ValueError(f"state_gate: expected one of {GATES}, got {cfg.state_gate!r}")
         self.cfg = cfg
-        C, K, H, P = cfg.frame_channels, cfg.context, cfg.chunk, POSE_DIM
+        if cfg.gripper_action not in (3, 6) or cfg.action_dim <= cfg.gripper_action:
+            raise ValueError(f"gripper_action: expected 3 ([dx, dy, dz, g]) or 6 ([dx, dy, dz, drx, dry, drz, g]) inside "
+                             f"an action of {cfg.action_dim}, got {cfg.gripper_action}")
+        C, K, H, P = cfg.frame_channels, cfg.context, cfg.chunk, cfg.pose_dim
         self.ae = FrameAutoencoder(cfg.latent_channels, cfg.ae_width)
         self.register_buffer("lat_mean", torch.zeros(C, 1, 1))
         self.register_buffer("lat_std", torch.ones(C, 1, 1))
@@ -188,8 +211,9 @@ class VideoWorldModel(nn.Module):
         ys, xs = torch.meshgrid(torch.linspace(-1, 1, S), torch.linspace(-1, 1, S), indexing="ij")
         self.register_buffer("coords", torch.stack([xs, ys])[None], persistent=False)
         lo, hi = np.array(cfg.workspace_low), np.array(cfg.workspace_high)
-        self.register_buffer("pose_mid", torch.tensor([*(lo + hi) / 2, 0.0], dtype=torch.float32), persistent=False)
-        self.register_buffer("pose_half", torch.tensor([*(hi - lo) / 2, 1.0], dtype=torch.float32), persistent=False)
+        rot_mid, rot_half = ([0.0] * 3, [cfg.rot_step] * 3) if cfg.rotation else ([], [])
+        self.register_buffer("pose_mid", torch.tensor([*(lo + hi) / 2, *rot_mid, 0.0], dtype=torch.float32), persistent=False)
+        self.register_buffer("pose_half", torch.tensor([*(hi - lo) / 2, *rot_half, 1.0], dtype=torch.float32), persistent=False)
         self.task = TaskEncoder(cfg.task_vocab, cfg.task_dim)
         self.heads = FrameHeads(C, cfg.state_dim, cfg.task_dim, cfg.latent_size)
         self.state_channel = (StateChannel(StateChannelConfig(cfg.n_objects, cfg.action_dim, cfg.state_members,
@@ -258,13 +282,18 @@ class VideoWorldModel(nn.Module):
 
     # ------------------------------------------------------------------ poses
     def observed_pose(self, proprio: torch.Tensor, last_action: torch.Tensor | None = None) -> torch.Tensor:
-        """Pose (B, 4) of an observed frame: its end-effector and its gripper command (the previous action's, else
-        the command that would give the observed opening)."""
-        ee = proprio[:, list(self.cfg.ee_index)]
-        g = 1 - 2 * proprio[:, self.cfg.gripper_index : self.cfg.gripper_index + 1] / self.cfg.gripper_open
+        """Pose (B, pose_dim) of an observed frame: its end-effector, [the previous action's rotation step, else
+        none,] and its gripper command (the previous action's, else the command that would give the observed
+        opening)."""
+        c = self.cfg
+        ee = proprio[:, list(c.ee_index)]
+        g = 1 - 2 * proprio[:, c.gripper_index : c.gripper_index + 1] / c.gripper_open
+        rot = []
+        if c.rotation:
+            rot = [c.rot_step * last_action[:, 3:6] if last_action is not None else ee.new_zeros(len(ee), 3)]
         if last_action is not None:
-            g = last_action[:, 3:4]
-        return torch.cat([ee, g.clamp(-1, 1)], -1)
+            g = last_action[:, c.gripper_action : c.gripper_action + 1]
+        return torch.cat([ee, *rot, g.clamp(-1, 1)], -1)
 
     # ------------------------------------------------------------------ environment state <-> state channel
     def env_frame(self, prev: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -318,8 +347,8 @@ class VideoWorldModel(nn.Module):
     # ------------------------------------------------------------------ losses
     def dynamics_loss(self, ctx: torch.Tensor, anchor: torch.Tensor, future: torch.Tensor, pose0: torch.Tensor,
                       poses: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """ctx (B,K,C,S,S) clean context, anchor (B,C,S,S), future (B,H,C,S,S), pose0 (B,4) of the last context frame,
-        poses (B,H,4) commanded per future frame, mask (B,H) of real frames."""
+        """ctx (B,K,C,S,S) clean context, anchor (B,C,S,S), future (B,H,C,S,S), pose0 (B,pose_dim) of the last context frame,
+        poses (B,H,pose_dim) commanded per future frame, mask (B,H) of real frames."""
         B, H, C = future.shape[:3]
         last = ctx[:, -1]
         # where the future differs from the clean last context frame (computed before the context is noised)

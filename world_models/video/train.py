@@ -158,12 +158,9 @@ def load_split(data: Path, holdout: float, seed: int = 0, extra: tuple[Path, ...
 def model_config(cfg: TrainWMConfig, ds) -> WorldModelConfig:
     vocab = sorted({w for t in ds.tasks for w in TaskEncoder.words(t)})
     c = EEDeltaControl.of_dataset(ds.root)  # the suite's action geometry, recorded with the data
-    if c.gripper_action != 3:
-        raise ValueError(f"{ds.root}: its actions carry the gripper at index {c.gripper_action} after a rotation "
-                         "(LIBERO's OSC_POSE); the world model conditions on [dx, dy, dz, gripper] commanded poses "
-                         "and does not model rotations yet")
     return WorldModelConfig(ee_index=c.ee_index, gripper_index=c.gripper_index, gripper_open=c.gripper_open,
-                            ee_step=c.ee_step, workspace_low=c.workspace_low, workspace_high=c.workspace_high,
+                            ee_step=c.ee_step, gripper_action=c.gripper_action, rot_step=c.rot_step,
+                            workspace_low=c.workspace_low, workspace_high=c.workspace_high,
                             n_objects=len(c.object_xyz), object_xyz=c.object_xyz, env_arm=c.env_arm,
                             env_previous=c.env_previous,
                             context=cfg.context, chunk=cfg.chunk, size=cfg.size, sampling_steps=cfg.sampling_steps, mean_share=cfg.mean_share,
