@@ -85,6 +85,12 @@ def task_from_instruction(text: str) -> str:
     return tabletop_task_from_instruction(text)
 
 
+def has_task_rules(text: str) -> bool:
+    """Whether a task's success and reward can be computed from observation-level state (`success_and_reward`):
+    the tabletop's and Meta-World's tasks; LIBERO's goals are BDDL predicates on its full simulator state."""
+    return not task_from_instruction(text).startswith("libero-")
+
+
 def success_and_reward(tasks, ee: np.ndarray, opening: np.ndarray, env_state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Each task's own success and dense reward on observation-level state (B rows; `tasks`: one instruction or B),
     whichever suite it belongs to: what imagination reads from a world model's predicted state

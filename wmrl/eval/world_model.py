@@ -26,7 +26,7 @@ from policies.random_policy import RandomPolicy
 from sim import replay_in_true_sim, replay_open_loop, success_and_reward
 from sim.experts import ScriptedExpert
 from sim.tabletop.twin import CUBE_COLOURS
-from wmrl.core.features import ACTION, OBS_ENV_STATE, OBS_STATE, TASK, image_key
+from wmrl.core.features import ACTION, OBS_ENV_STATE, OBS_STATE, SUCCESS, TASK, image_key
 from wmrl.eval.loop import evaluate
 from world_models.env import WorldModelEnv
 from world_models.video.evaluate import auroc, bootstrap_ci, fixed_windows, matched_max, psnr, rollout, window_inputs
@@ -44,12 +44,15 @@ def _mean(x: np.ndarray) -> float:
 
 def window_fidelity(model, held, task: str, n_windows: int = 240, horizon: int = H16, seed: int = 0,
                     steps: int | None = None, controllability: bool = True, sample_seed: int | None = None) -> dict:
-    """Fidelity on `fixed_windows(held, n_windows, horizon, seed=seed)`; `held` must keep `qpos` (for the masks).
+    """Fidelity on `fixed_windows(held, n_windows, horizon, seed=seed)`. The masked (arm + objects) PSNR needs a
+    suite whose env renders segmentation masks (`moving_mask_at`, the tabletop's) and `held` keeping `qpos`; without
+    them its keys are NaN.
     `steps`: Euler steps per chunk (None: the model's `sampling_steps`; imagination samples with 1). Returns summary
     numbers, the model's and copy-last's PSNR per camera, and under `per_window` the arrays the plots use.
     `controllability=False` skips Delta-t PSNR (two more rollouts), e.g. on training windows. `sample_seed`: the
     sampling noise's seed when it should differ from the windows' (default `seed`)."""
-    wins = fixed_windows(held, n_windows, horizon, model.cfg.context, seed=seed)
+    wins = fixed_windows(held, n_windows, horizon, model.cfg.context, seed=seed, ee_index=model.cfg.ee_index,
+                         object_xyz=model.cfg.object_xyz)
     starts = [(w["episode"], w["start"]) for w in wins]
     motion = np.array([w["motion"] for w in wins])
     out: dict = {"n_windows": len(wins), "n_motion_windows": int(motion.sum()),
@@ -58,13 +61,17 @@ def window_fidelity(model, held, task: str, n_windows: int = 240, horizon: int =
     cams = [image_key(c) for c in model.cfg.cameras]
     _, _, real = window_inputs(model, held, starts, horizon)
     last = {c: np.stack([held.data[c][held.episodes[e][0] + t0] for e, t0 in starts]) for c in cams}
-    env = sim.make_env(task).unwrapped
-    env.reset(seed=0)
     masks = {c: [] for c in cams}
-    for e, t0 in starts:
-        m = env.moving_mask_at(held.data["qpos"][held.episodes[e][0] + t0 + horizon])  # the real frame at the horizon
+    env = sim.make_env(task).unwrapped
+    if hasattr(env, "moving_mask_at") and "qpos" in held.data:
+        env.reset(seed=0)
+        for e, t0 in starts:
+            m = env.moving_mask_at(held.data["qpos"][held.episodes[e][0] + t0 + horizon])  # the real frame at the horizon
+            for c in cams:
+                masks[c].append(m[c])
+    else:  # no masks: every masked PSNR is NaN
         for c in cams:
-            masks[c].append(m[c])
+            masks[c] = [np.zeros(real[c].shape[2:4], bool)] * len(starts)
     env.close()
     with torch.no_grad():  # the autoencoder's reconstruction of the real frames: the ceiling of a latent model
         z_real = model.encode_frames({c: real[c][:, horizon - 1] for c in cams})
@@ -154,12 +161,14 @@ def cube_error_in_true_sim(held, task: str, cube_shift: float, cube: str = "red"
     return np.array(errs)
 
 
-def success_pairs(task: str, n_seeds: int, seed0: int = 50_000) -> list[dict]:
+def success_pairs(task: str, n_seeds: int, seed0: int = 50_000, max_episode_steps: int | None = None) -> list[dict]:
     """Success / near-success episode pairs from the same start (same seed): they share a prefix and diverge when
     the expert's failure mode kicks in (the push stops just outside the zone). Pairs where the nominal expert
-    failed or the failure-mode expert succeeded are dropped (they are not contrastive)."""
+    failed or the failure-mode expert succeeded are dropped (they are not contrastive). `max_episode_steps`: cut
+    episodes there (None: the task's horizon)."""
     out = []
-    env = sim.make_env(task, post_success_steps=3).unwrapped
+    horizon = {"max_episode_steps": max_episode_steps} if max_episode_steps else {}
+    env = sim.make_env(task, post_success_steps=3, **horizon).unwrapped
     for s in range(n_seeds):
         pair = []
         for failure in (0.0, 1.0):
@@ -292,9 +301,12 @@ def pair_auroc(model, pairs: list[dict], seed: int = 0) -> dict:
         out["success_auroc_80step"] = auroc(matched_max(im["state_reward"], lens), truth)
         out["imagined_success_accuracy_matched"] = float(np.mean(matched_max(im["state_success"], matched).astype(bool) == truth))
     ee, g = list(model.cfg.ee_index), model.cfg.gripper_index
-    real_rew = [success_and_reward(ep[TASK][0], ep[OBS_STATE][1:, ee], ep[OBS_STATE][1:, g], ep[OBS_ENV_STATE][1:])[1]
+    if sim.has_task_rules(pairs[0][TASK][0]):  # the rules' shaped reward on the recorded state
+        real = [success_and_reward(ep[TASK][0], ep[OBS_STATE][1:, ee], ep[OBS_STATE][1:, g], ep[OBS_ENV_STATE][1:])[1]
                 for ep in pairs]
-    out["success_auroc_real_ceiling"] = auroc(matched_max(real_rew, matched), truth)
+    else:  # the simulator's own success flags (LIBERO's goal check)
+        real = [np.asarray(ep[SUCCESS][: len(ep[ACTION]) - 1], np.float64) for ep in pairs]
+    out["success_auroc_real_ceiling"] = auroc(matched_max(real, matched), truth)
     cams = [image_key(c) for c in model.cfg.cameras]
     with torch.no_grad():
         real_head = [torch.sigmoid(model.heads(model.encode_frames({c: ep[c][1:] for c in cams}),

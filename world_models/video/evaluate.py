@@ -77,10 +77,13 @@ def matched_max(per_step: list[np.ndarray], n_steps) -> np.ndarray:
     return np.array([np.max(x[:n]) for x, n in zip(per_step, n_steps)])
 
 
-def fixed_windows(held, n: int, length: int, K: int, seed: int = 0, motion_cm: float = 2.0) -> list[dict]:
+def fixed_windows(held, n: int, length: int, K: int, seed: int = 0, motion_cm: float = 2.0,
+                  ee_index: tuple[int, ...] = (5, 6, 7), object_xyz: tuple[int, ...] = (0, 3, 6)) -> list[dict]:
     """`n` (episode, start frame) windows whose `length` next frames lie in the episode, drawn by `seed` and sorted,
-    so every run and baseline sees the same ones. A window is `motion` when the end-effector or any object moves
-    more than `motion_cm` over it (from the recorded state), else `static`."""
+    so every run and baseline sees the same ones. A window is `motion` when the end-effector (`ee_index` inside
+    observation.state) or any object (centres starting at `object_xyz` inside observation.environment_state; the
+    defaults are the tabletop's, a model's config has its suite's) moves more than `motion_cm` over it, else
+    `static`."""
     rng = np.random.default_rng(seed)
     eids = sorted(e for e, (lo, T) in held.episodes.items() if T >= length + 1)
     if not eids:
@@ -96,9 +99,11 @@ def fixed_windows(held, n: int, length: int, K: int, seed: int = 0, motion_cm: f
     for e, t0 in sorted(chosen):
         lo = held.episodes[e][0]
         s = held.data[STATE][lo + t0 : lo + t0 + length + 1]
-        move = np.linalg.norm(s[1:, 5:8] - s[:1, 5:8], axis=-1).max()
+        ee = s[:, list(ee_index)]
+        move = np.linalg.norm(ee[1:] - ee[:1], axis=-1).max()
         if ENV_STATE in held.data:
-            env = held.data[ENV_STATE][lo + t0 : lo + t0 + length + 1, :9].reshape(length + 1, 3, 3)
+            env = held.data[ENV_STATE][lo + t0 : lo + t0 + length + 1][:, [o + k for o in object_xyz for k in range(3)]]
+            env = env.reshape(length + 1, len(object_xyz), 3)
             move = max(move, np.linalg.norm(env[1:] - env[:1], axis=-1).max())
         out.append({"episode": e, "start": t0, "motion": bool(move * 100 > motion_cm)})
     return out
