@@ -9,8 +9,9 @@ head trained on generated latents, and a structured state channel (`state_channe
 What each generated frame is conditioned on (information a real robot has too):
 - its own commanded pose p_j = [clip(ee_{j-1} + ee_step * a_j[:3]), a_j[3]] (end-effector target and gripper
   command), with ee_{j-1} the last observed end-effector for the first frame and afterwards the state channel's
-  prediction (or the integrated command chain when there is no state channel). Proprioception is never re-read
-  from generated latents inside a rollout;
+  prediction (or the integrated command chain when there is no state channel); with a pose layout (LIBERO's
+  OSC_POSE, `gripper_action` 6) also the frame's commanded rotation step rot_step * a_j[3:6]. Proprioception is
+  never re-read from generated latents inside a rollout;
 - the K context latents (noised at a level it is told, DIAMOND/GameNGen context augmentation) and the episode's
   first frame (the scene anchor, Ctrl-World's memory in its simplest form).
 
