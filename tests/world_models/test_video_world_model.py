@@ -389,6 +389,10 @@ def test_fixed_windows_are_identical_across_runs_and_split_by_motion(tiny_data):
     _, _, held = load_split(tiny_data, 0.25)
     a, b = fixed_windows(held, 12, 8, 2, seed=0), fixed_windows(held, 12, 8, 2, seed=0)
     assert a == b and len(a) == 12 and fixed_windows(held, 12, 8, 2, seed=1) != a
+    # the suite's layout decides motion: the hand alone flags a subset of what the hand or a cube flags
+    hand = fixed_windows(held, 12, 8, 2, seed=0, object_xyz=())
+    assert [(w["episode"], w["start"]) for w in hand] == [(w["episode"], w["start"]) for w in a]
+    assert all(w["motion"] for w, h in zip(a, hand) if h["motion"])
     for w in a:
         lo, T = held.episodes[w["episode"]]
         assert 0 <= w["start"] and w["start"] + 8 <= T - 1

@@ -101,7 +101,7 @@ def fixed_windows(held, n: int, length: int, K: int, seed: int = 0, motion_cm: f
         s = held.data[STATE][lo + t0 : lo + t0 + length + 1]
         ee = s[:, list(ee_index)]
         move = np.linalg.norm(ee[1:] - ee[:1], axis=-1).max()
-        if ENV_STATE in held.data:
+        if ENV_STATE in held.data and object_xyz:
             env = held.data[ENV_STATE][lo + t0 : lo + t0 + length + 1][:, [o + k for o in object_xyz for k in range(3)]]
             env = env.reshape(length + 1, len(object_xyz), 3)
             move = max(move, np.linalg.norm(env[1:] - env[:1], axis=-1).max())
