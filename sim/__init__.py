@@ -87,28 +87,49 @@ def task_from_instruction(text: str) -> str:
 
 def has_task_rules(text: str) -> bool:
     """Whether a task's success and reward can be computed from observation-level state (`success_and_reward`):
-    the tabletop's and Meta-World's tasks; LIBERO's goals are BDDL predicates on its full simulator state."""
-    return not task_from_instruction(text).startswith("libero-")
+    the tabletop's tasks, Meta-World's with a rule (`sim.metaworld.tasks.RULES`) and LIBERO's whose goals are all
+    `In` a region on a body (`sim.libero.tasks`)."""
+    task = task_from_instruction(text)
+    if task.startswith("metaworld-"):
+        from sim.metaworld.tasks import has_rule
+
+        return has_rule(task.removeprefix("metaworld-"))
+    if task.startswith("libero-"):
+        from sim.libero.tasks import has_rule
+
+        return has_rule(task.removeprefix("libero-"))
+    return True
 
 
 def success_and_reward(tasks, ee: np.ndarray, opening: np.ndarray, env_state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Each task's own success and dense reward on observation-level state (B rows; `tasks`: one instruction or B),
     whichever suite it belongs to: what imagination reads from a world model's predicted state
-    (`sim.tabletop.tasks` / `sim.metaworld.tasks`)."""
+    (`sim.tabletop.tasks` / `sim.metaworld.tasks` / `sim.libero.tasks`)."""
     from sim.tabletop.tasks import success_and_reward as tabletop_rules
 
     tasks = [tasks] * len(ee) if isinstance(tasks, str) else list(tasks)
     suite = [task_from_instruction(t) for t in tasks]
     mw = np.array([s.startswith("metaworld-") for s in suite], bool)
-    if not mw.any():
+    lib = np.array([s.startswith("libero-") for s in suite], bool)
+    if not (mw | lib).any():
         return tabletop_rules(tasks, ee, opening, env_state)
-    from sim.metaworld.tasks import success_and_reward as metaworld_rules
-
     ok, rew = np.zeros(len(tasks), bool), np.zeros(len(tasks))
-    ee, opening, env_state = np.asarray(ee), np.asarray(opening), np.asarray(env_state)
-    ok[mw], rew[mw] = metaworld_rules([s.removeprefix("metaworld-") for s, m in zip(suite, mw) if m], ee[mw], opening[mw], env_state[mw])
-    if (~mw).any():
-        ok[~mw], rew[~mw] = tabletop_rules([t for t, m in zip(tasks, mw) if not m], ee[~mw], opening[~mw], env_state[~mw])
+    ee, opening = np.asarray(ee), np.asarray(opening)
+    if mw.any():
+        from sim.metaworld.tasks import success_and_reward as metaworld_rules
+
+        env = np.asarray(env_state)[mw]
+        ok[mw], rew[mw] = metaworld_rules([s.removeprefix("metaworld-") for s, m in zip(suite, mw) if m], ee[mw], opening[mw], env)
+    if lib.any():  # LIBERO's bodies differ between tasks: one task's rows at a time
+        from sim.libero.tasks import success_and_reward as libero_rules
+
+        for text in {t for t, m in zip(tasks, lib) if m}:
+            rows = np.array([t == text for t in tasks])
+            ok[rows], rew[rows] = libero_rules(text, ee[rows], opening[rows], np.asarray([env_state[i] for i in np.flatnonzero(rows)]))
+    rest = ~(mw | lib)
+    if rest.any():
+        ok[rest], rew[rest] = tabletop_rules([t for t, m in zip(tasks, rest) if m], ee[rest], opening[rest],
+                                             np.asarray(env_state)[rest])
     return ok, rew
 
 

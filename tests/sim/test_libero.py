@@ -17,6 +17,12 @@ pytestmark = pytest.mark.skipif(not sim.libero.available(), reason="LIBERO not i
 ENV_STATE = "observation.environment_state"
 
 
+def instruction_of(task: str) -> str:
+    from sim.libero.env import instruction
+
+    return instruction(task)
+
+
 @pytest.fixture(scope="module")
 def object0():
     env = gym.make("wmrl/libero-object-0-v0", disable_env_checker=True).unwrapped
@@ -171,6 +177,38 @@ def test_collect_writes_a_lerobot_dataset_and_a_world_model_imagines_it_under_7d
     obs, _ = env.reset(seed=0)
     obs, *_ = env.step(np.array([0.2, 0, -0.3, 0.1, 0, 0, -1], np.float32))
     assert obs["observation.images.front"].shape == (64, 64, 3) and obs["task"].startswith("pick up")
+
+
+def test_the_goal_rule_on_observation_level_state_equals_liberos_own_check():
+    """`sim.success_and_reward` on a LIBERO-Object task (In soup basket_contain_region, from the bodies' poses in
+    observation.environment_state) equals LIBERO's check at every step of an expert episode (successes included:
+    it keeps recording after success) and a failure-mode one; tasks whose goals are not such an In have no rule."""
+    import mujoco
+
+    from sim.experts import expert_action
+    from sim.libero.tasks import quat_wxyz_to_mat
+
+    q = np.array([0.9, 0.1, -0.3, 0.2])
+    want = np.zeros(9)
+    mujoco.mju_quat2Mat(want, q / np.linalg.norm(q))
+    assert np.allclose(quat_wxyz_to_mat(q), want.reshape(3, 3))
+    assert sim.has_task_rules(instruction_of("object-0")) and not sim.has_task_rules(instruction_of("goal-0"))
+    env = sim.make_env("libero-object-0", cameras=(), post_success_steps=8).unwrapped
+    ours, theirs = [], []
+    for failure in (False, True):
+        obs, _ = env.reset(seed=1)
+        for _ in range(140):
+            a = expert_action(obs["task"], obs["observation.state"], obs[ENV_STATE], failure)
+            obs, _, term, trunc, _ = env.step(np.clip(a, -1, 1))
+            ok, rew = sim.success_and_reward(obs["task"], obs["observation.state"][None, :3],
+                                             obs["observation.state"][None, 6], obs[ENV_STATE][None])
+            ours.append(bool(ok[0]))
+            theirs.append(bool(env.lib.check_success()))
+            assert (rew[0] == 1.0) == ok[0]
+            if term or trunc:
+                break
+    env.close()
+    assert ours == theirs and sum(theirs) >= 5 and len(theirs) - sum(theirs) >= 100
 
 
 def test_the_benchmark_checks_its_metric():
