@@ -154,8 +154,13 @@ class LiberoEnv(gym.Env):
         self.render_mode, self.render_size = render_mode, tuple(render_size)
         self.max_episode_steps = int(max_episode_steps or HORIZON[suite])
         self.post_success_steps = post_success_steps
+        from sim.libero.tasks import goal_layout
+
+        # a state channel can learn this task's objects when its goal has a rule on their poses (`sim.libero.tasks`)
+        rules = goal_layout(self) is not None
         control = EEDeltaControl(ee_index=(0, 1, 2), gripper_index=6, gripper_open=0.04, ee_step=0.05,
-                                 workspace_low=(-0.5, -0.5, 0.0), workspace_high=(0.5, 0.5, 1.6), object_state=None,
+                                 workspace_low=(-0.5, -0.5, 0.0), workspace_high=(0.5, 0.5, 1.6),
+                                 object_state="libero" if rules else None,
                                  object_xyz=tuple(7 * k for k in range(len(self._bodies))), gripper_action=6)
         self.metadata = {**type(self).metadata, "control": control.to_meta()}
         self._renderers: dict[tuple[int, int], mujoco.Renderer] = {}

@@ -29,30 +29,37 @@ def quat_wxyz_to_mat(q: np.ndarray) -> np.ndarray:
                      np.stack([2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)], -1)], -2)
 
 
-@functools.cache
-def _goals(task: str) -> tuple | None:
-    """Per goal predicate of the task: (object index, region body index, site offset and rotation in the body's
-    frame, site size), indices into the bodies of `observation.environment_state`; None when any goal has no rule."""
+def goal_layout(env) -> tuple | None:
+    """Per goal predicate of a built `LiberoEnv`'s task: (object index, region body index, site offset and rotation
+    in the body's frame, site size), indices into the bodies of `observation.environment_state`; None when any goal
+    has no rule. Reads model constants only (no reset needed)."""
     import mujoco
 
     from libero.libero.envs.bddl_utils import robosuite_parse_problem
-    from sim.libero.env import LiberoEnv, bddl_file
+    from sim.libero.env import bddl_file
 
-    goal = robosuite_parse_problem(str(bddl_file(task)))["goal_state"]
+    goal = robosuite_parse_problem(str(bddl_file(env.task)))["goal_state"]
+    robo, m, names = env.lib.env, env.lib.sim.model._model, env.object_names()
+    out = []
+    for pred in goal:
+        if pred[0] != "in" or pred[2] not in robo.object_sites_dict or pred[1] not in names:
+            return None
+        sid = mujoco.mj_name2id(m, mujoco.mjtObj.mjOBJ_SITE, pred[2])
+        body = int(m.site_bodyid[sid])
+        if body not in env._bodies:
+            return None
+        out.append((names.index(pred[1]), env._bodies.index(body), m.site_pos[sid].copy(),
+                    quat_wxyz_to_mat(m.site_quat[sid]), np.asarray(robo.object_sites_dict[pred[2]].size, np.float64)))
+    return tuple(out)
+
+
+@functools.cache
+def _goals(task: str) -> tuple | None:
+    from sim.libero.env import LiberoEnv
+
     env = LiberoEnv(task, cameras=())
     try:
-        robo, m = env.lib.env, env.lib.sim.model._model
-        out = []
-        for pred in goal:
-            if pred[0] != "in" or pred[2] not in robo.object_sites_dict or pred[1] not in env.object_names():
-                return None
-            sid = mujoco.mj_name2id(m, mujoco.mjtObj.mjOBJ_SITE, pred[2])
-            body = int(m.site_bodyid[sid])
-            if body not in env._bodies:
-                return None
-            out.append((env.object_names().index(pred[1]), env._bodies.index(body), m.site_pos[sid].copy(),
-                        quat_wxyz_to_mat(m.site_quat[sid]), np.asarray(robo.object_sites_dict[pred[2]].size, np.float64)))
-        return tuple(out)
+        return goal_layout(env)
     finally:
         env.close()
 

@@ -53,7 +53,7 @@ def test_check_env_and_lerobot_observations(object0):
     assert obs["task"] == "pick up the alphabet soup and place it in the basket"
     assert env.action_space.shape == (7,) and env.max_episode_steps == 280
     control = env.metadata["control"]
-    assert control["gripper_action"] == 6 and control["object_state"] is None
+    assert control["gripper_action"] == 6 and control["object_state"] == "libero"  # its goal has a rule on poses
     # upright images: the floor (bottom rows) is brighter than the dark background above the table in agentview
     front = obs["observation.images.front"].astype(float)
     assert front[-16:].mean() > front[:8].mean()
@@ -148,9 +148,9 @@ def test_a_missing_package_says_how_to_install_it(monkeypatch):
 
 def test_collect_writes_a_lerobot_dataset_and_a_world_model_imagines_it_under_7d_pose_actions(tmp_path):
     """The loop's first two steps on LIBERO: `wmrl collect` writes LeRobot v3 with LIBERO's 7-D OSC_POSE actions,
-    `wmrl train-wm` builds a world model whose frames are conditioned on [target xyz, rotation step, gripper] (no
-    state channel: LIBERO's state has no task rules here, so success comes from the frame head), and imagination
-    takes 7-D actions."""
+    `wmrl train-wm` builds a world model whose frames are conditioned on [target xyz, rotation step, gripper] and,
+    since object-0's goal has a rule on body poses, a state channel whose predicted poses give success by LIBERO's
+    goal check; imagination takes 7-D actions."""
     from wmrl.commands.collect import CollectConfig, collect
     from wmrl.datasets import LeRobotV3Dataset
     from world_models.env import WorldModelSingleEnv
@@ -164,19 +164,18 @@ def test_collect_writes_a_lerobot_dataset_and_a_world_model_imagines_it_under_7d
     assert info["fps"] == 20 and info["robot_type"] == "panda" and info["features"]["action"]["shape"] == [7]
     ep = LeRobotV3Dataset(out).episode(0)
     assert ep["observation.images.front"].shape[1:] == (64, 64, 3) and ep["task"][0].startswith("pick up the alphabet")
-    with pytest.raises(ValueError, match="no-state-channel"):
-        train_world_model(TrainWMConfig(data=out, out=tmp_path / "wm0", size="tiny", holdout=0.0), progress=False)
-    train_world_model(TrainWMConfig(data=out, out=tmp_path / "wm", size="tiny", state_channel=False, ae_steps=2,
-                                    state_steps=0, dyn_steps=2, unroll_steps=0, batch_size=2, holdout=0.34,
-                                    videos=0, overwrite=True), progress=False)
+    train_world_model(TrainWMConfig(data=out, out=tmp_path / "wm", size="tiny", ae_steps=2, state_steps=2,
+                                    dyn_steps=2, unroll_steps=0, batch_size=2, holdout=0.34, videos=0, overwrite=True),
+                      progress=False)
     model = VideoWorldModel.load(tmp_path / "wm" / "checkpoints" / "last")
-    assert model.cfg.action_dim == 7 and model.cfg.pose_dim == 7 and model.success_source == "frames"
+    assert model.cfg.action_dim == 7 and model.cfg.pose_dim == 7 and model.success_source == "state"
     _, _, held = load_split(out, 0.34)
-    env = WorldModelSingleEnv(model, held, max_episode_steps=8)
+    env = WorldModelSingleEnv(model, held, max_episode_steps=8, rules=sim.success_and_reward)
     check_env(env, skip_render_check=True)
-    obs, _ = env.reset(seed=0)
-    obs, *_ = env.step(np.array([0.2, 0, -0.3, 0.1, 0, 0, -1], np.float32))
+    obs, info = env.reset(seed=0)
+    obs, *_, info = env.step(np.array([0.2, 0, -0.3, 0.1, 0, 0, -1], np.float32))
     assert obs["observation.images.front"].shape == (64, 64, 3) and obs["task"].startswith("pick up")
+    assert obs[ENV_STATE].shape == (7 * 7,) and np.isfinite(info["disagreement"])
 
 
 def test_the_goal_rule_on_observation_level_state_equals_liberos_own_check():

@@ -27,7 +27,8 @@ class EEDeltaControl:
     workspace_high: tuple[float, float, float] = tuple(float(v) for v in WORKSPACE_HIGH)
     object_state: str | None = "tabletop"
     """Whose task rules read observation.environment_state ("tabletop": cube xyz then zone xy; "metaworld":
-    Meta-World's 39-entry observation); None: a suite whose state the world model's state channel does not model."""
+    Meta-World's 39-entry observation; "libero": every body's xyz and wxyz quaternion); None: a task whose state the
+    world model's state channel does not model (no rule reads it)."""
     object_xyz: tuple[int, ...] = (0, 3, 6)
     """Where each object's centre (x, y, z) starts inside observation.environment_state: what the state channel
     predicts. Entries it does not predict or derive are carried unchanged from the start (zones, goals)."""
