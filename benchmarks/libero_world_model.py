@@ -9,9 +9,11 @@ expert finishes object-0 in ~110; its failure mode sets down by ~110 and then ho
 starts per task, so held-out episodes (the last 10%) can share a start with training episodes: held out by episode,
 not by layout.
 
-Model: the CPU default recipe (`TrainWMConfig`), no state channel (LIBERO's goals are BDDL predicates on the full
-simulator state; no rules on observation-level state exist here), so success comes from the frame head on
-generated latents. Each frame is conditioned on its commanded pose [target xyz, rotation step, gripper].
+Model: the CPU default recipe (`TrainWMConfig`) without a state channel, so success comes from the frame head on
+generated latents; each frame is conditioned on its commanded pose [target xyz, rotation step, gripper]. Then,
+when the task's goal has a rule on body poses (`sim.libero.tasks`; the data then records `object_state: libero`),
+the same model with a state channel trained on the objects' poses (`--init-from`, the default channel steps), whose
+imagined success is LIBERO's goal rule on the predicted poses, scored on the same pairs.
 
 Measured (`wmrl.eval.world_model`, the same functions as the tabletop's benchmark): PSNR gain over copy-last at
 h16 on fixed held-out windows split into motion and static (the masked gain is NaN: LIBERO's env renders no
@@ -46,6 +48,7 @@ def main(quick: bool = False, task: str = "object-0", episodes: int = 60, horizo
     from world_models.video.evaluate import write_side_by_side
     from world_models.video.model import VideoWorldModel
     from world_models.video.train import TrainWMConfig, load_split, train_world_model
+    from wmrl.core.control import EEDeltaControl
 
     if not sim.libero.available():
         raise ValueError("this benchmark needs LIBERO: pip install 'wmrl[libero]'")
@@ -88,9 +91,26 @@ def main(quick: bool = False, task: str = "object-0", episodes: int = 60, horizo
     for k in KEYS:
         if k in ifid:
             out[f"imagination_{k}"] = ifid[k]
-    pa = pair_auroc(model, success_pairs(env_task, pairs, max_episode_steps=horizon))
+    prs = success_pairs(env_task, pairs, max_episode_steps=horizon)
+    pa = pair_auroc(model, prs)
     scores, truth = pa.pop("scores"), pa.pop("truth")
     out.update(pa)
+    # the state-channel variant: the same frames and heads (`--init-from`), plus a channel trained on the objects'
+    # poses, success by LIBERO's goal rule on the predicted poses (`sim.libero.tasks`); same pairs
+    if EEDeltaControl.of_dataset(data).object_state == "libero":
+        chan = work / "state-channel"
+        cstate = chan / "checkpoints/last/train_state.json"
+        csteps = 4 if quick else int(base.state_steps * steps_scale)
+        if not (cstate.exists() and json.loads(cstate.read_text())["step"] >= csteps):
+            train_world_model(TrainWMConfig(data=data, out=chan, init_from=run, size=size, ae_steps=0, dyn_steps=0,
+                                            unroll_steps=0, state_steps=csteps, videos=0, overwrite=True,
+                                            **({"batch_size": 4} if quick else {})), progress=not quick)
+        cm = VideoWorldModel.load(chan / "checkpoints/last").eval()
+        cp = pair_auroc(cm, prs)
+        cp.pop("scores"), cp.pop("truth")
+        out["state_channel"] = {k: cp[k] for k in ("success_auroc_matched_state", "success_auroc_80step",
+                                                   "imagined_success_accuracy_matched", "success_auroc_matched_frames")}
+        out["state_channel"]["train_steps"] = csteps
     out["train_minutes"], out["train_steps"] = ts["seconds"] / 60, ts["step"]
     out["train_steps_per_s"] = ts["step"] / max(ts["seconds"], 1e-9)
     out["config"] = {"size": model.cfg.size, "params_m": sum(p.numel() for p in model.parameters()) / 1e6, **steps}
