@@ -29,8 +29,6 @@ import json
 import tempfile
 from pathlib import Path
 
-import numpy as np
-
 from wmrl.benchutil import finish
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -44,11 +42,11 @@ def main(quick: bool = False, task: str = "object-0", episodes: int = 60, horizo
     import sim.libero
     from sim.libero.env import instruction
     from wmrl.commands.collect import CollectConfig, collect
+    from wmrl.core.control import EEDeltaControl
     from wmrl.eval.world_model import auroc_plot, gain_plot, pair_auroc, success_pairs, window_fidelity
     from world_models.video.evaluate import write_side_by_side
     from world_models.video.model import VideoWorldModel
     from world_models.video.train import TrainWMConfig, load_split, train_world_model
-    from wmrl.core.control import EEDeltaControl
 
     if not sim.libero.available():
         raise ValueError("this benchmark needs LIBERO: pip install 'wmrl[libero]'")

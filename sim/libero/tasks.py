@@ -13,8 +13,6 @@ regions of the table) have no rule here: `has_rule` says which tasks do.
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 
 from sim.libero.env import task_of
@@ -29,7 +27,16 @@ def quat_wxyz_to_mat(q: np.ndarray) -> np.ndarray:
                      np.stack([2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)], -1)], -2)
 
 
+_LAYOUTS: dict[str, tuple | None] = {}  # task -> goal_layout, filled by every LiberoEnv built in this process
+
+
 def goal_layout(env) -> tuple | None:
+    """`_layout` of a built `LiberoEnv`, kept for its task (so success on predicted state needs no second env)."""
+    _LAYOUTS[env.task] = _layout(env)
+    return _LAYOUTS[env.task]
+
+
+def _layout(env) -> tuple | None:
     """Per goal predicate of a built `LiberoEnv`'s task: (object index, region body index, site offset and rotation
     in the body's frame, site size), indices into the bodies of `observation.environment_state`; None when any goal
     has no rule. Reads model constants only (no reset needed)."""
@@ -53,15 +60,13 @@ def goal_layout(env) -> tuple | None:
     return tuple(out)
 
 
-@functools.cache
 def _goals(task: str) -> tuple | None:
-    from sim.libero.env import LiberoEnv
+    """The task's goal layout: the one a LiberoEnv of it already computed, else from an env built for it (seconds)."""
+    if task not in _LAYOUTS:
+        from sim.libero.env import LiberoEnv
 
-    env = LiberoEnv(task, cameras=())
-    try:
-        return goal_layout(env)
-    finally:
-        env.close()
+        LiberoEnv(task, cameras=()).close()
+    return _LAYOUTS[task]
 
 
 def has_rule(task: str) -> bool:
