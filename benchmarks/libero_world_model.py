@@ -35,30 +35,29 @@ ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / "runs" / "bench-libero-world-model"
 KEYS = ("motion_psnr_gain_h16", "motion_psnr_gain_h16_ci", "static_psnr_gain_h16", "static_psnr_gap_to_ceiling",
         "delta_t_psnr_h8_motion", "motion_psnr_gain_h1", "motion_psnr_gain_h4", "motion_psnr_gain_h8")
+MIX = dict(failures=0.3, perturbed=0.25, noise=0.1)  # the tabletop benchmark's data mix
 
 
-def main(quick: bool = False, task: str = "object-0", episodes: int = 60, horizon: int = 140, size: str = "small",
-         steps_scale: float = 1.0, windows: int = 240, pairs: int = 16) -> dict:
+def prepare(task: str = "object-0", episodes: int = 60, horizon: int = 140, size: str = "small",
+            steps_scale: float = 1.0, quick: bool = False) -> dict:
+    """The data and the trained models, made once per work folder and reused: `data` (the collected episodes),
+    `model` (frames and heads, no state channel) and, when the task's goal has a rule on body poses, `channel`
+    (the same model plus a state channel; else None). Also `work` and the step budgets (`steps`, `channel_steps`)."""
     import sim.libero
-    from sim.libero.env import instruction
     from wmrl.commands.collect import CollectConfig, collect
     from wmrl.core.control import EEDeltaControl
-    from wmrl.eval.world_model import auroc_plot, gain_plot, pair_auroc, success_pairs, window_fidelity
-    from world_models.video.evaluate import write_side_by_side
-    from world_models.video.model import VideoWorldModel
-    from world_models.video.train import TrainWMConfig, load_split, train_world_model
+    from world_models.video.train import TrainWMConfig, train_world_model
 
     if not sim.libero.available():
         raise ValueError("this benchmark needs LIBERO: pip install 'wmrl[libero]'")
     if quick:
-        episodes, horizon, windows, pairs, size = 4, 40, 6, 1, "tiny"
+        episodes, horizon, size = 4, 40, "tiny"
     work = Path(tempfile.mkdtemp(prefix="wmrl-bench-libero-wm-")) if quick else WORK / f"{task}-{size}" / (
         f"x{steps_scale:g}" if steps_scale != 1 else "")
     data, run = work / "data", work / "model"
-    mix = dict(failures=0.3, perturbed=0.25, noise=0.1)
     if not (data / "meta" / "info.json").exists():
         collect(CollectConfig(task=f"libero-{task}", episodes=episodes, out=data, overwrite=True, num_envs=1,
-                              max_episode_steps=horizon, post_success_steps=3, **mix), progress=not quick)
+                              max_episode_steps=horizon, post_success_steps=3, **MIX), progress=not quick)
     base = TrainWMConfig(data=data, out=run)
     steps = (dict(ae_steps=4, dyn_steps=4, unroll_steps=2, batch_size=4) if quick else
              {k: int(getattr(base, k) * steps_scale) for k in ("ae_steps", "dyn_steps", "unroll_steps")})
@@ -69,11 +68,39 @@ def main(quick: bool = False, task: str = "object-0", episodes: int = 60, horizo
         train_world_model(TrainWMConfig(data=data, out=run, size=size, state_channel=False, state_steps=0,
                                         videos=0 if quick else 3, resume=resume, overwrite=not resume, **steps),
                           progress=not quick)
+    # the state-channel variant: the same frames and heads (`--init-from`), plus a channel trained on the objects'
+    # poses, success by LIBERO's goal rule on the predicted poses (`sim.libero.tasks`)
+    chan, csteps = None, 4 if quick else int(base.state_steps * steps_scale)
+    if EEDeltaControl.of_dataset(data).object_state == "libero":
+        chan = work / "state-channel"
+        cstate = chan / "checkpoints/last/train_state.json"
+        if not (cstate.exists() and json.loads(cstate.read_text())["step"] >= csteps):
+            train_world_model(TrainWMConfig(data=data, out=chan, init_from=run, size=size, ae_steps=0, dyn_steps=0,
+                                            unroll_steps=0, state_steps=csteps, videos=0, overwrite=True,
+                                            **({"batch_size": 4} if quick else {})), progress=not quick)
+    return {"work": work, "data": data, "model": run, "channel": chan, "steps": steps, "channel_steps": csteps,
+            "episodes": episodes, "horizon": horizon}
+
+
+def main(quick: bool = False, task: str = "object-0", episodes: int = 60, horizon: int = 140, size: str = "small",
+         steps_scale: float = 1.0, windows: int = 240, pairs: int = 16) -> dict:
+    from sim.libero.env import instruction
+    from wmrl.eval.world_model import auroc_plot, gain_plot, pair_auroc, success_pairs, window_fidelity
+    from world_models.video.evaluate import write_side_by_side
+    from world_models.video.model import VideoWorldModel
+    from world_models.video.train import load_split
+
+    made = prepare(task, episodes, horizon, size, steps_scale, quick)
+    work, data, run, steps = made["work"], made["data"], made["model"], made["steps"]
+    episodes, horizon = made["episodes"], made["horizon"]
+    if quick:
+        windows, pairs = 6, 1
+    state = run / "checkpoints/last/train_state.json"
     ts = json.loads(state.read_text())
     model = VideoWorldModel.load(run / "checkpoints/last").eval()
     _, train, held = load_split(data, 0.1)
     out: dict = {"task": task, "instruction": instruction(task),
-                 "episodes": episodes, "horizon": horizon, "data_mix": mix, "train_episodes": train.num_episodes,
+                 "episodes": episodes, "horizon": horizon, "data_mix": MIX, "train_episodes": train.num_episodes,
                  "heldout_episodes": held.num_episodes, "success_source": model.success_source,
                  "pose_dim": model.cfg.pose_dim, "action_dim": model.cfg.action_dim}
     env_task = f"libero-{task}"
@@ -93,22 +120,15 @@ def main(quick: bool = False, task: str = "object-0", episodes: int = 60, horizo
     pa = pair_auroc(model, prs)
     scores, truth = pa.pop("scores"), pa.pop("truth")
     out.update(pa)
-    # the state-channel variant: the same frames and heads (`--init-from`), plus a channel trained on the objects'
-    # poses, success by LIBERO's goal rule on the predicted poses (`sim.libero.tasks`); same pairs
-    if EEDeltaControl.of_dataset(data).object_state == "libero":
-        chan = work / "state-channel"
-        cstate = chan / "checkpoints/last/train_state.json"
-        csteps = 4 if quick else int(base.state_steps * steps_scale)
-        if not (cstate.exists() and json.loads(cstate.read_text())["step"] >= csteps):
-            train_world_model(TrainWMConfig(data=data, out=chan, init_from=run, size=size, ae_steps=0, dyn_steps=0,
-                                            unroll_steps=0, state_steps=csteps, videos=0, overwrite=True,
-                                            **({"batch_size": 4} if quick else {})), progress=not quick)
+    # the state-channel variant (made by `prepare`), scored on the same pairs
+    if made["channel"] is not None:
+        chan = made["channel"]
         cm = VideoWorldModel.load(chan / "checkpoints/last").eval()
         cp = pair_auroc(cm, prs)
         cp.pop("scores"), cp.pop("truth")
         out["state_channel"] = {k: cp[k] for k in ("success_auroc_matched_state", "success_auroc_80step",
                                                    "imagined_success_accuracy_matched", "success_auroc_matched_frames")}
-        out["state_channel"]["train_steps"] = csteps
+        out["state_channel"]["train_steps"] = made["channel_steps"]
     out["train_minutes"], out["train_steps"] = ts["seconds"] / 60, ts["step"]
     out["train_steps_per_s"] = ts["step"] / max(ts["seconds"], 1e-9)
     out["config"] = {"size": model.cfg.size, "params_m": sum(p.numel() for p in model.parameters()) / 1e6, **steps}

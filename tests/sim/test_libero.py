@@ -223,3 +223,20 @@ def test_the_benchmark_checks_its_metric():
     tp = r["throughput"]
     assert tp["steps_per_s_state_only"] > tp["steps_per_s_two_cameras_64px"] > 0
     assert tp["steps_per_s_tabletop_two_cameras_64px"] > tp["steps_per_s_two_cameras_64px"]  # LIBERO's meshes cost
+
+
+def test_the_imagination_benchmark_runs_bc_and_grpo_with_no_simulator_step_and_pairs_the_starts():
+    """`wmrl bench libero-imagination` in quick mode (tiny world model, 2 GRPO iterations): RL takes no simulator
+    step, and both policies are scored on the same official starts in both worlds."""
+    import runpy
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parents[2] / "benchmarks" / "libero_imagination.py"
+    r = runpy.run_path(str(bench), run_name="bench")["main"](quick=True)
+    assert r["true_env_steps_during_rl"] == 0
+    assert [len(c) for c in r["imagined_success_per_iteration"].values()] == [r["iterations"]] == [2]
+    for name in ("bc", "rl_s0"):
+        assert len(r[f"outcomes_{name}"]) == len(r[f"imagined_outcomes_{name}"]) == r["starts"] == 2
+        assert r[f"success_{name}"] == r[f"outcomes_{name}"].count("1") / 2
+        assert r[f"outcomes_{name}"] == "00"  # 16 control steps cannot put the soup in the basket
+    assert r["success_gain_points_per_seed"] == [0.0] and r["starts_won_rl_s0"] == r["starts_lost_rl_s0"] == 0

@@ -275,12 +275,12 @@ def short_labels(specs: list[str]) -> list[str]:
 
 def score_policy(spec: str, world_model: str, data: str, task: str, episodes: int, num_envs: int, seed: int,
                  threads: int | None = None, noise_ceiling: bool = True, stop_cm: float = 0.0,
-                 state_readout: str = "mean", state_gate: str = "") -> dict:
+                 state_readout: str = "mean", state_gate: str = "", max_steps: int | None = None) -> dict:
     """Success of one policy in the world model and in the true simulator, paired: every imagined episode starts
     from the true simulator's reset with the same seed (same layout, same first frame), the world model is stepped
     by the open-loop chunks the policy executes, and the same loop scores both. With `noise_ceiling`, a second true
     evaluation on other seeds. Runs in-process or inside a Ray worker (everything is rebuilt from paths, nothing is
-    pickled but strings)."""
+    pickled but strings). `max_steps`: the episodes' length in both worlds (default: the task's own)."""
     import torch
 
     from wmrl.eval import evaluate
@@ -289,8 +289,9 @@ def score_policy(spec: str, world_model: str, data: str, task: str, episodes: in
         torch.set_num_threads(threads)
     pcfg = parse_policy_spec(spec)
     model = make_world_model("video", world_model, state_gate=state_gate or None)
-    max_steps = sim.episode_horizon(task)
-    true_env = sim.make_vector_env(task, num_envs, asynchronous=False)
+    true_env = sim.make_vector_env(task, num_envs, asynchronous=False,
+                                   **({"max_episode_steps": max_steps} if max_steps else {}))
+    max_steps = max_steps or sim.episode_horizon(task)
     objects = acts_on_objects(spec)
     object_noise = pcfg.build(true_env).cfg.estimate_noise if objects else None
     if objects and model.state_channel is None:
