@@ -27,8 +27,9 @@ SIBLINGS = {name: runpy.run_path(str(Path(__file__).with_name(f"{name}.py")), ru
 
 def main(quick: bool = False, task: str = "object-0", size: str = "small", bc_steps: int = 3000,
          iterations: int = 20, groups: int = 8, group_size: int = 8, horizon: int = 140, lr: float = 1e-4,
-         starts: int = 50, rl_seeds: int = 3) -> dict:
-    """One BC policy (seed 0); GRPO from it with `rl_seeds` seeds (0, 1, ...), each scored on the same starts."""
+         starts: int = 50, rl_seeds: int = 3, control: bool = True) -> dict:
+    """One BC policy (seed 0); GRPO from it with `rl_seeds` seeds (0, 1, ...) and, with `control`, the placebo
+    (outcomes shuffled within groups, seed 0), each scored on the same starts."""
     import json
     import time
 
@@ -36,6 +37,7 @@ def main(quick: bool = False, task: str = "object-0", size: str = "small", bc_st
 
     from wmrl.commands.train_policy import TrainPolicyConfig, train_policy
     from wmrl.core.checkpoint import resolve_checkpoint
+    from wmrl.core.io import write_json
     from wmrl.eval.loop import wilson_interval
     from wmrl.eval.rank import score_policy
     from wmrl.rl.imagine import ImagineConfig, imagine
@@ -47,7 +49,7 @@ def main(quick: bool = False, task: str = "object-0", size: str = "small", bc_st
                          "the state channel (the frame head's success on generated frames is inverted, see "
                          "libero-world-model)")
     if quick:
-        bc_steps, iterations, groups, group_size, horizon, starts, rl_seeds = 20, 2, 2, 2, 16, 2, 1
+        bc_steps, iterations, groups, group_size, horizon, starts, rl_seeds, control = 20, 2, 2, 2, 16, 2, 1, False
     work = made["work"] / "imagination"
     bc = work / "bc"
     minutes: dict = {}
@@ -58,28 +60,40 @@ def main(quick: bool = False, task: str = "object-0", size: str = "small", bc_st
     minutes["bc"] = (time.time() - t) / 60
 
     def score(run: Path) -> dict:
+        """Paired success in both worlds; kept beside the run (scoring costs more than RL here) and redone when
+        the run's checkpoint is newer than the scores."""
+        ck = resolve_checkpoint(run)
+        cache = run / f"scores-{starts}.json"
+        if not quick and cache.exists() and cache.stat().st_mtime > (ck / "train_state.json").stat().st_mtime:
+            return json.loads(cache.read_text())
         # seeds 0..starts-1: LIBERO's official initial states, the same in both worlds and for every policy
-        return score_policy(str(resolve_checkpoint(run)), str(made["channel"]), str(made["data"]), f"libero-{task}",
-                            starts, num_envs=2, seed=0, noise_ceiling=False, max_steps=horizon if quick else None)
+        sc = score_policy(str(ck), str(made["channel"]), str(made["data"]), f"libero-{task}", starts, num_envs=2,
+                          seed=0, noise_ceiling=False, max_steps=horizon if quick else None)
+        write_json(cache, sc)
+        return sc
 
     t = time.time()
     scored = {"bc": score(bc)}
     minutes["eval_bc"] = (time.time() - t) / 60
     curves = {}
-    for seed in range(rl_seeds):
-        rl = work / f"grpo-lr{lr:g}-s{seed}"
+    # GRPO with `rl_seeds` seeds; with `control`, one more run whose outcomes are shuffled within each group (the
+    # placebo: as many and as large updates, no information about which actions succeeded)
+    for seed, reward in [(s, "success") for s in range(rl_seeds)] + ([(0, "shuffled")] if control else []):
+        name = f"rl_s{seed}" if reward == "success" else f"control_s{seed}"
+        rl = work / (f"grpo-lr{lr:g}-s{seed}" if reward == "success" else f"grpo-{reward}-lr{lr:g}-s{seed}")
         t = time.time()
         done = rl / "checkpoints" / "last" / "train_state.json"
         if not (done.exists() and json.loads(done.read_text())["step"] >= iterations):
             resume = (rl / "checkpoints" / "last").exists()
             imagine(ImagineConfig(policy=bc, world_model=made["channel"], data=made["data"], out=rl, lr=lr, seed=seed,
                                   iterations=iterations, groups=groups, group_size=group_size, max_steps=horizon,
-                                  ckpt_every=1 if quick else 5, resume=resume, overwrite=not resume), progress=not quick)
-        curves[seed] = [r for r in map(json.loads, (rl / "metrics.jsonl").read_text().splitlines()) if "iteration" in r]
-        minutes[f"rl_s{seed}"] = (time.time() - t) / 60
+                                  reward=reward, ckpt_every=1 if quick else 5, resume=resume, overwrite=not resume),
+                    progress=not quick)
+        curves[name] = [r for r in map(json.loads, (rl / "metrics.jsonl").read_text().splitlines()) if "iteration" in r]
+        minutes[name] = (time.time() - t) / 60
         t = time.time()
-        scored[f"rl_s{seed}"] = score(rl)
-        minutes[f"eval_rl_s{seed}"] = (time.time() - t) / 60
+        scored[name] = score(rl)
+        minutes[f"eval_{name}"] = (time.time() - t) / 60
     out: dict = {"task": task, "bc_steps": bc_steps, "iterations": iterations, "groups": groups,
                  "group_size": group_size, "imagined_horizon": horizon, "lr": lr, "rl_seeds": rl_seeds,
                  "starts": starts, "world_model": "quick" if quick else str(made["channel"].relative_to(ROOT)),
@@ -103,7 +117,7 @@ def main(quick: bool = False, task: str = "object-0", size: str = "small", bc_st
             out[f"success_gain_points_{name}_ci"] = [100 * c for c in g["ci"]]
             out[f"starts_won_{name}"], out[f"starts_lost_{name}"] = g["layouts_won"], g["layouts_lost"]
             out[f"imagined_gain_points_{name}"] = 100 * (sc["imagined_success"] - scored["bc"]["imagined_success"])
-    rl_names = [n for n in scored if n != "bc"]
+    rl_names = [n for n in scored if n.startswith("rl_")]
     pooled = [o for n in rl_names for o in scored[n]["true_outcomes"]]
     out["success_rl"] = float(np.mean(pooled))  # over seeds x starts
     out["success_rl_ci"] = list(wilson_interval(int(sum(pooled)), len(pooled)))
@@ -122,7 +136,7 @@ def main(quick: bool = False, task: str = "object-0", size: str = "small", bc_st
     params = inspect.signature(main).parameters
     given = {k: v for k, v in dict(task=task, size=size, bc_steps=bc_steps, iterations=iterations, groups=groups,
                                    group_size=group_size, horizon=horizon, lr=lr, starts=starts,
-                                   rl_seeds=rl_seeds).items() if v != params[k].default}
+                                   rl_seeds=rl_seeds, control=control).items() if v != params[k].default}
     command = "wmrl bench libero-imagination --json" + (" --options " + " ".join(f"{k}={v}" for k, v in given.items())
                                                           if given else "")
     return finish("libero-imagination", out, quick, command=None if quick else command)

@@ -62,6 +62,28 @@ def test_grpo_binary_reward_and_token_level_masked_mean_on_a_hand_example():
     assert grpo.loss(None, ro, np.arange(2), torch.zeros(3, 2), targets, cfg).item() == pytest.approx(-(1 - 3) / 4, abs=1e-5)
 
 
+def test_grpo_shuffled_placebo_keeps_the_groups_and_their_counts_but_not_who_succeeded():
+    """The control reward: the same groups are kept and each group's advantages are the same multiset, but over
+    many draws a successful rollout's advantage averages zero (its label is a random member's)."""
+    from types import SimpleNamespace
+
+    from wmrl.rl import grpo
+    from wmrl.rl.rollouts import Rollouts
+
+    success = torch.tensor([True, False, False, False, True, True, True, True])  # one mixed group, one not
+    ro = Rollouts(obs=[], actions=torch.zeros(1, 8, 1, 1), logp=torch.zeros(1, 8), rewards=torch.zeros(1, 8),
+                  terminal=torch.zeros(1, 8, dtype=torch.bool), valid=torch.ones(1, 8, dtype=torch.bool), success=success)
+    cfg = SimpleNamespace(group_size=4, reward="success")
+    true_adv, keep, _ = grpo.prepare(None, ro, cfg)
+    torch.manual_seed(0)
+    draws = [grpo.prepare(None, ro, SimpleNamespace(group_size=4, reward="shuffled")) for _ in range(400)]
+    for targets, kept, _ in draws:
+        assert kept.tolist() == keep.tolist() == [0, 1, 2, 3]
+        assert sorted(targets["adv"][0, :4].tolist()) == pytest.approx(sorted(true_adv["adv"][0, :4].tolist()), abs=1e-5)
+    mean_adv_of_the_success = np.mean([t["adv"][0, 0].item() for t, _, _ in draws])
+    assert true_adv["adv"][0, 0].item() == pytest.approx(3 ** 0.5, abs=1e-4) and abs(mean_adv_of_the_success) < 0.2
+
+
 def test_clipped_fraction_counts_only_steps_whose_gradient_the_clip_removed():
     from wmrl.rl.ppo import clipped_fraction
 

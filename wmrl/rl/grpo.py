@@ -4,7 +4,8 @@ DAPO's asymmetric clip (Yu et al., 2025).
 Groups of G imagined rollouts share one start (a real first frame, or a real keyframe: WoVR's KIR); each rollout's
 reward is its binary outcome (success within the horizon, `reward="success"`, as in WoVR and DeepSeekMath's outcome
 supervision; `"progress"`: the sum of the world model's relative success reward, which can rank a success below a
-failure that climbed further); the advantage is the reward standardised within the group; groups whose rollouts all
+failure that climbed further; `"shuffled"`: a placebo control, each rollout given the outcome of a random rollout
+of its own group, so the updates are as many and as large but say nothing about which actions succeeded); the advantage is the reward standardised within the group; groups whose rollouts all
 succeeded or all failed carry no signal and are dropped; the clipped surrogate (clip 1-0.2 .. 1+0.28) is averaged
 over every valid step of the minibatch (DAPO's token-level mean, Eq. 8: a long rollout's steps count as much as a
 short one's, instead of each rollout weighing the same). No value function.
@@ -35,7 +36,7 @@ def grpo_advantages(returns: torch.Tensor, success: torch.Tensor, group_size: in
     return adv.reshape(-1).float(), mixed[:, None].expand(-1, group_size).reshape(-1)
 
 
-REWARDS = ("success", "progress")
+REWARDS = ("success", "progress", "shuffled")
 
 
 def masked_mean(x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -55,8 +56,11 @@ def prepare(policy, ro: Rollouts, cfg) -> tuple[dict, np.ndarray, dict]:
     reward = getattr(cfg, "reward", "success")
     if reward not in REWARDS:
         raise ValueError(f"reward: expected one of {REWARDS}, got {reward!r}")
-    adv_r, keep = grpo_advantages(ro.success.float() if reward == "success" else ro.returns, ro.success,
-                                  cfg.group_size)
+    outcome = ro.success.float()
+    if reward == "shuffled":  # permuted within each group: the same groups are mixed, the labels are random
+        g = outcome.reshape(-1, cfg.group_size)
+        outcome = torch.gather(g, 1, torch.argsort(torch.rand(g.shape), dim=1)).reshape(-1)
+    adv_r, keep = grpo_advantages(ro.returns if reward == "progress" else outcome, ro.success, cfg.group_size)
     adv = adv_r[None].expand(ro.actions.shape[0], -1)
     return {"adv": adv}, np.flatnonzero(keep.numpy()), {"kept_groups": float(keep.float().mean())}
 

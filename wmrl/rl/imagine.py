@@ -73,7 +73,8 @@ class ImagineConfig:
     keyframe_prob: float = 0.3
     """Share of resets that start mid-episode from a real keyframe (KIR)."""
     reward: str = "success"
-    """GRPO's rollout reward: success (binary outcome within the horizon) or progress (summed relative success)."""
+    """GRPO's rollout reward: success (binary outcome within the horizon), progress (summed relative success), or
+    shuffled (a placebo control: outcomes permuted within each group; as many updates, no signal)."""
     success_threshold: float = 0.9
     stop_cm: float = 0.0
     """The hallucination flag: end an imagined episode where the state channel's members disagree on an object's
