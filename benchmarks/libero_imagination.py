@@ -92,13 +92,13 @@ def main(quick: bool = False, task: str = "object-0", size: str = "small", bc_st
         write_json(cache, sc)
         return sc
 
-    scored = {"bc": score(bc)}
-    curves = {}
+    runs, scored, curves = {"bc": bc}, {"bc": score(bc)}, {}
     # GRPO with `rl_seeds` seeds; with `control`, one more run whose outcomes are shuffled within each group (the
     # placebo: as many and as large updates, no information about which actions succeeded)
     for seed, reward in [(s, "success") for s in range(rl_seeds)] + ([(0, "shuffled")] if control else []):
         name = f"rl_s{seed}" if reward == "success" else f"control_s{seed}"
         rl = work / (f"grpo-lr{lr:g}-s{seed}" if reward == "success" else f"grpo-{reward}-lr{lr:g}-s{seed}")
+        runs[name] = rl
         done = rl / "checkpoints" / "last" / "train_state.json"
         if not (done.exists() and json.loads(done.read_text())["step"] >= iterations):
             resume = (rl / "checkpoints" / "last").exists()
@@ -142,9 +142,8 @@ def main(quick: bool = False, task: str = "object-0", size: str = "small", bc_st
     out["success_gain_points_per_seed"] = [out[f"success_gain_points_{n}"] for n in rl_names]
     out["success_gain_points_median"] = float(np.median(out["success_gain_points_per_seed"]))
     for name in ("bc", "rl_s0"):
-        if name in scored:
-            run = bc if name == "bc" else work / f"grpo-lr{lr:g}-s0"
-            by = imagined_success_by_start(run, made["channel"], made["data"], horizon, n=4 if quick else 64)
+        if name in runs:
+            by = imagined_success_by_start(runs[name], made["channel"], made["data"], horizon, n=4 if quick else 64)
             out[f"imagined_success_{name}_from_first_frames"] = by["first_frames"]
             out[f"imagined_success_{name}_from_keyframes"] = by["keyframes"]
     # ranking without rollouts over the policies scored here (BC, the GRPO seeds, the placebo): imagined vs true
@@ -157,7 +156,7 @@ def main(quick: bool = False, task: str = "object-0", size: str = "small", bc_st
     if not quick:
         from wmrl.core.report import plot_curves
 
-        plot_curves(work / f"grpo-lr{lr:g}-s0" / "metrics.jsonl", ROOT / "docs" / f"libero_{task}_grpo_curves.png",
+        plot_curves(runs["rl_s0"] / "metrics.jsonl", ROOT / "docs" / f"libero_{task}_grpo_curves.png",
                     ["imagined_success", "kept_groups", "approx_kl", "clip_frac"],
                     title=f"GRPO in imagination, libero-{task}, seed 0")
     import inspect
