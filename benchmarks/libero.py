@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 
-from wmrl.benchutil import finish
+from wmrl.benchutil import env_steps_per_s, finish, tabletop_steps_per_s
 
 TASKS = tuple(f"object-{i}" for i in range(10)) + ("10-0", "10-1", "10-7")
 
@@ -33,15 +33,6 @@ def run_episodes(task: str, policy, starts) -> np.ndarray:
     return ok
 
 
-def steps_per_s(env, actions: np.ndarray) -> float:
-    env.reset(seed=0)  # makes the GL context: not timed
-    t = time.perf_counter()
-    for i, a in enumerate(actions):
-        if any(env.step(a)[2:4]):
-            env.reset(seed=i)
-    return len(actions) / (time.perf_counter() - t)
-
-
 def throughput(task: str, steps: int) -> dict:
     import contextlib
     import io
@@ -53,7 +44,7 @@ def throughput(task: str, steps: int) -> dict:
     out = {}
     for name, cams in (("state_only", ()), ("two_cameras_64px", ("front", "wrist"))):
         env = sim.make_env(f"libero-{task}", cameras=cams).unwrapped
-        out[f"steps_per_s_{name}"] = steps_per_s(env, rng.uniform(-1, 1, (steps, 7)))
+        out[f"steps_per_s_{name}"] = env_steps_per_s(env, rng.uniform(-1, 1, (steps, 7)))
         env.close()
     with contextlib.redirect_stdout(io.StringIO()):
         from libero.libero.envs import OffScreenRenderEnv
@@ -68,9 +59,7 @@ def throughput(task: str, steps: int) -> dict:
         own.step(a)
     out["steps_per_s_libero_renderer_two_cameras_64px"] = n_own / (time.perf_counter() - t)
     own.close()
-    table = sim.make_env("push-red", cameras=("front", "wrist")).unwrapped
-    out["steps_per_s_tabletop_two_cameras_64px"] = steps_per_s(table, rng.uniform(-1, 1, (steps, 4)))
-    table.close()
+    out["steps_per_s_tabletop_two_cameras_64px"] = tabletop_steps_per_s(steps)
     out["render_speedup_vs_libero"] = out["steps_per_s_two_cameras_64px"] / out["steps_per_s_libero_renderer_two_cameras_64px"]
     out["tabletop_over_libero"] = out["steps_per_s_tabletop_two_cameras_64px"] / out["steps_per_s_two_cameras_64px"]
     return out

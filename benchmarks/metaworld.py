@@ -9,7 +9,7 @@ mode also the median final distance to the goal (it should sit just outside the 
 
 Throughput: control steps per second of one env, state only and with both 64x64 cameras, against Meta-World's own
 `render_mode="rgb_array"` (its `MujocoRenderer`, the same 64x64 size, the corner2 camera, its default shadows and
-multisampling) in the same process, as a ratio.
+multisampling) in the same process, as a ratio, and our tabletop (push-red, both cameras) in the same run.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 
-from wmrl.benchutil import finish
+from wmrl.benchutil import env_steps_per_s, finish, tabletop_steps_per_s
 
 TASKS = ("reach", "push", "pick-place", "drawer-open", "button-press-topdown", "door-open")
 
@@ -48,12 +48,7 @@ def throughput(task: str, steps: int) -> dict:
     actions = rng.uniform(-1, 1, (steps, 4))
     for name, cams in (("state_only", ()), ("two_cameras_64px", ("front", "wrist"))):
         env = sim.make_env(f"metaworld-{task}", cameras=cams).unwrapped
-        env.reset(seed=0)  # makes the GL context: not timed
-        t = time.perf_counter()
-        for i, a in enumerate(actions):
-            if env.step(a)[3]:
-                env.reset(seed=i)
-        out[f"steps_per_s_{name}"] = steps / (time.perf_counter() - t)
+        out[f"steps_per_s_{name}"] = env_steps_per_s(env, actions)
         env.close()
     # Meta-World's own renderer, one camera, same size
     with warnings.catch_warnings():
@@ -70,14 +65,11 @@ def throughput(task: str, steps: int) -> dict:
         out["steps_per_s_metaworld_renderer_one_camera"] = n_own / (time.perf_counter() - t)
         own.close()
     env = sim.make_env(f"metaworld-{task}", cameras=("front",)).unwrapped
-    env.reset(seed=0)
-    t = time.perf_counter()
-    for i, a in enumerate(actions):
-        if env.step(a)[3]:
-            env.reset(seed=i)
-    out["steps_per_s_ours_one_camera"] = steps / (time.perf_counter() - t)
+    out["steps_per_s_ours_one_camera"] = env_steps_per_s(env, actions)
     env.close()
     out["render_speedup_vs_metaworld"] = out["steps_per_s_ours_one_camera"] / out["steps_per_s_metaworld_renderer_one_camera"]
+    out["steps_per_s_tabletop_two_cameras_64px"] = tabletop_steps_per_s(steps)
+    out["tabletop_over_metaworld"] = out["steps_per_s_tabletop_two_cameras_64px"] / out["steps_per_s_two_cameras_64px"]
     return out
 
 
@@ -117,6 +109,7 @@ def main(quick: bool = False, episodes: int = 50, tasks: tuple[str, ...] = TASKS
         "expert_success_median": float(np.median([r["expert"]["success"] for r in per_task.values()])),
         "random_success_max": float(max(r["random"]["success"] for r in per_task.values())),
         "render_speedup_vs_metaworld_median": float(np.median([r["render_speedup_vs_metaworld"] for r in per_task.values()])),
+        "tabletop_over_metaworld_median": float(np.median([r["tabletop_over_metaworld"] for r in per_task.values()])),
         "seconds": time.time() - t0,
     }
     return finish("metaworld", result, quick)

@@ -4,7 +4,8 @@ stack a physical SO-101 uses, with the safety layer fuzzed at the arm.
 - Kinematics: the deployment side's numpy forward kinematics against MuJoCo's on random configurations (max error);
   the IK on a 10 x 9 x 10 grid over its workspace box (position error, jaw tilt, time per solve, cold and warm).
 - Rendering: control steps/s of `SO101Env` with both 64x64 cameras on the simplified meshes vs the package's full
-  CAD meshes in the same run (ratio), and the arm's silhouette overlap between the two.
+  CAD meshes in the same run (ratio), the arm's silhouette overlap between the two, and our tabletop (push-red) in the
+  same run.
 - The task: the tabletop's scripted expert driving the SO-101 cell in end-effector deltas (clean and with action
   noise 0.3) and a uniform random policy (the metric's check: near 0), on the same seeded layouts, Wilson 95% CIs.
 - Deployment: `wmrl deploy --robot sim-so101 --policy scripted` (LeRobot's driver API -> `LeRobotArm` ->
@@ -26,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from wmrl.benchutil import finish
+from wmrl.benchutil import env_steps_per_s, finish, tabletop_steps_per_s
 
 
 def kinematics(n_random: int = 500, grid_shape: tuple[int, int, int] = (10, 9, 10)) -> dict:
@@ -73,14 +74,12 @@ def rendering(steps: int) -> dict:
         env = SO101Env(cameras=("front", "wrist"), full_meshes=full)
         env.reset(seed=0)  # makes the GL context: not timed
         n = steps if not full else max(10, steps // 10)
-        t = time.perf_counter()
-        for i, a in enumerate(actions[:n]):
-            if any(env.step(a)[2:4]):
-                env.reset(seed=i)
-        out[f"steps_per_s_two_cameras_{name}"] = n / (time.perf_counter() - t)
+        out[f"steps_per_s_two_cameras_{name}"] = env_steps_per_s(env, actions[:n])
         out[f"mesh_faces_{name}"] = int(env.model.mesh_facenum.sum())
         env.close()
     out["render_speedup_vs_full_cad"] = out["steps_per_s_two_cameras_simplified"] / out["steps_per_s_two_cameras_full_cad"]
+    out["steps_per_s_tabletop_two_cameras_64px"] = tabletop_steps_per_s(steps)
+    out["tabletop_over_so101"] = out["steps_per_s_tabletop_two_cameras_64px"] / out["steps_per_s_two_cameras_simplified"]
     return out
 
 
