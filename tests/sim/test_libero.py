@@ -66,7 +66,9 @@ def test_one_task_of_each_other_suite_passes_the_checker(task):
     checker's reset-twice test caught LIBERO re-drawing fixtures (goal-0's stove) on every reset."""
     env = gym.make(f"wmrl/libero-{task}-v0", disable_env_checker=True, cameras=()).unwrapped
     check_env(env, skip_render_check=True)
+    outside = np.random.get_state()[1].copy()
     obs, _ = env.reset(seed=0)
+    assert np.array_equal(np.random.get_state()[1], outside)  # the fixtures' draw leaves numpy's global RNG alone
     assert obs["observation.state"].shape == (8,) and obs["task"] and env.action_space.shape == (7,)
     env.close()
 
