@@ -72,7 +72,6 @@ def rendering(steps: int) -> dict:
     actions = rng.uniform(-1, 1, (steps, 4)).astype(np.float32)
     for name, full in (("simplified", False), ("full_cad", True)):
         env = SO101Env(cameras=("front", "wrist"), full_meshes=full)
-        env.reset(seed=0)  # makes the GL context: not timed
         n = steps if not full else max(10, steps // 10)
         out[f"steps_per_s_two_cameras_{name}"] = env_steps_per_s(env, actions[:n])
         out[f"mesh_faces_{name}"] = int(env.model.mesh_facenum.sum())
