@@ -23,6 +23,7 @@ def tiny_wm_config(data, out, **kw):
     from world_models.video.train import TrainWMConfig
 
     base = dict(data=data, out=out, size="tiny", ae_steps=30, state_steps=20, dyn_steps=30, unroll_steps=6, batch_size=8,
+                change_mask_steps=10, change_mask_windows=4,
                 log_every=1, ckpt_every=1000, videos=0, holdout=0.25, overwrite=True)
     return TrainWMConfig(**{**base, **kw})
 

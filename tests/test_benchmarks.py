@@ -874,3 +874,18 @@ def test_rl_seeds_pooled_averages_seeds_per_layout_and_refuses_other_starts():
     pool = runpy.run_path(str(BENCH / "rl_seeds_pooled.py"), run_name="bench")["pool"]
     with pytest.raises(ValueError, match="outcomes_start differ"):
         pool({"a": [{"outcomes_start": "01", "outcomes_rl": "11"}], "b": [{"outcomes_start": "10", "outcomes_rl": "11"}]})
+
+
+def test_change_mask_benchmark_pairs_the_masked_and_plain_decodes_of_the_same_rollouts():
+    r = _run("world_model_change_mask")
+    for prefix in ("imagination_", ""):
+        for split in ("motion", "static"):
+            lo, hi = r[f"{prefix}mask_psnr_change_h16_{split}_ci"]
+            d = r[f"{prefix}mask_psnr_change_h16_{split}"]
+            assert d != d or lo <= d <= hi  # (a split with no window is NaN)
+        # same windows, same latents: copy-last's PSNR cannot depend on the decode
+        for cam in ("front", "wrist"):
+            assert r[f"{prefix}masked_psnr_h16_copy_motion_{cam}"] == r[f"{prefix}plain_psnr_h16_copy_motion_{cam}"]
+    for cam in ("front", "wrist"):
+        assert r[f"change_mask_mse_masked_{cam}"] > 0 and r[f"change_mask_mse_plain_{cam}"] > 0
+    assert "imagination_masked_delta_t_psnr_h8_motion" in r  # controllability at the setting imagination samples with

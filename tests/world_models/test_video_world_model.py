@@ -157,6 +157,13 @@ def test_residual_path_reproduces_the_last_frame_exactly_at_zero_update():
     for k, v in frames0.items():
         assert np.array_equal(out[k], np.repeat(v[:, None], 4, 1))
     assert not np.array_equal(model.decode(fut)["observation.images.front"][:, 0], frames0["observation.images.front"])
+    # the same with a fitted change mask of any weights: an unchanged frame is the start frame
+    for net in model.change_mask.values():
+        torch.nn.init.normal_(net.net[-1].weight)
+    model.change_mask_fitted.fill_(True)
+    out = model.decode(fut, st)
+    for k, v in frames0.items():
+        assert np.array_equal(out[k], np.repeat(v[:, None], 4, 1))
 
 
 def test_one_step_sampling_takes_the_trained_conditional_mean_path(monkeypatch, tmp_path):
@@ -775,9 +782,11 @@ def test_init_from_keeps_the_frames_model_and_trains_a_new_state_channel(trained
     new = VideoWorldModel.load(tmp_path / "new/checkpoints/last")
     assert new.cfg.state_members == 2 and new.state_channel.rest is not None
     theirs, ours = src.state_dict(), new.state_dict()
-    kept = [k for k in ours if not k.startswith("state_channel.")]
+    # (the change mask is refitted after any training: it corrects the decode of the model as it now predicts)
+    kept = [k for k in ours if not k.startswith(("state_channel.", "change_mask"))]
     assert kept and all(torch.equal(ours[k], theirs[k]) for k in kept)
     assert ours["state_channel.arm.l1.weight"].shape[0] == 2
+    assert not torch.equal(ours["change_mask.front.net.0.weight"], theirs["change_mask.front.net.0.weight"])
 
 
 def test_the_rest_head_leaves_the_arm_and_cube_training_unchanged(tiny_data, tmp_path):
@@ -1045,3 +1054,58 @@ def test_detach_hand_keeps_the_cube_loss_off_the_arm():
         shifted = x.clone()
         shifted[..., :3] += 0.01
         assert not torch.allclose(sc.next(x, a, gate="soft")[0][..., 4:13], sc.next(shifted, a, gate="soft")[0][..., 4:13])
+
+
+def test_the_change_mask_blends_each_pixel_between_the_start_frame_and_the_decode():
+    from world_models.video.networks import ChangeMask
+
+    torch.manual_seed(0)
+    net = ChangeMask()
+    torch.nn.init.normal_(net.net[-1].weight)
+    f0, pred = torch.rand(3, 3, 64, 64) * 2 - 1, torch.rand(3, 3, 64, 64) * 2 - 1
+    out = net(pred, f0)
+    lo, hi = torch.minimum(f0, pred), torch.maximum(f0, pred)
+    assert bool(((out >= lo - 1e-6) & (out <= hi + 1e-6)).all())  # a convex blend, pixel by pixel
+    m = (out - f0) / (pred - f0)
+    assert torch.allclose(m[:, 0], m[:, 1], atol=1e-3) and m.std() > 0.01  # one weight per pixel, not one per frame
+    assert torch.equal(net(f0, f0), f0)
+
+
+def test_an_unfitted_change_mask_is_never_applied(trained, tiny_data):
+    model = VideoWorldModel(dataclasses.replace(VideoWorldModel.load(trained / "checkpoints/last").cfg))
+    assert model.change_mask is not None and not bool(model.change_mask_fitted)
+    _, _, held = load_split(tiny_data, 0.25)
+    key = "observation.images.front"
+    frames = {f"observation.images.{c}": held.data[f"observation.images.{c}"][:2] for c in model.cfg.cameras}
+    z = model.encode_frames(frames)
+    z1 = z + 0.3 * torch.randn_like(z)
+    with torch.no_grad():
+        plain = model.decode_frames(z1, (z, frames), mask=False)[key]
+        assert torch.equal(model.decode_frames(z1, (z, frames))[key], plain)
+        model.change_mask_fitted.fill_(True)
+        assert not torch.equal(model.decode_frames(z1, (z, frames))[key], plain)
+
+
+def test_training_fits_the_change_mask_on_the_models_rollouts_and_it_lowers_their_error(trained, tiny_data):
+    from world_models.video.change_mask import fit_change_mask, mask_pairs
+
+    model = VideoWorldModel.load(trained / "checkpoints/last")
+    assert bool(model.change_mask_fitted)  # fitted at the end of `train_world_model`
+    rows = [json.loads(x) for x in (trained / "metrics.jsonl").read_text().splitlines()]
+    assert any("change_mask_mse_masked_front" in r for r in rows)
+    _, train, _ = load_split(tiny_data, 0.25)
+    torch.manual_seed(0)
+    info = fit_change_mask(model, train, windows=4, steps=150)
+    for cam in model.cfg.cameras:  # on the pairs it was fitted on: better than the plain decode
+        assert info[f"change_mask_mse_masked_{cam}"] < info[f"change_mask_mse_plain_{cam}"]
+    # the pairs are the plain decode's (the mask learns on what it corrects), whatever the flag was
+    pred, f0, real = mask_pairs(model, train, 2)[f"observation.images.{model.cfg.cameras[0]}"]
+    assert pred.shape == f0.shape == real.shape and bool(model.change_mask_fitted)
+
+
+def test_a_checkpoint_from_before_the_change_mask_loads_without_one(tmp_path):
+    m = VideoWorldModel(WorldModelConfig(size="tiny", task_vocab=VOCAB, change_mask=False))
+    m.save(tmp_path / "m")
+    _drop_config_key(tmp_path / "m", "change_mask")
+    loaded = VideoWorldModel.load(tmp_path / "m")
+    assert loaded.cfg.change_mask is False and loaded.change_mask is None

@@ -79,7 +79,7 @@ def window_fidelity(model, held, task: str, n_windows: int = 240, horizon: int =
         # the same real latents through the identity path the model decodes with (frame0 + dec(z) - dec(z0)): the
         # ceiling of this model's frames, higher where little changes
         z0 = model.encode_frames(last)
-        ident = model.decode_frames(z_real, (z0, last))
+        ident = model.decode_frames(z_real, (z0, last), mask=False)
         # where a loss is made: the model's latent error and copy-last's (z0), rms over the latent, at h1 and h
         z_at = {1: model.encode_frames({c: real[c][:, 0] for c in cams}), horizon: z_real}
     for hh, zr in z_at.items():

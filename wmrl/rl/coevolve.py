@@ -108,7 +108,8 @@ def evolve_world_model(wm_run: Path, policy_path: Path, task: str, budget: int, 
                         size=base["size"], init_from=Path(wm_run), ae_steps=0, state_steps=steps // 2, dyn_steps=steps,
                         unroll_steps=steps // 5,
                         batch_size=base["batch_size"], lr=base["lr"] / 3, context=base["context"], chunk=base["chunk"],
-                        holdout=base["holdout"], videos=2, overwrite=True, seed=seed)
+                        holdout=base["holdout"], videos=2, overwrite=True, seed=seed,
+                        change_mask_steps=base.get("change_mask_steps", 0), change_mask_windows=base.get("change_mask_windows", 200))
     train_world_model(cfg, progress=progress)
     return out / "world_model"
 

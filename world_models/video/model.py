@@ -35,7 +35,7 @@ from torch import nn
 from wmrl.core.features import OBS_ENV_STATE, OBS_STATE
 from wmrl.core.checkpoint import load_state, read_config, save_pretrained
 from world_models.edm import edm_coefficients
-from world_models.video.networks import FourierEmbedding, FrameAutoencoder, FrameHeads, TaskEncoder, UNet
+from world_models.video.networks import ChangeMask, FourierEmbedding, FrameAutoencoder, FrameHeads, TaskEncoder, UNet
 from world_models.video.state_channel import GATES, StateChannel, StateChannelConfig
 
 SIZES = {"tiny": (16, 32), "small": (48, 96), "base": (128, 256), "large": (192, 384)}
@@ -68,6 +68,9 @@ class WorldModelConfig:
     # sampling starts from (imagination samples with 1 step); the other samples train the diffusion path
     mean_share: float = 0.25
     deterministic: bool = False  # baseline: same backbone regressing the change directly, no diffusion
+    # a per-camera pixel mask blends each decoded frame with the rollout's start frame (`networks.ChangeMask`),
+    # fitted after the other phases on the model's own rollouts (`change_mask.py`); used once fitted
+    change_mask: bool = True
     task_vocab: list[str] = field(default_factory=list)
     # the action space: end-effector delta (scaled by ee_step, clipped to the workspace) and a gripper command
     ee_index: tuple[int, int, int] = (5, 6, 7)  # end-effector xyz inside observation.state
@@ -217,6 +220,9 @@ class VideoWorldModel(nn.Module):
         self.register_buffer("pose_half", torch.tensor([*(hi - lo) / 2, *rot_half, 1.0], dtype=torch.float32), persistent=False)
         self.task = TaskEncoder(cfg.task_vocab, cfg.task_dim)
         self.heads = FrameHeads(C, cfg.state_dim, cfg.task_dim, cfg.latent_size)
+        self.change_mask = nn.ModuleDict({c: ChangeMask() for c in cfg.cameras}) if cfg.change_mask else None
+        if cfg.change_mask:  # saved with the weights: an unfitted mask is never applied
+            self.register_buffer("change_mask_fitted", torch.zeros((), dtype=torch.bool))
         self.state_channel = (StateChannel(StateChannelConfig(cfg.n_objects, cfg.action_dim, cfg.state_members,
                                                               ee_step=cfg.ee_step,
                                                               n_rest=len(cfg.rest_index) if cfg.state_rest else 0,
@@ -260,12 +266,14 @@ class VideoWorldModel(nn.Module):
         z = torch.cat(zs, dim=1)
         return (z - self.lat_mean) / self.lat_std
 
-    def decode_frames(self, z: torch.Tensor, base: tuple[torch.Tensor, dict] | None = None) -> dict[str, torch.Tensor]:
+    def decode_frames(self, z: torch.Tensor, base: tuple[torch.Tensor, dict] | None = None,
+                      mask: bool = True) -> dict[str, torch.Tensor]:
         """Standardised latents (N, C, S, S) -> {camera key: uint8 (N, H, W, 3)}. With `base` = (z0 (B, C, S, S),
         {camera key: uint8 frames (B, H, W, 3)}), N = B * n with each base's n frames consecutive: the pixel-space
         identity path, frame0 + dec(z) - dec(z0), so that
         what the latents leave unchanged is the real start frame itself, not its reconstruction (the autoencoder's
-        ceiling then bounds only what changes)."""
+        ceiling then bounds only what changes). Once the change mask is fitted (`change_mask.py`), each frame is then
+        blended with the start frame where the mask says nothing moved (`mask=False`: the plain decode)."""
         z = z * self.lat_std + self.lat_mean
         z0 = base[0] * self.lat_std + self.lat_mean if base is not None else None
         n = len(z) // len(z0) if base is not None else 1  # frames per base (consecutive)
@@ -275,8 +283,10 @@ class VideoWorldModel(nn.Module):
             x = self.ae.decode(z[:, sl])
             if base is not None:  # each base decoded once, then shared by its n frames
                 f0 = torch.as_tensor(np.asarray(base[1][f"observation.images.{cam}"]), device=z.device)
-                d0 = f0.permute(0, 3, 1, 2).float() / 127.5 - 1.0 - self.ae.decode(z0[:, sl])
-                x = x + d0.repeat_interleave(n, 0)
+                f0 = f0.permute(0, 3, 1, 2).float() / 127.5 - 1.0
+                x = x + (f0 - self.ae.decode(z0[:, sl])).repeat_interleave(n, 0)
+                if mask and self.change_mask is not None and bool(self.change_mask_fitted):
+                    x = self.change_mask[cam](x.clamp(-1, 1), f0.repeat_interleave(n, 0))
             x = x.clamp(-1, 1)
             out[f"observation.images.{cam}"] = ((x + 1) * 127.5).round().to(torch.uint8).permute(0, 2, 3, 1)
         return out
@@ -556,7 +566,7 @@ class VideoWorldModel(nn.Module):
         """`state_gate`: the contact gate rollouts use instead of the checkpoint's (it changes no weight)."""
         # keys a checkpoint saved before they existed lacks: what it was trained and run with
         cfg = read_config(path, WorldModelConfig, expect, what="world-model checkpoint",
-                          absent={"mean_share": 0.0, "state_rest": False, "state_pairs": False,
+                          absent={"mean_share": 0.0, "change_mask": False, "state_rest": False, "state_pairs": False,
                                   "state_hand_frame": False, "state_velocity": False, "state_gate": "hard",
                                   "state_arm_rest": False, "state_detach_hand": False})
         return load_state(cls(replace(cfg, state_gate=state_gate or cfg.state_gate)), path, device)

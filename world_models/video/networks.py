@@ -146,3 +146,23 @@ class FrameHeads(nn.Module):
         if out.shape[1] > s + 3:  # privileged simulator state (cube and zone positions), for scripted policies
             res["env_state"] = out[:, s + 3 :]
         return res
+
+
+class ChangeMask(nn.Module):
+    """Where a decoded frame may differ from the rollout's start frame: m = sigmoid(CNN(pred, frame0, pred - frame0))
+    per pixel, in [0, 1]. A decoded latent change spreads small errors over the whole frame (the background of a
+    fixed camera included); the blend frame0 + m * (pred - frame0) keeps the start frame where nothing moved.
+    Dilated convolutions (receptive field 31 px) see an arm's extent at 64x64."""
+
+    def __init__(self, width: int = 16):
+        super().__init__()
+        self.net = nn.Sequential(nn.Conv2d(9, width, 3, padding=1), nn.SiLU(),
+                                 nn.Conv2d(width, width, 3, padding=2, dilation=2), nn.SiLU(),
+                                 nn.Conv2d(width, width, 3, padding=4, dilation=4), nn.SiLU(),
+                                 nn.Conv2d(width, 1, 3, padding=1))
+        nn.init.constant_(self.net[-1].bias, 2.0)  # starts near m = 1: the plain decode
+
+    def forward(self, pred: torch.Tensor, frame0: torch.Tensor) -> torch.Tensor:
+        """pred, frame0 (N, 3, H, W) in [-1, 1] -> the blended frame (N, 3, H, W)."""
+        m = torch.sigmoid(self.net(torch.cat([pred, frame0, pred - frame0], 1)))
+        return frame0 + m * (pred - frame0)

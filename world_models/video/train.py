@@ -62,6 +62,11 @@ class TrainWMConfig:
     dyn_steps: int = 2000
     unroll_steps: int = 600
     """Final phase: two chunks, the second from the model's own generated context; heads on generated latents."""
+    change_mask_steps: int = 800
+    """After every phase: steps fitting the per-camera change mask on the model's own rollouts (`change_mask.py`),
+    which keeps each decoded frame at the start frame where nothing moved (0: no mask)."""
+    change_mask_windows: int = 200
+    """Training windows (16 frames each) whose rollouts the change mask is fitted on."""
     batch_size: int = 32
     lr: float = 3e-4
     context: int = 2
@@ -169,7 +174,7 @@ def model_config(cfg: TrainWMConfig, ds) -> WorldModelConfig:
                             state_rest=cfg.state_rest, state_pairs=cfg.state_pairs,
                             state_hand_frame=cfg.state_hand_frame, state_velocity=cfg.state_velocity,
                             state_arm_rest=cfg.state_arm_rest, state_detach_hand=cfg.state_detach_hand,
-                            state_gate=cfg.state_gate,
+                            state_gate=cfg.state_gate, change_mask=cfg.change_mask_steps > 0,
                             action_dim=int(ds.features[ACTION]["shape"][0]), state_dim=int(ds.features[STATE]["shape"][0]),
                             env_state_dim=int(ds.features[ENV_STATE]["shape"][0]) if ENV_STATE in ds.features else 0)
 
@@ -363,7 +368,7 @@ def unrolled_batch(model: VideoWorldModel, d: dict, H: int, gen: torch.Generator
 
 
 def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
-    for name in ("ae_steps", "state_steps", "dyn_steps", "unroll_steps"):
+    for name in ("ae_steps", "state_steps", "dyn_steps", "unroll_steps", "change_mask_steps", "change_mask_windows"):
         if getattr(cfg, name) < 0:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(cfg, name)}")
     if not 0 <= cfg.mean_share < 1:
@@ -402,11 +407,13 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
         extra = {k: v for k, v in state.items() if k != "step"}
     elif cfg.init_from is not None:
         src = VideoWorldModel.load(resolve_checkpoint(cfg.init_from), device=cfg.device)
-        if replace(src.cfg, state_gate=mcfg.state_gate) == mcfg:  # the same model (the gate is no weight): fine-tune all
-            model.load_state_dict(src.state_dict())
+        # (the gate is no weight; a change mask is refitted after training, so one the source lacks is no difference)
+        same = replace(src.cfg, state_gate=mcfg.state_gate, change_mask=mcfg.change_mask) == mcfg
+        if same:  # the same model: fine-tune all
+            model.load_state_dict(src.state_dict(), strict=src.cfg.change_mask == mcfg.change_mask)
         elif replace(src.cfg, state_rest=mcfg.state_rest, state_members=mcfg.state_members, state_pairs=mcfg.state_pairs,
                      state_hand_frame=mcfg.state_hand_frame, state_velocity=mcfg.state_velocity, state_arm_rest=mcfg.state_arm_rest,
-                     state_detach_hand=mcfg.state_detach_hand,
+                     state_detach_hand=mcfg.state_detach_hand, change_mask=mcfg.change_mask,
                      state_gate=mcfg.state_gate) == mcfg:
             # the same frames model with another state channel: keep every weight but the channel's (trained anew)
             model.load_state_dict({k: v for k, v in src.state_dict().items() if not k.startswith("state_channel.")},
@@ -523,6 +530,15 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
         if save:
             _save_checkpoint(run, step, model, opts, {**extra, "seconds": time.time() - t0})
     bar.close()
+    if cfg.change_mask_steps and extra.get("change_mask_step") != step:  # refitted whenever the model trained on
+        from world_models.video.change_mask import fit_change_mask
+
+        bar.write(f"fitting the change mask ({cfg.change_mask_steps} steps on {cfg.change_mask_windows} windows' rollouts)")
+        minfo = fit_change_mask(model, train, cfg.change_mask_windows, cfg.change_mask_steps, seed=cfg.seed)
+        tracker.log(minfo, step=step)
+        last.update(minfo)
+        extra["change_mask_step"] = step
+        _save_checkpoint(run, step, model, opts, {**extra, "seconds": time.time() - t0})
     minutes = (time.time() - t0) / 60
     plot_curves(run / "metrics.jsonl", run / "losses.png", [("ae_loss", "fit_ae_loss", "val_ae_loss"),
                 ("state_loss", "fit_state_loss", "val_state_loss"), ("dyn_loss", "fit_dyn_loss", "val_dyn_loss"),

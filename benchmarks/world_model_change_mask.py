@@ -1,0 +1,93 @@
+"""The change mask on a trained world model: the same windows, the same rollouts, decoded with and without it.
+
+`wmrl bench world-model-change-mask --json --options run=TAG` with TAG a work folder of `wmrl bench world-model`
+(`runs/bench-world-model/<TAG>`, e.g. `small-cpu`). The run's model is loaded, given a change mask
+(`networks.ChangeMask`) fitted on its own rollouts of training windows (`change_mask.fit_change_mask`, exactly as
+`wmrl train-wm` fits it after its phases; the rest of the model is not touched), and measured on the world-model
+benchmark's 240 held-out windows (`fixed_windows`, seed 0) at 1 Euler step (as imagination samples) and at the
+model's default steps. The mask changes only the decode, so both variants share every latent: the per-window
+difference is the mask's alone (paired, bootstrap 95% interval, share of windows it wins).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from wmrl.benchutil import finish
+
+WORK = Path(__file__).resolve().parent.parent / "runs" / "bench-world-model"
+KEYS = ("motion_psnr_gain_h16", "motion_psnr_gain_h16_ci", "static_psnr_gain_h16", "masked_psnr_gain_h16",
+        "static_psnr_gap_to_ceiling", "delta_t_psnr_h8_motion", "psnr_h16_model_static_front",
+        "psnr_h16_model_static_wrist", "psnr_h16_model_motion_front", "psnr_h16_model_motion_wrist",
+        "psnr_h16_copy_static_front", "psnr_h16_copy_static_wrist", "psnr_h16_copy_motion_front",
+        "psnr_h16_copy_motion_wrist")
+
+
+def main(quick: bool = False, run: str = "small-cpu", windows: int = 240, fit_windows: int = 200,
+         fit_steps: int = 800) -> dict:
+    import torch
+
+    from wmrl.eval.world_model import window_fidelity
+    from world_models.video.change_mask import fit_change_mask
+    from world_models.video.evaluate import bootstrap_ci
+    from world_models.video.model import VideoWorldModel
+    from world_models.video.train import load_split
+
+    if quick:  # a tiny model on a tiny dataset: a smoke test of the pipeline, not a result
+        import tempfile
+
+        from wmrl.commands.collect import CollectConfig, collect
+        from world_models.video.train import TrainWMConfig, train_world_model
+
+        folder = Path(tempfile.mkdtemp(prefix="wmrl-bench-wm-mask-"))
+        collect(CollectConfig(task="push-red", episodes=10, out=folder / "data", failures=1.0, num_envs=1), progress=False)
+        train_world_model(TrainWMConfig(data=folder / "data", out=folder / "model", size="tiny", ae_steps=10, state_steps=10,
+                                        dyn_steps=10, unroll_steps=0, batch_size=8, videos=0, change_mask_steps=0),
+                          progress=False)
+        windows, fit_windows, fit_steps = 8, 4, 10
+    else:
+        folder = WORK / run
+    t0 = time.time()
+    src = VideoWorldModel.load(folder / "model/checkpoints/last").eval()
+    model = VideoWorldModel(replace(src.cfg, change_mask=True))
+    missing, unexpected = model.load_state_dict(src.state_dict(), strict=False)
+    if unexpected or any(not k.startswith("change_mask") for k in missing):
+        raise ValueError(f"{folder}: its weights do not fit a model with a change mask ({unexpected or missing})")
+    model.eval()
+    _, train, held = load_split(folder / "data", 0.1, keep=("qpos",))
+    torch.manual_seed(0)
+    fit = fit_change_mask(model, train, fit_windows, fit_steps, seed=0)
+    fit_minutes = (time.time() - t0) / 60
+    out: dict = {"run": run if not quick else "tiny", "n_windows": windows, "fit_windows": fit_windows,
+                 "fit_steps": fit_steps, "fit_minutes": fit_minutes, **fit}
+    for prefix, steps in (("imagination_", 1), ("", None)):
+        res = {}
+        for variant, on in (("plain", False), ("masked", True)):
+            model.change_mask_fitted.fill_(on)
+            res[variant] = window_fidelity(model, held, "push-red", windows, 16, seed=0, steps=steps,
+                                           controllability=bool(steps == 1))
+        model.change_mask_fitted.fill_(True)
+        motion = res["plain"]["per_window"]["motion"]
+        for variant, f in res.items():
+            for k in KEYS:
+                if k in f:
+                    out[f"{prefix}{variant}_{k}"] = f[k]
+        for split, sel in (("motion", motion), ("static", ~motion)):
+            d = res["masked"]["per_window"]["gain"][sel] - res["plain"]["per_window"]["gain"][sel]
+            d = d[np.isfinite(d)]
+            out[f"{prefix}mask_psnr_change_h16_{split}"] = float(d.mean()) if len(d) else float("nan")
+            out[f"{prefix}mask_psnr_change_h16_{split}_ci"] = bootstrap_ci(d) if len(d) else [float("nan")] * 2
+            out[f"{prefix}mask_wins_{split}"] = float(((d > 0) + 0.5 * (d == 0)).mean()) if len(d) else float("nan")
+    out["minutes"] = (time.time() - t0) / 60
+    return finish("world-model-change-mask", out, quick,
+                  command=None if quick else f"wmrl bench world-model-change-mask --json --options run={run}")
+
+
+if __name__ == "__main__":
+    import json
+
+    print(json.dumps(main(), indent=2))
