@@ -116,7 +116,7 @@ def test_a_run_without_the_unrolled_phase_is_the_full_runs_checkpoint_before_tha
     constant learning rate and per-step randomness make the two trainings identical up to that phase's start."""
     from safetensors.torch import load_file
 
-    kw = dict(ae_steps=2, state_steps=2, dyn_steps=3)
+    kw = dict(ae_steps=2, state_steps=2, dyn_steps=3, change_mask_steps=0)  # (the mask is fitted after every phase)
     train_world_model(_cfg(tiny_data, tmp_path / "full", unroll_steps=2, **kw), progress=False)
     train_world_model(_cfg(tiny_data, tmp_path / "cut", unroll_steps=0, **kw), progress=False)
     before = load_file(tmp_path / "full/checkpoints/ckpt-000000007/model.safetensors")  # the denoiser phase's end
@@ -288,6 +288,7 @@ def test_unrolled_phase_trains_on_generated_context(tiny_data, tmp_path, monkeyp
     monkeypatch.setattr(VideoWorldModel, "sample_future", sample)
     monkeypatch.setattr(VideoWorldModel, "dynamics_loss", loss)
     train_world_model(_cfg(tiny_data, tmp_path / "r", ae_steps=2, state_steps=0, state_channel=False, dyn_steps=0,
+                           change_mask_steps=0,  # its rollouts would sample too
                            unroll_steps=2, eval_every=0), progress=False)  # no fixed-window losses: training's calls only
     assert len(generated) == 2 and len(seen) == 2
     for g, c in zip(generated, seen):  # K=2 <= H=4: the whole context is the model's own first chunk
