@@ -35,7 +35,7 @@ IMAGINATION_KEYS = ("motion_psnr_gain_h16", "motion_psnr_gain_h16_ci", "static_p
                     "static_psnr_gap_to_ceiling", "delta_t_psnr_h8_motion", "motion_psnr_gain_h1", "motion_psnr_gain_h4",
                     "psnr_h16_model_motion_wrist", "psnr_h16_model_static_wrist", "psnr_h16_model_motion_front",
                     "psnr_h16_model_static_front", "static_psnr_gap_to_identity_ceiling", "latent_error_h1_model_static",
-                    "latent_error_h1_model_motion")
+                    "latent_error_h1_model_motion", "error_split_h16")
 
 
 def _trained(cfg) -> bool:

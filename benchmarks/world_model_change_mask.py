@@ -15,7 +15,6 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
 
 from wmrl.benchutil import finish
 
@@ -24,7 +23,7 @@ KEYS = ("motion_psnr_gain_h16", "motion_psnr_gain_h16_ci", "static_psnr_gain_h16
         "static_psnr_gap_to_ceiling", "delta_t_psnr_h8_motion", "psnr_h16_model_static_front",
         "psnr_h16_model_static_wrist", "psnr_h16_model_motion_front", "psnr_h16_model_motion_wrist",
         "psnr_h16_copy_static_front", "psnr_h16_copy_static_wrist", "psnr_h16_copy_motion_front",
-        "psnr_h16_copy_motion_wrist")
+        "psnr_h16_copy_motion_wrist", "error_split_h16")
 
 
 def main(quick: bool = False, run: str = "small-cpu", windows: int = 240, fit_windows: int = 200,
@@ -33,7 +32,7 @@ def main(quick: bool = False, run: str = "small-cpu", windows: int = 240, fit_wi
 
     from wmrl.eval.world_model import window_fidelity
     from world_models.video.change_mask import fit_change_mask
-    from world_models.video.evaluate import bootstrap_ci
+    from world_models.video.evaluate import paired_difference
     from world_models.video.model import VideoWorldModel
     from world_models.video.train import load_split
 
@@ -77,11 +76,9 @@ def main(quick: bool = False, run: str = "small-cpu", windows: int = 240, fit_wi
                 if k in f:
                     out[f"{prefix}{variant}_{k}"] = f[k]
         for split, sel in (("motion", motion), ("static", ~motion)):
-            d = res["masked"]["per_window"]["gain"][sel] - res["plain"]["per_window"]["gain"][sel]
-            d = d[np.isfinite(d)]
-            out[f"{prefix}mask_psnr_change_h16_{split}"] = float(d.mean()) if len(d) else float("nan")
-            out[f"{prefix}mask_psnr_change_h16_{split}_ci"] = bootstrap_ci(d) if len(d) else [float("nan")] * 2
-            out[f"{prefix}mask_wins_{split}"] = float(((d > 0) + 0.5 * (d == 0)).mean()) if len(d) else float("nan")
+            p = paired_difference(res["plain"]["per_window"]["gain"], res["masked"]["per_window"]["gain"], sel)
+            out[f"{prefix}mask_psnr_change_h16_{split}"], out[f"{prefix}mask_psnr_change_h16_{split}_ci"] = p["mean"], p["ci"]
+            out[f"{prefix}mask_wins_{split}"] = p["wins"]
     out["minutes"] = (time.time() - t0) / 60
     return finish("world-model-change-mask", out, quick,
                   command=None if quick else f"wmrl bench world-model-change-mask --json --options run={run}")

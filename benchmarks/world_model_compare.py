@@ -21,17 +21,9 @@ from wmrl.benchutil import finish
 WORK = Path(__file__).resolve().parent.parent / "runs" / "bench-world-model"
 
 
-def paired(a: np.ndarray, b: np.ndarray, sel: np.ndarray) -> dict:
-    """B minus A over the selected windows (NaN-free): mean, bootstrap 95% interval, share B wins (ties half)."""
-    from world_models.video.evaluate import bootstrap_ci
-
-    d = (b - a)[sel]
-    d = d[np.isfinite(d)]
-    return {"mean": float(d.mean()), "ci": bootstrap_ci(d), "wins": float(((d > 0) + 0.5 * (d == 0)).mean()), "n": int(len(d))}
-
-
 def main(quick: bool = False, a: str = "", b: str = "", windows: int = 240) -> dict:
     from wmrl.eval.world_model import window_fidelity
+    from world_models.video.evaluate import paired_difference as paired
     from world_models.video.model import VideoWorldModel
     from world_models.video.train import load_split
 

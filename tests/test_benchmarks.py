@@ -886,6 +886,8 @@ def test_change_mask_benchmark_pairs_the_masked_and_plain_decodes_of_the_same_ro
         # same windows, same latents: copy-last's PSNR cannot depend on the decode
         for cam in ("front", "wrist"):
             assert r[f"{prefix}masked_psnr_h16_copy_motion_{cam}"] == r[f"{prefix}plain_psnr_h16_copy_motion_{cam}"]
+            split = {v: r[f"{prefix}{v}_error_split_h16"][cam]["motion"] for v in ("plain", "masked")}
+            assert split["plain"]["copy_outside"] == split["masked"]["copy_outside"] > 0
     for cam in ("front", "wrist"):
         assert r[f"change_mask_mse_masked_{cam}"] > 0 and r[f"change_mask_mse_plain_{cam}"] > 0
     assert "imagination_masked_delta_t_psnr_h8_motion" in r  # controllability at the setting imagination samples with

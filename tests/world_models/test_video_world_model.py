@@ -15,10 +15,11 @@ from sim.experts import ScriptedExpert
 from sim.tabletop.tasks import success_and_reward
 from tests.helpers import tiny_wm_config
 from wmrl.eval import evaluate
+from wmrl.eval.world_model import error_split
 from world_models.edm import edm_coefficients
 from world_models.env import WorldModelEnv, WorldModelSingleEnv
 from world_models.video import train as wm_train
-from world_models.video.evaluate import auroc, bootstrap_ci, fixed_windows, matched_max
+from world_models.video.evaluate import auroc, bootstrap_ci, fixed_windows, matched_max, paired_difference
 from world_models.video.model import VideoWorldModel, WorldModelConfig, commanded_pose, integrate_poses
 from world_models.video.state_channel import StateChannel, StateChannelConfig
 from world_models.video.train import TrainWMConfig, WindowSampler, load_split, train_world_model, unrolled_batch
@@ -416,6 +417,31 @@ def test_bootstrap_ci_covers_the_mean_and_shrinks_with_data():
     lo, hi = bootstrap_ci(small)
     lo2, hi2 = bootstrap_ci(big)
     assert lo < small.mean() < hi and lo2 < 1.0 < hi2 and (hi2 - lo2) < 0.3 * (hi - lo)
+
+
+def test_paired_difference_is_b_minus_a_with_wins_and_an_interval():
+    a = np.array([1.0, 2.0, 3.0, np.nan, 5.0])
+    b = np.array([2.0, 2.0, 5.0, 1.0, 4.0])
+    p = paired_difference(a, b)
+    assert p["n"] == 4 and p["mean"] == pytest.approx((1 + 0 + 2 - 1) / 4)
+    assert p["wins"] == pytest.approx((1 + 0.5 + 1 + 0) / 4)  # a tie counts half
+    assert p["ci"][0] <= p["mean"] <= p["ci"][1]
+    sel = np.array([True, False, True, True, False])
+    assert paired_difference(a, b, sel)["n"] == 2 and paired_difference(a, b, sel)["mean"] == pytest.approx(1.5)
+
+
+def test_error_split_puts_each_pixels_error_inside_or_outside_the_region():
+    real = {"c": np.zeros((2, 4, 4, 3), np.uint8)}
+    pred = {"c": np.zeros((2, 4, 4, 3), np.uint8)}
+    pred["c"][:, 0, 0] = 10  # the model errs on the region's pixel ...
+    pred["c"][1, 3, 3, 0] = 2  # ... and, in the second (static) window, on one background value
+    last = {"c": np.full((2, 4, 4, 3), 1, np.uint8)}  # copy-last is off by 1 everywhere
+    region = np.zeros((4, 4), bool)
+    region[0, 0] = True
+    out = error_split(pred, last, real, {"c": [region, region]}, np.array([True, False]), ["cam"])
+    m, s = out["cam"]["motion"], out["cam"]["static"]
+    assert m["model_inside"] == 300 and m["model_outside"] == 0 and s["model_outside"] == 4
+    assert m["copy_inside"] == 3 and m["copy_outside"] == 45 and m["inside_share"] == 1 / 16
 
 
 def test_world_model_env_contract_state_channel_and_kir(trained, tiny_data):

@@ -61,14 +61,17 @@ def window_fidelity(model, held, task: str, n_windows: int = 240, horizon: int =
     cams = [image_key(c) for c in model.cfg.cameras]
     _, _, real = window_inputs(model, held, starts, horizon)
     last = {c: np.stack([held.data[c][held.episodes[e][0] + t0] for e, t0 in starts]) for c in cams}
-    masks = {c: [] for c in cams}
+    masks, swept = {c: [] for c in cams}, {c: [] for c in cams}
     env = sim.make_env(task).unwrapped
-    if hasattr(env, "moving_mask_at") and "qpos" in held.data:
+    has_masks = hasattr(env, "moving_mask_at") and "qpos" in held.data
+    if has_masks:
         env.reset(seed=0)
         for e, t0 in starts:
             m = env.moving_mask_at(held.data["qpos"][held.episodes[e][0] + t0 + horizon])  # the real frame at the horizon
+            m0 = env.moving_mask_at(held.data["qpos"][held.episodes[e][0] + t0])  # and where things were at the start
             for c in cams:
                 masks[c].append(m[c])
+                swept[c].append(m[c] | m0[c])
     else:  # no masks: every masked PSNR is NaN
         for c in cams:
             masks[c] = [np.zeros(real[c].shape[2:4], bool)] * len(starts)
@@ -115,6 +118,9 @@ def window_fidelity(model, held, task: str, n_windows: int = 240, horizon: int =
         pm = np.mean([psnr(r["pred"][c][:, hh - 1], real[c][:, hh - 1]) for c in cams], 0)
         pc = np.mean([psnr(last[c], real[c][:, hh - 1]) for c in cams], 0)
         out[f"motion_psnr_gain_h{hh}"] = _mean((pm - pc)[motion])
+    if has_masks:  # where the error is made: on the arm and cubes (at the start or at h) or on the background
+        out[f"error_split_h{h}"] = error_split({c: r["pred"][c][:, h - 1] for c in cams}, last,
+                                              {c: real[c][:, h - 1] for c in cams}, swept, motion, model.cfg.cameras)
     if controllability:  # Genie's Delta-t PSNR: true vs shuffled actions, motion windows, horizon 8
         mstarts = [s for s, m in zip(starts, motion) if m]
         rt = rollout(model, held, mstarts, 8, steps=steps, seed=seed + 1)
@@ -132,6 +138,27 @@ def window_fidelity(model, held, task: str, n_windows: int = 240, horizon: int =
         out[f"joint_error_rad_h{h}"] = float(np.median(jerr[:, h - 1]))
         out["joint_source"] = "state channel" if model.state_channel is not None and model.cfg.state_rest else "frame heads"
     out["per_window"] = {"gain": gain, "masked_gain": mgain, "motion": motion}
+    return out
+
+
+def error_split(pred: dict, last: dict, real: dict, regions: dict, motion: np.ndarray, names) -> dict:
+    """Squared error per frame (pixel values 0-255, summed over the frame's pixels and channels, averaged over
+    windows) of the model (`pred`) and of copy-last (`last`) against `real`, inside `regions` (per camera, per window,
+    a bool (H, W) mask: the arm and cubes) and outside them (the background), per camera `names` and on motion and
+    static windows; `inside_share` is the masks' share of the frame. A model that beats copy-last inside but loses
+    outside spills its changes onto the background (the change mask's diagnosis)."""
+    out = {}
+    for c, cam in zip(pred, names):
+        m = np.stack(regions[c])[..., None]
+        se = {"model": (pred[c].astype(np.float64) - real[c]) ** 2, "copy": (last[c].astype(np.float64) - real[c]) ** 2}
+        out[cam] = {}
+        for split, sel in (("motion", motion), ("static", ~motion)):
+            n = max(int(sel.sum()), 1)
+            mm = np.broadcast_to(m[sel], se["model"][sel].shape)
+            row = {"inside_share": float(m[sel].mean()) if sel.any() else float("nan")}
+            for name, e in se.items():
+                row[f"{name}_inside"], row[f"{name}_outside"] = float(e[sel][mm].sum() / n), float(e[sel][~mm].sum() / n)
+            out[cam][split] = row
     return out
 
 

@@ -61,6 +61,18 @@ def bootstrap_ci(x: np.ndarray, n: int = 2000, seed: int = 0, stat=np.mean) -> t
     return float(np.percentile(boots, 2.5)), float(np.percentile(boots, 97.5))
 
 
+def paired_difference(a: np.ndarray, b: np.ndarray, sel: np.ndarray | None = None) -> dict:
+    """B minus A per item (e.g. per window, both measured on the same windows), over `sel` (all when None), NaNs
+    dropped: the mean, its bootstrap 95% interval, the share of items B wins (ties count half) and their number."""
+    d = np.asarray(b, np.float64) - np.asarray(a, np.float64)
+    d = d[sel] if sel is not None else d
+    d = d[np.isfinite(d)]
+    if len(d) == 0:
+        return {"mean": float("nan"), "ci": [float("nan")] * 2, "wins": float("nan"), "n": 0}
+    return {"mean": float(d.mean()), "ci": list(bootstrap_ci(d)), "wins": float(((d > 0) + 0.5 * (d == 0)).mean()),
+            "n": int(len(d))}
+
+
 def auroc(scores: np.ndarray, labels: np.ndarray) -> float:
     """Probability that a positive outscores a negative (ties count half)."""
     scores, labels = np.asarray(scores, np.float64), np.asarray(labels, bool)
