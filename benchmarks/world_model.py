@@ -9,7 +9,8 @@
 - State: end-effector error at h4/h16 and target-cube error at the end of whole held-out episodes, in cm.
 - Success: AUROC over success / near-success pairs that share a start (same seed), each scored on the *same*
   number of steps (a random scorer gives 0.5 there, checked in the same run); the 80-step AUROC as RL sees it
-  (each episode scored to its own end; its random-scorer value is reported too); the ceiling on real data.
+  (each episode scored to its own end; its random-scorer value is reported too); the ceiling on real data; the
+  matched AUROCs again as imagination samples (`imagination_*`, 1 Euler step), with bootstrap intervals over pairs.
 - Hallucinated success: imagined rollouts of a noisy scripted expert and of a random policy from true-simulator
   starts, every imagined success's actions replayed open-loop in the true simulator from the same start.
 
@@ -173,9 +174,16 @@ def main(quick: bool = False, size: str = "small", device: str = "cpu", steps_sc
             out[f"cube_error_cm_end_{name}"], out[f"cube_error_cm_end_{name}_p90"] = float(np.median(c)), float(np.percentile(c, 90))
 
     # ---- success AUROC on prefix-sharing pairs
-    pa = pair_auroc(model, success_pairs("push-red", 6 if quick else 130))
+    pairs = success_pairs("push-red", 6 if quick else 130)
+    pa = pair_auroc(model, pairs)
     scores, truth = pa.pop("scores"), pa.pop("truth")
     out.update(pa)
+    # the same pairs rolled out as imagination, ranking and RL sample (1 Euler step): the frame head reads these
+    ipa = pair_auroc(model, pairs, steps=1)
+    for k in ("success_auroc_matched_frames", "success_auroc_matched_frames_ci", "success_auroc_matched_state",
+              "success_auroc_matched_state_ci"):
+        if k in ipa:
+            out[f"imagination_{k}"] = ipa[k]
 
     # ---- hallucinated success (closed loop in imagination, replayed in the true simulator)
     if model.state_channel is not None:

@@ -64,6 +64,15 @@ def test_world_model_benchmark_reports_every_result_key():
     for name in ("", "imagination_"):
         assert r[f"{name}generalisation_gap_motion_h16"] == pytest.approx(
             r[f"fit_{name}motion_psnr_gain_h16"] - r[f"{name}motion_psnr_gain_h16"])
+    # success pairs again at the imagination setting, intervals over pairs around each AUROC
+    for k in ("success_auroc_matched_frames", "imagination_success_auroc_matched_frames", "success_auroc_matched_state",
+              "imagination_success_auroc_matched_state"):
+        lo, hi = r[f"{k}_ci"]
+        assert lo <= r[k] <= hi, k
+    # where the error is made: copy-last's split does not depend on how the model samples
+    for cam in ("front", "wrist"):
+        a, b = r["error_split_h16"][cam]["motion"], r["imagination_error_split_h16"][cam]["motion"]
+        assert a["copy_outside"] == b["copy_outside"] > 0 and 0 < a["inside_share"] < 1
     assert r["train_episodes"] + r["heldout_episodes"] == r["dataset_episodes"]
     for k in ("ae_loss", "state_loss", "dyn_loss"):
         assert r[f"val_{k}"] > 0 and r[f"fit_{k}"] > 0

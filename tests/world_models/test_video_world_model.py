@@ -19,7 +19,7 @@ from wmrl.eval.world_model import error_split
 from world_models.edm import edm_coefficients
 from world_models.env import WorldModelEnv, WorldModelSingleEnv
 from world_models.video import train as wm_train
-from world_models.video.evaluate import auroc, bootstrap_ci, fixed_windows, matched_max, paired_difference
+from world_models.video.evaluate import auroc, bootstrap_ci, fixed_windows, matched_max, pair_auroc_ci, paired_difference
 from world_models.video.model import VideoWorldModel, WorldModelConfig, commanded_pose, integrate_poses
 from world_models.video.state_channel import StateChannel, StateChannelConfig
 from world_models.video.train import TrainWMConfig, WindowSampler, load_split, train_world_model, unrolled_batch
@@ -428,6 +428,17 @@ def test_paired_difference_is_b_minus_a_with_wins_and_an_interval():
     assert p["ci"][0] <= p["mean"] <= p["ci"][1]
     sel = np.array([True, False, True, True, False])
     assert paired_difference(a, b, sel)["n"] == 2 and paired_difference(a, b, sel)["mean"] == pytest.approx(1.5)
+
+
+def test_pair_auroc_interval_resamples_whole_pairs():
+    truth = np.array([True, False] * 20)
+    perfect = np.where(truth, 1.0, 0.0)
+    assert pair_auroc_ci(perfect, truth) == [1.0, 1.0]  # every resample of pairs is still perfectly separated
+    noise = np.random.default_rng(0).random(40)
+    lo, hi = pair_auroc_ci(noise, truth)
+    assert lo < auroc(noise, truth) < hi and hi - lo > 0.2
+    with pytest.raises(ValueError, match="pairs"):
+        pair_auroc_ci(noise[:39], truth[:39])
 
 
 def test_error_split_puts_each_pixels_error_inside_or_outside_the_region():

@@ -29,7 +29,8 @@ from sim.tabletop.twin import CUBE_COLOURS
 from wmrl.core.features import ACTION, OBS_ENV_STATE, OBS_STATE, SUCCESS, TASK, image_key
 from wmrl.eval.loop import evaluate
 from world_models.env import WorldModelEnv
-from world_models.video.evaluate import auroc, bootstrap_ci, fixed_windows, matched_max, psnr, rollout, window_inputs
+from world_models.video.evaluate import (auroc, bootstrap_ci, fixed_windows, matched_max, pair_auroc_ci, psnr, rollout,
+                                        window_inputs)
 
 
 H16 = 16
@@ -222,10 +223,11 @@ def recorded_start(model, eps: list[dict]) -> tuple[list[int], np.ndarray, dict]
 
 
 @torch.no_grad()
-def imagine_recorded(model, eps: list[dict], seed: int = 0) -> dict:
+def imagine_recorded(model, eps: list[dict], seed: int = 0, steps: int | None = None) -> dict:
     """Every recorded episode rolled out in the model from its first frame under its recorded actions (batched,
     padded to the longest). Per episode and step: the success head's probability on the generated latents and,
-    with a state channel, the task rules' success and shaped reward on the predicted state."""
+    with a state channel, the task rules' success and shaped reward on the predicted state. `steps`: Euler steps per
+    chunk (None: the model's `sampling_steps`; imagination samples with 1)."""
     Hc = model.cfg.chunk
     T, acts, obs = recorded_start(model, eps)
     Tm = max(T)
@@ -233,7 +235,7 @@ def imagine_recorded(model, eps: list[dict], seed: int = 0) -> dict:
     g = torch.Generator().manual_seed(seed)
     head, ee, op, env = [], [], [], []
     for i in range(0, Tm, Hc):
-        state, p = model.step(state, torch.as_tensor(acts[:, i : i + Hc]), generator=g)
+        state, p = model.step(state, torch.as_tensor(acts[:, i : i + Hc]), steps=steps, generator=g)
         head.append(p["success"].numpy())
         if "ee" in p:
             ee.append(p["ee"].numpy())
@@ -311,20 +313,24 @@ def pair_lengths(pairs: list[dict], seed: int = 0) -> tuple[np.ndarray, np.ndarr
                                   "random_scorer_auroc_80step": auroc(matched_max(rand, lens), truth)}
 
 
-def pair_auroc(model, pairs: list[dict], seed: int = 0) -> dict:
+def pair_auroc(model, pairs: list[dict], seed: int = 0, steps: int | None = None) -> dict:
     """AUROCs of imagined success on success / near-success pairs (see the module docstring). Scores: the max over
     the first n steps of the task rules' shaped reward on predicted state (state path), or of the success head's
     probability on generated latents (frames path), with n the shorter episode of the pair (`matched`) or each
-    episode's own length (`80step`). `scores` keeps the matched scores for plots."""
+    episode's own length (`80step`); matched ones with a bootstrap 95% interval over pairs (`_ci`). `scores` keeps
+    the matched scores for plots. `steps`: Euler steps per chunk of the rollouts (None: the model's default;
+    imagination, ranking and RL sample with 1, and the frames path depends on it)."""
     truth, lens, matched, out = pair_lengths(pairs, seed)
-    im = imagine_recorded(model, pairs, seed)
+    im = imagine_recorded(model, pairs, seed, steps=steps)
     scores = {"frames: success head on generated latents": matched_max(im["head"], matched)}
     out["success_auroc_matched_frames"] = auroc(scores["frames: success head on generated latents"], truth)
+    out["success_auroc_matched_frames_ci"] = pair_auroc_ci(scores["frames: success head on generated latents"], truth)
     out["success_auroc_80step_frames"] = auroc(matched_max(im["head"], lens), truth)
     out["success_auroc_80step"] = out["success_auroc_80step_frames"]
     if "state_reward" in im:
         scores["state: task rules on predicted state"] = matched_max(im["state_reward"], matched)
         out["success_auroc_matched_state"] = auroc(scores["state: task rules on predicted state"], truth)
+        out["success_auroc_matched_state_ci"] = pair_auroc_ci(scores["state: task rules on predicted state"], truth)
         out["success_auroc_80step"] = auroc(matched_max(im["state_reward"], lens), truth)
         out["imagined_success_accuracy_matched"] = float(np.mean(matched_max(im["state_success"], matched).astype(bool) == truth))
     ee, g = list(model.cfg.ee_index), model.cfg.gripper_index

@@ -82,6 +82,20 @@ def auroc(scores: np.ndarray, labels: np.ndarray) -> float:
     return float(((pos[:, None] > neg[None, :]) + 0.5 * (pos[:, None] == neg[None, :])).mean())
 
 
+def pair_auroc_ci(scores: np.ndarray, labels: np.ndarray, n: int = 2000, seed: int = 0) -> list[float]:
+    """95% bootstrap interval of `auroc` over episode pairs (entries 2i and 2i+1 are a pair and are drawn together,
+    as `success_pairs` lays them out)."""
+    scores, labels = np.asarray(scores, np.float64), np.asarray(labels, bool)
+    if len(scores) % 2 or len(scores) != len(labels):
+        raise ValueError(f"pair_auroc_ci: expected pairs of scores and labels, got {len(scores)} and {len(labels)}")
+    rng = np.random.default_rng(seed)
+    pick = rng.integers(0, len(scores) // 2, (n, len(scores) // 2))
+    idx = np.stack([2 * pick, 2 * pick + 1], -1).reshape(n, -1)
+    boots = np.array([auroc(scores[i], labels[i]) for i in idx])
+    boots = boots[np.isfinite(boots)]
+    return [float(np.percentile(boots, 2.5)), float(np.percentile(boots, 97.5))] if len(boots) else [float("nan")] * 2
+
+
 def matched_max(per_step: list[np.ndarray], n_steps) -> np.ndarray:
     """Each episode's score: the max of its per-step scores over its first n_steps[i] steps. Scoring both episodes
     of a success / near-success pair on the same number of steps keeps the score from reading episode length
