@@ -1,7 +1,7 @@
 """The change mask on a trained world model: the same windows, the same rollouts, decoded with and without it.
 
 `wmrl bench world-model-change-mask --json --options run=TAG` with TAG a work folder of `wmrl bench world-model`
-(`runs/bench-world-model/<TAG>`, e.g. `small-cpu`). The run's model is loaded, given a change mask
+(`runs/bench-world-model/<TAG>`, e.g. `small-cpu-s3`). The run's model is loaded, given a change mask
 (`networks.ChangeMask`) fitted on its own rollouts of training windows (`change_mask.fit_change_mask`, exactly as
 `wmrl train-wm` fits it after its phases; the rest of the model is not touched), and measured on the world-model
 benchmark's 240 held-out windows (`fixed_windows`, seed 0) at 1 Euler step (as imagination samples) and at the
@@ -26,8 +26,10 @@ KEYS = ("motion_psnr_gain_h16", "motion_psnr_gain_h16_ci", "static_psnr_gain_h16
         "psnr_h16_copy_motion_wrist", "error_split_h16")
 
 
-def main(quick: bool = False, run: str = "small-cpu", windows: int = 240, fit_windows: int = 200,
+def main(quick: bool = False, run: str = "small-cpu-s3", windows: int = 240, fit_windows: int = 200,
          fit_steps: int = 800) -> dict:
+    """`run`: the work folder measured (the committed result is the seed-3 CPU model's); another run, or a fit other
+    than `wmrl train-wm`'s default (`fit_windows`, `fit_steps`), writes `world-model-change-mask-RUN-wW-sS.json`."""
     import torch
 
     from wmrl.eval.world_model import window_fidelity
@@ -80,8 +82,11 @@ def main(quick: bool = False, run: str = "small-cpu", windows: int = 240, fit_wi
             out[f"{prefix}mask_psnr_change_h16_{split}"], out[f"{prefix}mask_psnr_change_h16_{split}_ci"] = p["mean"], p["ci"]
             out[f"{prefix}mask_wins_{split}"] = p["wins"]
     out["minutes"] = (time.time() - t0) / 60
-    return finish("world-model-change-mask", out, quick,
-                  command=None if quick else f"wmrl bench world-model-change-mask --json --options run={run}")
+    default = (run, fit_windows, fit_steps) == ("small-cpu-s3", 200, 800)
+    name = "world-model-change-mask" + ("" if default else f"-{run}-w{fit_windows}-s{fit_steps}")
+    options = f"run={run}" + ("" if (fit_windows, fit_steps) == (200, 800) else f" fit_windows={fit_windows} fit_steps={fit_steps}")
+    return finish(name if not quick else "world-model-change-mask", out, quick,
+                  command=None if quick else f"wmrl bench world-model-change-mask --json --options {options}")
 
 
 if __name__ == "__main__":
