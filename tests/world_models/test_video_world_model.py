@@ -1109,6 +1109,45 @@ def test_the_change_mask_blends_each_pixel_between_the_start_frame_and_the_decod
     assert torch.equal(net(f0, f0), f0)
 
 
+def test_the_refining_change_mask_starts_as_the_blend_and_learns_a_correction_the_blend_cannot_make():
+    from world_models.video.networks import ChangeMask
+
+    torch.manual_seed(0)
+    blend, refine = ChangeMask(), ChangeMask(refine=True)
+    with torch.no_grad():  # the same blend weights: at the start the correction is zero
+        for (_, p), (_, q) in zip(blend.named_parameters(), refine.named_parameters()):
+            q[: len(p)] = p
+    f0, pred = torch.rand(4, 3, 16, 16) * 2 - 1, torch.rand(4, 3, 16, 16) * 2 - 1
+    assert torch.allclose(refine(pred, f0), blend(pred, f0), atol=1e-6)
+    # a target outside [frame0, pred] per pixel (a brighter frame): the blend cannot reach it, the correction can
+    real = (torch.maximum(f0, pred) + 0.2).clamp(max=1)
+    errs = {}
+    for name, net in (("blend", blend), ("refine", refine)):
+        opt = torch.optim.Adam(net.parameters(), 1e-2)
+        for _ in range(150):
+            loss = ((net(pred, f0) - real) ** 2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        errs[name] = float(((net(pred, f0) - real) ** 2).mean())
+    assert errs["refine"] < 0.5 * errs["blend"]
+
+
+def test_the_change_mask_is_fitted_on_the_frames_mean_psnr_not_their_pooled_error():
+    from world_models.video.change_mask import LOG_EPS, frame_log_mse
+
+    real = torch.zeros(2, 3, 4, 4)
+    x = torch.stack([torch.full((3, 4, 4), 0.1), torch.full((3, 4, 4), 0.03)])  # MSE 1e-2 (motion), 9e-4 (static)
+    want = (math.log(1e-2 + LOG_EPS) + math.log(9e-4 + LOG_EPS)) / 2
+    assert frame_log_mse(x, real).item() == pytest.approx(want, rel=1e-5)
+    # halving either frame's error gains about the same (3 dB on that frame), unlike the pooled MSE (11x apart)
+    half = 2 ** -0.5
+    gain_large = frame_log_mse(x, real) - frame_log_mse(torch.stack([x[0] * half, x[1]]), real)
+    gain_small = frame_log_mse(x, real) - frame_log_mse(torch.stack([x[0], x[1] * half]), real)
+    assert gain_large.item() == pytest.approx(math.log(2) / 2, rel=0.01)
+    assert gain_small.item() == pytest.approx(gain_large.item(), rel=0.03)
+
+
 def test_an_unfitted_change_mask_is_never_applied(trained, tiny_data):
     model = VideoWorldModel(dataclasses.replace(VideoWorldModel.load(trained / "checkpoints/last").cfg))
     assert model.change_mask is not None and not bool(model.change_mask_fitted)

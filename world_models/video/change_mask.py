@@ -5,7 +5,10 @@ sits outside the arm and the cubes: decoded latent changes spread small errors o
 copy-last's on the fixed front camera's background. The mask is a per-pixel blend of each decoded frame with the
 rollout's start frame, fitted after every other phase with the model frozen: open-loop rollouts (1 Euler step, as
 imagination samples) from real context on training windows, every frame of the horizon paired with its real
-frame, and the blend's squared error to the real frame minimised. Nothing else of the model changes."""
+frame. The loss is the mean over frames of log(MSE): minus the frames' mean PSNR up to scale, the measure the
+benchmark reads. A plain MSE lets the few large-error frames of motion windows outweigh the static ones, whose
+small errors cost as many decibels (on the seed-3 model's training windows: the wrist's static frames 0.6 dB
+better with the refining mask). Nothing else of the model changes."""
 
 from __future__ import annotations
 
@@ -16,12 +19,18 @@ from world_models.video.evaluate import fixed_windows, rollout
 from world_models.video.model import VideoWorldModel
 
 HORIZON = 16
+LOG_EPS = 1e-5  # a per-frame MSE floor in the loss (a PSNR of 56 dB on [-1, 1] pixels)
 
 
 def _pixels(x) -> torch.Tensor:
     """uint8 (..., H, W, 3) -> float (N, 3, H, W) in [-1, 1]."""
     x = torch.as_tensor(np.asarray(x)).float() / 127.5 - 1.0
     return x.reshape(-1, *x.shape[-3:]).permute(0, 3, 1, 2)
+
+
+def frame_log_mse(x: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+    """Mean over frames (N, 3, H, W) of log(per-frame MSE + LOG_EPS): minus their mean PSNR, up to scale and shift."""
+    return torch.log(((x - real) ** 2).mean((1, 2, 3)) + LOG_EPS).mean()
 
 
 def mask_pairs(model: VideoWorldModel, replay, windows: int, seed: int = 0) -> dict:
@@ -62,7 +71,7 @@ def fit_change_mask(model: VideoWorldModel, replay, windows: int = 200, steps: i
         dev = next(net.parameters()).device
         for _ in range(steps):
             i = torch.randint(len(pred), (batch,), generator=gen)
-            loss = ((net(pred[i].to(dev), f0[i].to(dev)) - real[i].to(dev)) ** 2).mean()
+            loss = frame_log_mse(net(pred[i].to(dev), f0[i].to(dev)), real[i].to(dev))
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()

@@ -71,6 +71,7 @@ class WorldModelConfig:
     # a per-camera pixel mask blends each decoded frame with the rollout's start frame (`networks.ChangeMask`),
     # fitted after the other phases on the model's own rollouts (`change_mask.py`); used once fitted
     change_mask: bool = True
+    change_refine: bool = False  # the mask's network also corrects pixels (`networks.ChangeMask(refine=True)`)
     task_vocab: list[str] = field(default_factory=list)
     # the action space: end-effector delta (scaled by ee_step, clipped to the workspace) and a gripper command
     ee_index: tuple[int, int, int] = (5, 6, 7)  # end-effector xyz inside observation.state
@@ -220,7 +221,8 @@ class VideoWorldModel(nn.Module):
         self.register_buffer("pose_half", torch.tensor([*(hi - lo) / 2, *rot_half, 1.0], dtype=torch.float32), persistent=False)
         self.task = TaskEncoder(cfg.task_vocab, cfg.task_dim)
         self.heads = FrameHeads(C, cfg.state_dim, cfg.task_dim, cfg.latent_size)
-        self.change_mask = nn.ModuleDict({c: ChangeMask() for c in cfg.cameras}) if cfg.change_mask else None
+        self.change_mask = (nn.ModuleDict({c: ChangeMask(refine=cfg.change_refine) for c in cfg.cameras})
+                            if cfg.change_mask else None)
         if cfg.change_mask:  # saved with the weights: an unfitted mask is never applied
             self.register_buffer("change_mask_fitted", torch.zeros((), dtype=torch.bool))
         self.state_channel = (StateChannel(StateChannelConfig(cfg.n_objects, cfg.action_dim, cfg.state_members,
@@ -566,7 +568,7 @@ class VideoWorldModel(nn.Module):
         """`state_gate`: the contact gate rollouts use instead of the checkpoint's (it changes no weight)."""
         # keys a checkpoint saved before they existed lacks: what it was trained and run with
         cfg = read_config(path, WorldModelConfig, expect, what="world-model checkpoint",
-                          absent={"mean_share": 0.0, "change_mask": False, "state_rest": False, "state_pairs": False,
+                          absent={"mean_share": 0.0, "change_mask": False, "change_refine": False, "state_rest": False, "state_pairs": False,
                                   "state_hand_frame": False, "state_velocity": False, "state_gate": "hard",
                                   "state_arm_rest": False, "state_detach_hand": False})
         return load_state(cls(replace(cfg, state_gate=state_gate or cfg.state_gate)), path, device)

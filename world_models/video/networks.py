@@ -152,17 +152,24 @@ class ChangeMask(nn.Module):
     """Where a decoded frame may differ from the rollout's start frame: m = sigmoid(CNN(pred, frame0, pred - frame0))
     per pixel, in [0, 1]. A decoded latent change spreads small errors over the whole frame (the background of a
     fixed camera included); the blend frame0 + m * (pred - frame0) keeps the start frame where nothing moved.
-    Dilated convolutions (receptive field 31 px) see an arm's extent at 64x64."""
+    Dilated convolutions (receptive field 31 px) see an arm's extent at 64x64. With `refine` the same network also
+    outputs a pixel correction r added to the blend (0.1 r, zero at the start): GameNGen's fine-tuning of the decoder
+    on the model's own generated latents, done after the decoder so the pixel identity path stays exact."""
 
-    def __init__(self, width: int = 16):
+    def __init__(self, width: int = 16, refine: bool = False):
         super().__init__()
+        self.refine = refine
         self.net = nn.Sequential(nn.Conv2d(9, width, 3, padding=1), nn.SiLU(),
                                  nn.Conv2d(width, width, 3, padding=2, dilation=2), nn.SiLU(),
                                  nn.Conv2d(width, width, 3, padding=4, dilation=4), nn.SiLU(),
-                                 nn.Conv2d(width, 1, 3, padding=1))
+                                 nn.Conv2d(width, 4 if refine else 1, 3, padding=1))
         nn.init.constant_(self.net[-1].bias, 2.0)  # starts near m = 1: the plain decode
+        if refine:  # and with no correction
+            nn.init.zeros_(self.net[-1].weight[1:])
+            nn.init.zeros_(self.net[-1].bias[1:])
 
     def forward(self, pred: torch.Tensor, frame0: torch.Tensor) -> torch.Tensor:
-        """pred, frame0 (N, 3, H, W) in [-1, 1] -> the blended frame (N, 3, H, W)."""
-        m = torch.sigmoid(self.net(torch.cat([pred, frame0, pred - frame0], 1)))
-        return frame0 + m * (pred - frame0)
+        """pred, frame0 (N, 3, H, W) in [-1, 1] -> the blended (and, with `refine`, corrected) frame (N, 3, H, W)."""
+        o = self.net(torch.cat([pred, frame0, pred - frame0], 1))
+        x = frame0 + torch.sigmoid(o[:, :1]) * (pred - frame0)
+        return x + 0.1 * o[:, 1:] if self.refine else x
