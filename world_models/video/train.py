@@ -414,18 +414,17 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
         # (the gate is no weight; a change mask is refitted after training, so one the source lacks is no difference)
         same = replace(src.cfg, state_gate=mcfg.state_gate, change_mask=mcfg.change_mask,
                        change_refine=mcfg.change_refine) == mcfg
-        if same:  # the same model: fine-tune all (a mask of another kind is left out: it is refitted)
-            mask_same = (src.cfg.change_mask, src.cfg.change_refine) == (mcfg.change_mask, mcfg.change_refine)
-            model.load_state_dict(src.state_dict() if mask_same else
-                                  {k: v for k, v in src.state_dict().items() if not k.startswith("change_mask")},
-                                  strict=mask_same)
+        # a mask of another kind (or none) is left out: it is refitted after training
+        mask_same = (src.cfg.change_mask, src.cfg.change_refine) == (mcfg.change_mask, mcfg.change_refine)
+        weights = {k: v for k, v in src.state_dict().items() if mask_same or not k.startswith("change_mask")}
+        if same:  # the same model: fine-tune all
+            model.load_state_dict(weights, strict=mask_same)
         elif replace(src.cfg, state_rest=mcfg.state_rest, state_members=mcfg.state_members, state_pairs=mcfg.state_pairs,
                      state_hand_frame=mcfg.state_hand_frame, state_velocity=mcfg.state_velocity, state_arm_rest=mcfg.state_arm_rest,
                      state_detach_hand=mcfg.state_detach_hand, change_mask=mcfg.change_mask, change_refine=mcfg.change_refine,
                      state_gate=mcfg.state_gate) == mcfg:
             # the same frames model with another state channel: keep every weight but the channel's (trained anew)
-            model.load_state_dict({k: v for k, v in src.state_dict().items() if not k.startswith("state_channel.")},
-                                  strict=False)
+            model.load_state_dict({k: v for k, v in weights.items() if not k.startswith("state_channel.")}, strict=False)
         model.ae.load_state_dict(src.ae.state_dict())
         for b in ("lat_mean", "lat_std", "res_std"):
             getattr(model, b).copy_(getattr(src, b))
