@@ -63,7 +63,7 @@ def test_world_model_contract(kind, trained, tiny_data, push_env):
     for k in ("reward", "success", "done"):
         assert tuple(preds[k].shape) == (2, H), k
     assert tuple(preds["observation.state"].shape[:2]) == (2, H)
-    frames = model.decode(preds["latents"], state)
+    frames = model.decode(preds["latents"], state, preds["pose"])
     for key, f in frames.items():
         assert key.startswith("observation.images.") and f.dtype == np.uint8 and f.shape[:2] == (2, H) and f.shape[-1] == 3
     # the gymnasium view of the world model passes gymnasium's own checker

@@ -1133,6 +1133,63 @@ def test_the_refining_change_mask_starts_as_the_blend_and_learns_a_correction_th
     assert errs["refine"] < 0.5 * errs["blend"]
 
 
+def test_the_warping_change_mask_starts_at_the_identity_and_learns_a_shift_that_follows_the_pose():
+    from world_models.video.change_mask import frame_log_mse
+    from world_models.video.networks import ChangeMask
+
+    torch.manual_seed(0)
+    net = ChangeMask(warp_pose_dim=2)
+    yy, xx = torch.meshgrid(torch.linspace(-1, 1, 32), torch.linspace(-1, 1, 32), indexing="ij")
+    scene = torch.stack([torch.sin(5 * xx + 2 * yy), torch.cos(4 * yy - xx), torch.sin(3 * xx * yy + 1)])
+
+    def batch(n):  # a wrist-like camera: the whole view shifts with the hand (1 px per 0.01 of pose change)
+        pose0, pose = torch.rand(n, 2) * 2 - 1, None
+        pose = pose0 + 0.1 * (torch.rand(n, 2) * 2 - 1)
+        theta = torch.eye(2, 3).repeat(n, 1, 1)
+        theta[:, :, 2] = 2 / 32 * 100 * (pose - pose0)
+        f0 = scene.expand(n, -1, -1, -1)
+        grid = torch.nn.functional.affine_grid(theta, [n, 3, 32, 32], align_corners=False)
+        real = torch.nn.functional.grid_sample(f0, grid, padding_mode="border", align_corners=False)
+        return f0, real, pose, pose0
+
+    f0, real, pose, pose0 = batch(8)
+    assert torch.allclose(net.warp_frame(f0, pose, pose0), f0, atol=1e-5)  # the identity warp at the start
+    with pytest.raises(ValueError, match="pose"):
+        net(f0, f0)
+    opt = torch.optim.Adam(net.warp.parameters(), 3e-3)
+    for _ in range(300):
+        f0, real, pose, pose0 = batch(32)
+        loss = frame_log_mse(net.warp_frame(f0, pose, pose0), real)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    f0, real, pose, pose0 = batch(64)  # poses it has not seen
+    with torch.no_grad():
+        warped = float(((net.warp_frame(f0, pose, pose0) - real) ** 2).mean())
+    assert warped < 0.2 * float(((f0 - real) ** 2).mean())
+
+
+def test_a_warping_change_mask_decodes_only_with_the_frames_poses(trained, tiny_data):
+    src = VideoWorldModel.load(trained / "checkpoints/last")
+    model = VideoWorldModel(dataclasses.replace(src.cfg, change_warp=True)).eval()
+    model.load_state_dict({k: v for k, v in src.state_dict().items() if not k.startswith("change_mask")}, strict=False)
+    model.change_mask_fitted.fill_(True)
+    _, _, held = load_split(tiny_data, 0.25)
+    obs = {f"observation.images.{c}": held.data[f"observation.images.{c}"][:2] for c in model.cfg.cameras}
+    obs.update({"observation.state": held.data["observation.state"][:2],
+                "task": [held.vocab["task"][t] for t in held.data["task"][:2]],
+                "observation.environment_state": held.data["observation.environment_state"][:2]})
+    state = model.encode(obs)
+    state, preds = model.step(state, torch.zeros(2, model.cfg.chunk, model.cfg.action_dim), steps=1)
+    with pytest.raises(ValueError, match="commanded poses"):
+        model.decode(preds["latents"], state)
+    frames = model.decode(preds["latents"], state, preds["pose"])
+    assert frames["observation.images.front"].shape == (2, model.cfg.chunk, 64, 64, 3)
+    with pytest.raises(ValueError, match="poses: expected"):
+        model.decode_frames(preds["latents"].flatten(0, 1), (state["z0"], state["frames0"]),
+                            poses=(state["pose0"], preds["pose"][:, :1].flatten(0, 1)))
+
+
 def test_the_change_mask_is_fitted_on_the_frames_mean_psnr_not_their_pooled_error():
     from world_models.video.change_mask import LOG_EPS, frame_log_mse
 
@@ -1156,11 +1213,12 @@ def test_an_unfitted_change_mask_is_never_applied(trained, tiny_data):
     frames = {f"observation.images.{c}": held.data[f"observation.images.{c}"][:2] for c in model.cfg.cameras}
     z = model.encode_frames(frames)
     z1 = z + 0.3 * torch.randn_like(z)
+    pose = model.observed_pose(torch.as_tensor(held.data["observation.state"][:2]))
     with torch.no_grad():
         plain = model.decode_frames(z1, (z, frames), mask=False)[key]
-        assert torch.equal(model.decode_frames(z1, (z, frames))[key], plain)
+        assert torch.equal(model.decode_frames(z1, (z, frames), poses=(pose, pose))[key], plain)
         model.change_mask_fitted.fill_(True)
-        assert not torch.equal(model.decode_frames(z1, (z, frames))[key], plain)
+        assert not torch.equal(model.decode_frames(z1, (z, frames), poses=(pose, pose))[key], plain)
 
 
 def test_training_fits_the_change_mask_on_the_models_rollouts_and_it_lowers_their_error(trained, tiny_data):
@@ -1176,8 +1234,9 @@ def test_training_fits_the_change_mask_on_the_models_rollouts_and_it_lowers_thei
     for cam in model.cfg.cameras:  # on the pairs it was fitted on: better than the plain decode
         assert info[f"change_mask_mse_masked_{cam}"] < info[f"change_mask_mse_plain_{cam}"]
     # the pairs are the plain decode's (the mask learns on what it corrects), whatever the flag was
-    pred, f0, real = mask_pairs(model, train, 2)[f"observation.images.{model.cfg.cameras[0]}"]
+    pred, f0, real, pose, pose0 = mask_pairs(model, train, 2)[f"observation.images.{model.cfg.cameras[0]}"]
     assert pred.shape == f0.shape == real.shape and bool(model.change_mask_fitted)
+    assert pose.shape == pose0.shape == (len(pred), model.cfg.pose_dim)
 
 
 def test_a_checkpoint_from_before_the_change_mask_loads_without_one(tmp_path):

@@ -40,14 +40,16 @@ class WorldModel(Protocol):
     - `encode(obs) -> state`: a latent state from observations (frames, proprioception, task).
     - `step(state, action_chunk (B, H, A)) -> (state, preds)`: advance by a whole chunk; `preds` holds per-step
       `reward`, `success` (probability), `done` and `observation.state` predictions, each (B, H, ...).
-    - `decode(state) -> {camera key: uint8 (B, H, W, 3)}`: frames, only when asked (the costly part).
+    - `decode(latents, state, poses) -> {camera key: uint8 (B, H, H_img, W_img, 3)}`: frames of `preds["latents"]`,
+      only when asked (the costly part), anchored on the rollout's `state` and placed at `preds["pose"]` (the frames'
+      commanded poses, which a decode that warps the start frame to them needs).
     """
 
     def encode(self, obs: Obs) -> Any: ...
 
     def step(self, state: Any, action_chunk: Any) -> tuple[Any, dict]: ...
 
-    def decode(self, state: Any) -> dict[str, np.ndarray]: ...
+    def decode(self, latents: Any, state: Any = None, poses: Any = None) -> dict[str, np.ndarray]: ...
 
 
 @runtime_checkable

@@ -8,7 +8,9 @@ imagination samples) from real context on training windows, every frame of the h
 frame. The loss is the mean over frames of log(MSE): minus the frames' mean PSNR up to scale, the measure the
 benchmark reads. A plain MSE lets the few large-error frames of motion windows outweigh the static ones, whose
 small errors cost as many decibels (on the seed-3 model's training windows: the wrist's static frames 0.6 dB
-better with the refining mask). Nothing else of the model changes."""
+better with the refining mask). With a warp (`change_warp`) the start frame is first carried to each frame's
+commanded pose by an affine warp, fitted on the same loss plus its own (the warped start frame against the real
+frame, so that the warp learns even where the mask ignores it). Nothing else of the model changes."""
 
 from __future__ import annotations
 
@@ -34,8 +36,9 @@ def frame_log_mse(x: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
 
 
 def mask_pairs(model: VideoWorldModel, replay, windows: int, seed: int = 0) -> dict:
-    """Per camera key: (pred, frame0, real) float pixels (N * horizon, 3, H, W) of the model's own rollouts (unmasked
-    decode) from `windows` windows of `replay`."""
+    """Per camera key: (pred, frame0, real, pose, pose0): float pixels (N * horizon, 3, H, W) of the model's own
+    rollouts (unmasked decode) from `windows` windows of `replay`, each frame's start frame and real frame, and the
+    normalised commanded poses (N * horizon, pose_dim) of each frame and of its start frame."""
     longest = max(T for _, T in replay.episodes.values())
     horizon = min(HORIZON, longest - 1)
     wins = fixed_windows(replay, windows, horizon, model.cfg.context, seed=seed, ee_index=model.cfg.ee_index,
@@ -47,10 +50,13 @@ def mask_pairs(model: VideoWorldModel, replay, windows: int, seed: int = 0) -> d
         r = rollout(model, replay, starts, horizon, steps=1, seed=seed)
     finally:
         model.change_mask_fitted.fill_(was)
+    with torch.no_grad():
+        pose = model._norm_pose(torch.as_tensor(r["pose"], device=model.device)).reshape(-1, model.cfg.pose_dim).cpu()
+        pose0 = model._norm_pose(torch.as_tensor(r["pose0"], device=model.device)).repeat_interleave(horizon, 0).cpu()
     out = {}
     for key, pred in r["pred"].items():
         f0 = np.stack([replay.data[key][replay.episodes[e][0] + t0] for e, t0 in starts])
-        out[key] = (_pixels(pred), _pixels(np.repeat(f0[:, None], horizon, 1)), _pixels(r["real"][key]))
+        out[key] = (_pixels(pred), _pixels(np.repeat(f0[:, None], horizon, 1)), _pixels(r["real"][key]), pose, pose0)
     return out
 
 
@@ -64,23 +70,31 @@ def fit_change_mask(model: VideoWorldModel, replay, windows: int = 200, steps: i
     pairs = mask_pairs(model, replay, windows, seed)
     gen = torch.Generator().manual_seed(seed)
     info = {}
-    for key, (pred, f0, real) in pairs.items():
+    for key, (pred, f0, real, pose, pose0) in pairs.items():
         net = model.change_mask[key.split(".")[-1]]
         net.train()
         opt = torch.optim.Adam(net.parameters(), lr)
         dev = next(net.parameters()).device
         for _ in range(steps):
             i = torch.randint(len(pred), (batch,), generator=gen)
-            loss = frame_log_mse(net(pred[i].to(dev), f0[i].to(dev)), real[i].to(dev))
+            args = [t[i].to(dev) for t in (pred, f0, pose, pose0)]
+            loss = frame_log_mse(net(*args), real[i].to(dev))
+            if net.warp is not None:  # the warp on its own carries the start frame as close to the real one as it can
+                loss = loss + frame_log_mse(net.warp_frame(*args[1:]), real[i].to(dev))
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
         net.eval()
         with torch.no_grad():
-            masked = torch.cat([net(p.to(dev), f.to(dev)).cpu() for p, f in zip(pred.split(512), f0.split(512))])
+            parts = [t.split(512) for t in (pred, f0, pose, pose0)]
+            masked = torch.cat([net(*(t.to(dev) for t in ts)).cpu() for ts in zip(*parts)])
+            if net.warp is not None:
+                warped = torch.cat([net.warp_frame(*(t.to(dev) for t in ts[1:])).cpu() for ts in zip(*parts)])
         cam = key.split(".")[-1]
         info[f"change_mask_mse_plain_{cam}"] = float(((pred - real) ** 2).mean())
         info[f"change_mask_mse_copy_{cam}"] = float(((f0 - real) ** 2).mean())
         info[f"change_mask_mse_masked_{cam}"] = float(((masked - real) ** 2).mean())
+        if net.warp is not None:
+            info[f"change_mask_mse_warped_copy_{cam}"] = float(((warped - real) ** 2).mean())
     model.change_mask_fitted.fill_(True)
     return info

@@ -170,12 +170,14 @@ def rollout(model: VideoWorldModel, held, starts: list[tuple[int, int]], horizon
             shuffle_actions: bool = False, seed: int = 0, decode: bool = True) -> dict:
     """Open-loop rollouts from real context frames under recorded actions. Returns predicted and real frames per
     camera (N, horizon, H, W, 3), predicted and real states (N, horizon, D) and, with a state channel, predicted and
-    real environment states, the predicted end-effector and the ensemble disagreement."""
+    real environment states, the predicted end-effector and the ensemble disagreement; `pose` (N, horizon, pose_dim)
+    the frames' commanded poses and `pose0` (N, pose_dim) the start frame's."""
     start, acts, real = window_inputs(model, held, starts, horizon)
     a = acts[ACTION]
     if shuffle_actions:  # the same action sequences, given to the wrong starts
         a = a[np.random.default_rng(seed).permutation(len(a))]
     state = model.encode(start["obs"], anchor=start["anchor"])
+    start_state = state
     g = torch.Generator(device=model.device).manual_seed(seed)
     chunks = []
     for i in range(0, horizon, model.cfg.chunk):
@@ -183,12 +185,12 @@ def rollout(model: VideoWorldModel, held, starts: list[tuple[int, int]], horizon
         chunks.append(p)
     cat = lambda k: torch.cat([p[k] for p in chunks], 1)
     out = {"pred_state": cat(STATE).cpu().numpy(), "real_state": real[STATE], "success": cat("success").cpu().numpy(),
-           "latents": cat("latents"), "pose": cat("pose").cpu().numpy()}
+           "latents": cat("latents"), "pose": cat("pose").cpu().numpy(), "pose0": start_state["pose0"].cpu().numpy()}
     if ENV_STATE in chunks[0]:
         out.update(pred_env=cat(ENV_STATE).cpu().numpy(), real_env=real[ENV_STATE], ee=cat("ee").cpu().numpy(),
                    disagreement=cat("disagreement").cpu().numpy())
     if decode:
-        out["pred"] = model.decode(out["latents"], state)
+        out["pred"] = model.decode(out["latents"], start_state, out["pose"])
         out["real"] = {k: v for k, v in real.items() if k.startswith("observation.images.")}
     return out
 

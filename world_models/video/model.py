@@ -72,6 +72,7 @@ class WorldModelConfig:
     # fitted after the other phases on the model's own rollouts (`change_mask.py`); used once fitted
     change_mask: bool = True
     change_refine: bool = False  # the mask's network also corrects pixels (`networks.ChangeMask(refine=True)`)
+    change_warp: bool = False  # the start frame is warped to each frame's commanded pose first (`ChangeMask(warp_pose_dim)`)
     task_vocab: list[str] = field(default_factory=list)
     # the action space: end-effector delta (scaled by ee_step, clipped to the workspace) and a gripper command
     ee_index: tuple[int, int, int] = (5, 6, 7)  # end-effector xyz inside observation.state
@@ -221,7 +222,9 @@ class VideoWorldModel(nn.Module):
         self.register_buffer("pose_half", torch.tensor([*(hi - lo) / 2, *rot_half, 1.0], dtype=torch.float32), persistent=False)
         self.task = TaskEncoder(cfg.task_vocab, cfg.task_dim)
         self.heads = FrameHeads(C, cfg.state_dim, cfg.task_dim, cfg.latent_size)
-        self.change_mask = (nn.ModuleDict({c: ChangeMask(refine=cfg.change_refine) for c in cfg.cameras})
+        self.change_mask = (nn.ModuleDict({c: ChangeMask(refine=cfg.change_refine,
+                                                          warp_pose_dim=cfg.pose_dim if cfg.change_warp else 0)
+                                          for c in cfg.cameras})
                             if cfg.change_mask else None)
         if cfg.change_mask:  # saved with the weights: an unfitted mask is never applied
             self.register_buffer("change_mask_fitted", torch.zeros((), dtype=torch.bool))
@@ -269,16 +272,30 @@ class VideoWorldModel(nn.Module):
         return (z - self.lat_mean) / self.lat_std
 
     def decode_frames(self, z: torch.Tensor, base: tuple[torch.Tensor, dict] | None = None,
-                      mask: bool = True) -> dict[str, torch.Tensor]:
+                      mask: bool = True, poses: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
         """Standardised latents (N, C, S, S) -> {camera key: uint8 (N, H, W, 3)}. With `base` = (z0 (B, C, S, S),
         {camera key: uint8 frames (B, H, W, 3)}), N = B * n with each base's n frames consecutive: the pixel-space
         identity path, frame0 + dec(z) - dec(z0), so that
         what the latents leave unchanged is the real start frame itself, not its reconstruction (the autoencoder's
         ceiling then bounds only what changes). Once the change mask is fitted (`change_mask.py`), each frame is then
-        blended with the start frame where the mask says nothing moved (`mask=False`: the plain decode)."""
+        blended with the start frame where the mask says nothing moved (`mask=False`: the plain decode). A mask that
+        warps the start frame (`change_warp`) needs `poses` = (pose0 (B, pose_dim) of the start frames, the
+        commanded pose (N, pose_dim) of every frame)."""
         z = z * self.lat_std + self.lat_mean
         z0 = base[0] * self.lat_std + self.lat_mean if base is not None else None
         n = len(z) // len(z0) if base is not None else 1  # frames per base (consecutive)
+        masked = mask and base is not None and self.change_mask is not None and bool(self.change_mask_fitted)
+        if masked and self.cfg.change_warp:
+            if poses is None:
+                raise ValueError("this world model's change mask warps the start frame to each frame's pose: "
+                                 "decode with the frames' commanded poses (`poses`)")
+            p0, p = (self._norm_pose(torch.as_tensor(v, dtype=torch.float32, device=z.device)) for v in poses)
+            if p0.shape != (len(z0), self.cfg.pose_dim) or p.shape != (len(z), self.cfg.pose_dim):
+                raise ValueError(f"poses: expected ({len(z0)}, {self.cfg.pose_dim}) and ({len(z)}, {self.cfg.pose_dim}), "
+                                 f"got {tuple(p0.shape)} and {tuple(p.shape)}")
+            p0 = p0.repeat_interleave(n, 0)
+        else:
+            p0 = p = None
         out = {}
         for i, cam in enumerate(self.cfg.cameras):
             sl = slice(i * self.cfg.latent_channels, (i + 1) * self.cfg.latent_channels)
@@ -287,8 +304,8 @@ class VideoWorldModel(nn.Module):
                 f0 = torch.as_tensor(np.asarray(base[1][f"observation.images.{cam}"]), device=z.device)
                 f0 = f0.permute(0, 3, 1, 2).float() / 127.5 - 1.0
                 x = x + (f0 - self.ae.decode(z0[:, sl])).repeat_interleave(n, 0)
-                if mask and self.change_mask is not None and bool(self.change_mask_fitted):
-                    x = self.change_mask[cam](x.clamp(-1, 1), f0.repeat_interleave(n, 0))
+                if masked:
+                    x = self.change_mask[cam](x.clamp(-1, 1), f0.repeat_interleave(n, 0), p, p0)
             x = x.clamp(-1, 1)
             out[f"observation.images.{cam}"] = ((x + 1) * 127.5).round().to(torch.uint8).permute(0, 2, 3, 1)
         return out
@@ -456,7 +473,8 @@ class VideoWorldModel(nn.Module):
         proprio = torch.as_tensor(np.asarray(obs[OBS_STATE]), dtype=torch.float32, device=self.device)
         tasks = list(obs["task"]) if not isinstance(obs["task"], str) else [obs["task"]] * B
         state = {"ctx": ctx, "anchor": anc, "pose": self.observed_pose(proprio), "proprio": proprio, "task": tasks,
-                 "z0": ctx[:, -1].clone(), "frames0": {k: v[:, -1].numpy() for k, v in imgs.items()}}
+                 "z0": ctx[:, -1].clone(), "frames0": {k: v[:, -1].numpy() for k, v in imgs.items()},
+                 "pose0": self.observed_pose(proprio)}
         if self.state_channel is not None:
             key = OBS_ENV_STATE
             if key not in obs:
@@ -550,12 +568,16 @@ class VideoWorldModel(nn.Module):
         return new, preds
 
     @torch.no_grad()
-    def decode(self, latents: torch.Tensor, state: dict | None = None) -> dict[str, np.ndarray]:
+    def decode(self, latents: torch.Tensor, state: dict | None = None, poses: torch.Tensor | None = None) -> dict[str, np.ndarray]:
         """Latents (B, ..., C, S, S) -> {camera key: uint8 (B, ..., H, W, 3)}. With the imagination `state` of the
-        rollout, through the pixel-space identity path anchored on its real start frame (see `decode_frames`)."""
+        rollout, through the pixel-space identity path anchored on its real start frame (see `decode_frames`).
+        `poses` (B, ..., pose_dim): the frames' commanded poses (`step`'s `pose`), which a warping change mask needs."""
         lead = latents.shape[:-3]
         base = (state["z0"], state["frames0"]) if state is not None and "frames0" in state else None
-        frames = self.decode_frames(latents.reshape(-1, *latents.shape[-3:]), base)
+        pp = None
+        if poses is not None and base is not None and "pose0" in state:
+            pp = (state["pose0"], torch.as_tensor(poses).reshape(-1, self.cfg.pose_dim))
+        frames = self.decode_frames(latents.reshape(-1, *latents.shape[-3:]), base, poses=pp)
         return {k: v.reshape(*lead, *v.shape[1:]).cpu().numpy() for k, v in frames.items()}
 
     # ------------------------------------------------------------------ checkpoints
@@ -568,7 +590,7 @@ class VideoWorldModel(nn.Module):
         """`state_gate`: the contact gate rollouts use instead of the checkpoint's (it changes no weight)."""
         # keys a checkpoint saved before they existed lacks: what it was trained and run with
         cfg = read_config(path, WorldModelConfig, expect, what="world-model checkpoint",
-                          absent={"mean_share": 0.0, "change_mask": False, "change_refine": False, "state_rest": False, "state_pairs": False,
+                          absent={"mean_share": 0.0, "change_mask": False, "change_refine": False, "change_warp": False, "state_rest": False, "state_pairs": False,
                                   "state_hand_frame": False, "state_velocity": False, "state_gate": "hard",
                                   "state_arm_rest": False, "state_detach_hand": False})
         return load_state(cls(replace(cfg, state_gate=state_gate or cfg.state_gate)), path, device)
