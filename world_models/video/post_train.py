@@ -140,7 +140,7 @@ def rollouts(model: VideoWorldModel, sampler: WindowSampler, W: int, G: int, L: 
     i, fut = d["i"], d["fut_idx"]
     images = {f"observation.images.{c}": sampler.images[c] for c in model.cfg.cameras}  # uint8, on the device
     frames0 = {k: v[i].repeat_interleave(G, 0).cpu().numpy() for k, v in images.items()}
-    pred = model.decode_frames(lat.flatten(0, 1), (z0, frames0), poses=(start_pose, poses[:, :L].flatten(0, 1)))
+    pred = model.decode_frames(lat.flatten(0, 1), (z0, frames0), poses=(start_pose, poses[:, : lat.shape[1]].flatten(0, 1)))
     N = W * G
     pred = {k: v.reshape(N, L, *v.shape[1:]).cpu().numpy() for k, v in pred.items()}
     real = {k: v[fut].repeat_interleave(G, 0).cpu().numpy() for k, v in images.items()}
