@@ -472,9 +472,9 @@ class VideoWorldModel(nn.Module):
         anc = self.encode_frames({k: np.asarray(v) for k, v in anchor.items()}) if anchor is not None else ctx[:, 0].clone()
         proprio = torch.as_tensor(np.asarray(obs[OBS_STATE]), dtype=torch.float32, device=self.device)
         tasks = list(obs["task"]) if not isinstance(obs["task"], str) else [obs["task"]] * B
-        state = {"ctx": ctx, "anchor": anc, "pose": self.observed_pose(proprio), "proprio": proprio, "task": tasks,
-                 "z0": ctx[:, -1].clone(), "frames0": {k: v[:, -1].numpy() for k, v in imgs.items()},
-                 "pose0": self.observed_pose(proprio)}
+        pose = self.observed_pose(proprio)  # "pose" moves with the rollout; "pose0" stays the start frame's
+        state = {"ctx": ctx, "anchor": anc, "pose": pose, "proprio": proprio, "task": tasks,
+                 "z0": ctx[:, -1].clone(), "frames0": {k: v[:, -1].numpy() for k, v in imgs.items()}, "pose0": pose.clone()}
         if self.state_channel is not None:
             key = OBS_ENV_STATE
             if key not in obs:
