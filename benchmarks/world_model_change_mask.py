@@ -27,11 +27,15 @@ KEYS = ("motion_psnr_gain_h16", "motion_psnr_gain_h16_ci", "static_psnr_gain_h16
 
 
 def main(quick: bool = False, run: str = "small-cpu-s3", windows: int = 240, fit_windows: int = 200,
-         fit_steps: int = 800, refine: bool = False, warp: bool = False) -> dict:
+         fit_steps: int = 800, refine: bool = False, warp: bool = False,
+         unwarped: bool = False) -> dict:
     """`run`: the work folder measured (the committed result is the seed-3 CPU model's); another run, or a fit other
     than `wmrl train-wm`'s default (`fit_windows`, `fit_steps`), writes `world-model-change-mask-RUN-wW-sS.json`.
     `refine`: the mask also corrects pixels (`ChangeMask(refine=True)`), written to `...-refine.json`; `warp`: it
-    warps the start frame to each frame's commanded pose first (`change_warp`), `...-warp.json`."""
+    warps the start frame to each frame's commanded pose first (`change_warp`), `...-warp.json`; `unwarped` (with
+    `warp`): the unwarped start frame is a third source of the blend (`change_unwarped`), `...-warp3.json`."""
+    if unwarped and not warp:
+        raise ValueError("unwarped=true is a third source beside the warped start frame: pass warp=true too")
     import torch
 
     from wmrl.eval.world_model import window_fidelity
@@ -56,7 +60,8 @@ def main(quick: bool = False, run: str = "small-cpu-s3", windows: int = 240, fit
         folder = WORK / run
     t0 = time.time()
     src = VideoWorldModel.load(folder / "model/checkpoints/last").eval()
-    model = VideoWorldModel(replace(src.cfg, change_mask=True, change_refine=refine, change_warp=warp))
+    model = VideoWorldModel(replace(src.cfg, change_mask=True, change_refine=refine, change_warp=warp,
+                                        change_unwarped=unwarped))
     # the run's own mask, if it has one, is left out: this benchmark fits its own (of the kind asked for)
     missing, unexpected = model.load_state_dict({k: v for k, v in src.state_dict().items()
                                                  if not k.startswith("change_mask")}, strict=False)
@@ -67,7 +72,7 @@ def main(quick: bool = False, run: str = "small-cpu-s3", windows: int = 240, fit
     torch.manual_seed(0)
     fit = fit_change_mask(model, train, fit_windows, fit_steps, seed=0)
     fit_minutes = (time.time() - t0) / 60
-    out: dict = {"run": run if not quick else "tiny", "refine": refine, "warp": warp, "n_windows": windows, "fit_windows": fit_windows,
+    out: dict = {"run": run if not quick else "tiny", "refine": refine, "warp": warp, "unwarped": unwarped, "n_windows": windows, "fit_windows": fit_windows,
                  "fit_steps": fit_steps, "fit_minutes": fit_minutes, **fit}
     for prefix, steps in (("imagination_", 1), ("", None)):
         res = {}
@@ -88,9 +93,9 @@ def main(quick: bool = False, run: str = "small-cpu-s3", windows: int = 240, fit
     out["minutes"] = (time.time() - t0) / 60
     default = (run, fit_windows, fit_steps) == ("small-cpu-s3", 200, 800)
     name = ("world-model-change-mask" + ("" if default else f"-{run}-w{fit_windows}-s{fit_steps}")
-            + ("-refine" if refine else "") + ("-warp" if warp else ""))
+            + ("-refine" if refine else "") + ("-warp" if warp else "") + ("3" if unwarped else ""))
     options = (f"run={run}" + ("" if (fit_windows, fit_steps) == (200, 800) else f" fit_windows={fit_windows} fit_steps={fit_steps}")
-               + (" refine=true" if refine else "") + (" warp=true" if warp else ""))
+               + (" refine=true" if refine else "") + (" warp=true" if warp else "") + (" unwarped=true" if unwarped else ""))
     return finish(name if not quick else "world-model-change-mask", out, quick,
                   command=None if quick else f"wmrl bench world-model-change-mask --json --options {options}")
 

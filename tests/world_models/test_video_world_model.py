@@ -1169,6 +1169,50 @@ def test_the_warping_change_mask_starts_at_the_identity_and_learns_a_shift_that_
     assert warped < 0.2 * float(((f0 - real) ** 2).mean())
 
 
+def test_the_three_source_change_mask_keeps_what_the_pose_does_not_move():
+    """Half the view moves with the hand (a wrist camera's table), half stays (its fingers, a fixed camera's
+    background); the decode is noisy. Two sources must carry the still half along with the warp or take the noisy
+    decode; the third source, the unwarped start frame, keeps it exact."""
+    from world_models.video.change_mask import frame_log_mse
+    from world_models.video.networks import ChangeMask
+
+    with pytest.raises(ValueError, match="warp_pose_dim"):
+        ChangeMask(keep_unwarped=True)
+    yy, xx = torch.meshgrid(torch.linspace(-1, 1, 32), torch.linspace(-1, 1, 32), indexing="ij")
+    scene = torch.stack([torch.sin(5 * xx + 2 * yy), torch.cos(4 * yy - xx), torch.sin(3 * xx * yy + 1)])
+    gen = torch.Generator().manual_seed(0)
+
+    def batch(n):
+        pose0 = torch.rand(n, 2, generator=gen) * 2 - 1
+        pose = pose0 + 0.1 * (torch.rand(n, 2, generator=gen) * 2 - 1)
+        theta = torch.eye(2, 3).repeat(n, 1, 1)
+        theta[:, :, 2] = 2 / 32 * 100 * (pose - pose0)
+        f0 = scene.expand(n, -1, -1, -1)
+        grid = torch.nn.functional.affine_grid(theta, [n, 3, 32, 32], align_corners=False)
+        real = torch.nn.functional.grid_sample(f0, grid, padding_mode="border", align_corners=False)
+        real[..., 16:] = f0[..., 16:]
+        return real + 0.3 * torch.randn(real.shape, generator=gen), f0, real, pose, pose0
+
+    errs = {}
+    for three in (False, True):
+        torch.manual_seed(0)
+        net = ChangeMask(refine=True, warp_pose_dim=2, keep_unwarped=three)
+        pred, f0, real, pose, pose0 = batch(4)
+        with torch.no_grad():  # it starts near the plain decode
+            assert ((net(pred, f0, pose, pose0) - pred) ** 2).mean() < 0.25 * ((f0 - pred) ** 2).mean()
+        opt = torch.optim.Adam(net.parameters(), 2e-3)
+        for _ in range(300):
+            pred, f0, real, pose, pose0 = batch(16)
+            loss = frame_log_mse(net(pred, f0, pose, pose0), real) + frame_log_mse(net.warp_frame(f0, pose, pose0), real)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        pred, f0, real, pose, pose0 = batch(64)
+        with torch.no_grad():
+            errs[three] = float(((net(pred, f0, pose, pose0) - real)[..., 16:] ** 2).mean())
+    assert errs[True] < 0.5 * errs[False]
+
+
 def test_a_warping_change_mask_decodes_only_with_the_frames_poses(trained, tiny_data):
     src = VideoWorldModel.load(trained / "checkpoints/last")
     model = VideoWorldModel(dataclasses.replace(src.cfg, change_warp=True)).eval()

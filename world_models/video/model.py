@@ -73,6 +73,7 @@ class WorldModelConfig:
     change_mask: bool = True
     change_refine: bool = False  # the mask's network also corrects pixels (`networks.ChangeMask(refine=True)`)
     change_warp: bool = False  # the start frame is warped to each frame's commanded pose first (`ChangeMask(warp_pose_dim)`)
+    change_unwarped: bool = False  # with the warp, the unwarped start frame is a third source (`ChangeMask(keep_unwarped)`)
     task_vocab: list[str] = field(default_factory=list)
     # the action space: end-effector delta (scaled by ee_step, clipped to the workspace) and a gripper command
     ee_index: tuple[int, int, int] = (5, 6, 7)  # end-effector xyz inside observation.state
@@ -223,7 +224,8 @@ class VideoWorldModel(nn.Module):
         self.task = TaskEncoder(cfg.task_vocab, cfg.task_dim)
         self.heads = FrameHeads(C, cfg.state_dim, cfg.task_dim, cfg.latent_size)
         self.change_mask = (nn.ModuleDict({c: ChangeMask(refine=cfg.change_refine,
-                                                          warp_pose_dim=cfg.pose_dim if cfg.change_warp else 0)
+                                                          warp_pose_dim=cfg.pose_dim if cfg.change_warp else 0,
+                                                          keep_unwarped=cfg.change_unwarped)
                                           for c in cfg.cameras})
                             if cfg.change_mask else None)
         if cfg.change_mask:  # saved with the weights: an unfitted mask is never applied
@@ -590,7 +592,7 @@ class VideoWorldModel(nn.Module):
         """`state_gate`: the contact gate rollouts use instead of the checkpoint's (it changes no weight)."""
         # keys a checkpoint saved before they existed lacks: what it was trained and run with
         cfg = read_config(path, WorldModelConfig, expect, what="world-model checkpoint",
-                          absent={"mean_share": 0.0, "change_mask": False, "change_refine": False, "change_warp": False, "state_rest": False, "state_pairs": False,
+                          absent={"mean_share": 0.0, "change_mask": False, "change_refine": False, "change_warp": False, "change_unwarped": False, "state_rest": False, "state_pairs": False,
                                   "state_hand_frame": False, "state_velocity": False, "state_gate": "hard",
                                   "state_arm_rest": False, "state_detach_hand": False})
         return load_state(cls(replace(cfg, state_gate=state_gate or cfg.state_gate)), path, device)

@@ -161,19 +161,28 @@ class ChangeMask(nn.Module):
     commanded pose (normalised, P entries each), identity at the start. A camera on the hand sees the table shift
     with every small hand motion, so its unchanged start frame is a poor base even where nothing else moved (on
     held-out windows whose hand moves under 2 cm, the best shift of the start frame is 1.9 dB closer to the real
-    frame 16 steps on than the frame itself, and that shift follows the hand's motion: correlation 0.93)."""
+    frame 16 steps on than the frame itself, and that shift follows the hand's motion: correlation 0.93).
 
-    def __init__(self, width: int = 16, refine: bool = False, warp_pose_dim: int = 0):
+    With `keep_unwarped` (needs the warp) the blend has three sources, weighed per pixel by a softmax over three
+    logits: the decode, the warped start frame and the start frame as it was. A fixed camera's background, and the
+    wrist camera's gripper fingers, do not move with the hand's pose; the warp would carry them along."""
+
+    def __init__(self, width: int = 16, refine: bool = False, warp_pose_dim: int = 0, keep_unwarped: bool = False):
         super().__init__()
-        self.refine = refine
-        self.net = nn.Sequential(nn.Conv2d(9, width, 3, padding=1), nn.SiLU(),
+        if keep_unwarped and not warp_pose_dim:
+            raise ValueError("keep_unwarped is a third source beside the warped start frame: it needs warp_pose_dim > 0")
+        self.refine, self.keep_unwarped = refine, keep_unwarped
+        # inputs: the decode, the base (and the unwarped start frame), the decode's difference from each; outputs:
+        # the blend's logit (a softmax's three with three sources), then the correction's 3 channels
+        n_in, n_logits = (15, 3) if keep_unwarped else (9, 1)
+        self.net = nn.Sequential(nn.Conv2d(n_in, width, 3, padding=1), nn.SiLU(),
                                  nn.Conv2d(width, width, 3, padding=2, dilation=2), nn.SiLU(),
                                  nn.Conv2d(width, width, 3, padding=4, dilation=4), nn.SiLU(),
-                                 nn.Conv2d(width, 4 if refine else 1, 3, padding=1))
-        nn.init.constant_(self.net[-1].bias, 2.0)  # starts near m = 1: the plain decode
+                                 nn.Conv2d(width, n_logits + (3 if refine else 0), 3, padding=1))
+        nn.init.zeros_(self.net[-1].bias)
+        self.net[-1].bias.data[0] = 2.0  # starts near the plain decode (weight 0.88; 0.79 of three)
         if refine:  # and with no correction
-            nn.init.zeros_(self.net[-1].weight[1:])
-            nn.init.zeros_(self.net[-1].bias[1:])
+            nn.init.zeros_(self.net[-1].weight[n_logits:])
         self.warp = None
         if warp_pose_dim:
             self.warp = nn.Sequential(nn.Linear(2 * warp_pose_dim, 64), nn.SiLU(), nn.Linear(64, 6))
@@ -197,6 +206,11 @@ class ChangeMask(nn.Module):
         """pred, frame0 (N, 3, H, W) in [-1, 1] -> the blended (and, with `refine`, corrected) frame (N, 3, H, W).
         With a warp, `pose` and `pose0` (N, P): the normalised commanded pose of each frame and of the start frame."""
         base = self.warp_frame(frame0, pose, pose0)
-        o = self.net(torch.cat([pred, base, pred - base], 1))
-        x = base + torch.sigmoid(o[:, :1]) * (pred - base)
-        return x + 0.1 * o[:, 1:] if self.refine else x
+        if self.keep_unwarped:
+            o = self.net(torch.cat([pred, base, frame0, pred - base, pred - frame0], 1))
+            w = torch.softmax(o[:, :3], 1)
+            x, n_logits = w[:, :1] * pred + w[:, 1:2] * base + w[:, 2:3] * frame0, 3
+        else:
+            o = self.net(torch.cat([pred, base, pred - base], 1))
+            x, n_logits = base + torch.sigmoid(o[:, :1]) * (pred - base), 1
+        return x + 0.1 * o[:, n_logits:] if self.refine else x

@@ -74,6 +74,10 @@ class TrainWMConfig:
     """The change mask first warps the start frame to each frame's commanded pose (`networks.ChangeMask`'s warp): the
     wrist camera's view shifts with every small hand motion. On both CPU models (1 step) static windows +1.2-1.6 dB over
     copy-last (-0.3 and -1.1 without it), above the autoencoder's ceiling; motion +0.04 dB, masked -0.05 (README)."""
+    change_unwarped: bool = True
+    """With the warp, the blend keeps the unwarped start frame as a third source (`ChangeMask(keep_unwarped=True)`): a
+    fixed camera's background and the wrist camera's fingers do not move with the pose. On both CPU models (1 step)
+    masked +0.2-0.25 dB and motion +0.07-0.16 over the two-source warp; static +0.08 and -0.05 (README)."""
     batch_size: int = 32
     lr: float = 3e-4
     context: int = 2
@@ -184,6 +188,7 @@ def model_config(cfg: TrainWMConfig, ds) -> WorldModelConfig:
                             state_gate=cfg.state_gate, change_mask=cfg.change_mask_steps > 0,
                             change_refine=cfg.change_mask_steps > 0 and cfg.change_refine,
                             change_warp=cfg.change_mask_steps > 0 and cfg.change_warp,
+                            change_unwarped=cfg.change_mask_steps > 0 and cfg.change_warp and cfg.change_unwarped,
                             action_dim=int(ds.features[ACTION]["shape"][0]), state_dim=int(ds.features[STATE]["shape"][0]),
                             env_state_dim=int(ds.features[ENV_STATE]["shape"][0]) if ENV_STATE in ds.features else 0)
 
@@ -418,9 +423,10 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
         src = VideoWorldModel.load(resolve_checkpoint(cfg.init_from), device=cfg.device)
         # (the gate is no weight; a change mask is refitted after training, so one the source lacks is no difference)
         same = replace(src.cfg, state_gate=mcfg.state_gate, change_mask=mcfg.change_mask,
-                       change_refine=mcfg.change_refine, change_warp=mcfg.change_warp) == mcfg
+                       change_refine=mcfg.change_refine, change_warp=mcfg.change_warp,
+                       change_unwarped=mcfg.change_unwarped) == mcfg
         # a mask of another kind (or none) is left out: it is refitted after training
-        kind = lambda c: (c.change_mask, c.change_refine, c.change_warp)
+        kind = lambda c: (c.change_mask, c.change_refine, c.change_warp, c.change_unwarped)
         mask_same = kind(src.cfg) == kind(mcfg)
         weights = {k: v for k, v in src.state_dict().items() if mask_same or not k.startswith("change_mask")}
         if same:  # the same model: fine-tune all
@@ -428,7 +434,7 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
         elif replace(src.cfg, state_rest=mcfg.state_rest, state_members=mcfg.state_members, state_pairs=mcfg.state_pairs,
                      state_hand_frame=mcfg.state_hand_frame, state_velocity=mcfg.state_velocity, state_arm_rest=mcfg.state_arm_rest,
                      state_detach_hand=mcfg.state_detach_hand, change_mask=mcfg.change_mask, change_refine=mcfg.change_refine,
-                     change_warp=mcfg.change_warp,
+                     change_warp=mcfg.change_warp, change_unwarped=mcfg.change_unwarped,
                      state_gate=mcfg.state_gate) == mcfg:
             # the same frames model with another state channel: keep every weight but the channel's (trained anew)
             model.load_state_dict({k: v for k, v in weights.items() if not k.startswith("state_channel.")}, strict=False)
