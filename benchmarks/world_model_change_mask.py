@@ -28,14 +28,15 @@ KEYS = ("motion_psnr_gain_h16", "motion_psnr_gain_h16_ci", "static_psnr_gain_h16
 
 def main(quick: bool = False, run: str = "small-cpu-s3", windows: int = 240, fit_windows: int = 200,
          fit_steps: int = 800, refine: bool = False, warp: bool = False,
-         unwarped: bool = False) -> dict:
+         unwarped: bool = False, read_pose: bool = False) -> dict:
     """`run`: the work folder measured (the committed result is the seed-3 CPU model's); another run, or a fit other
     than `wmrl train-wm`'s default (`fit_windows`, `fit_steps`), writes `world-model-change-mask-RUN-wW-sS.json`.
     `refine`: the mask also corrects pixels (`ChangeMask(refine=True)`), written to `...-refine.json`; `warp`: it
     warps the start frame to each frame's commanded pose first (`change_warp`), `...-warp.json`; `unwarped` (with
-    `warp`): the unwarped start frame is a third source of the blend (`change_unwarped`), `...-warp3.json`."""
-    if unwarped and not warp:
-        raise ValueError("unwarped=true is a third source beside the warped start frame: pass warp=true too")
+    `warp`): the unwarped start frame is a third source of the blend (`change_unwarped`), `...-warp3.json`;
+    `read_pose` (with `warp`): the mask reads the pose change (`change_read_pose`), `...-pose.json` appended."""
+    if (unwarped or read_pose) and not warp:
+        raise ValueError("unwarped=true and read_pose=true come with the warp of the start frame: pass warp=true too")
     import torch
 
     from wmrl.eval.world_model import window_fidelity
@@ -61,7 +62,7 @@ def main(quick: bool = False, run: str = "small-cpu-s3", windows: int = 240, fit
     t0 = time.time()
     src = VideoWorldModel.load(folder / "model/checkpoints/last").eval()
     model = VideoWorldModel(replace(src.cfg, change_mask=True, change_refine=refine, change_warp=warp,
-                                        change_unwarped=unwarped))
+                                        change_unwarped=unwarped, change_read_pose=read_pose))
     # the run's own mask, if it has one, is left out: this benchmark fits its own (of the kind asked for)
     missing, unexpected = model.load_state_dict({k: v for k, v in src.state_dict().items()
                                                  if not k.startswith("change_mask")}, strict=False)
@@ -72,7 +73,7 @@ def main(quick: bool = False, run: str = "small-cpu-s3", windows: int = 240, fit
     torch.manual_seed(0)
     fit = fit_change_mask(model, train, fit_windows, fit_steps, seed=0)
     fit_minutes = (time.time() - t0) / 60
-    out: dict = {"run": run if not quick else "tiny", "refine": refine, "warp": warp, "unwarped": unwarped, "n_windows": windows, "fit_windows": fit_windows,
+    out: dict = {"run": run if not quick else "tiny", "refine": refine, "warp": warp, "unwarped": unwarped, "read_pose": read_pose, "n_windows": windows, "fit_windows": fit_windows,
                  "fit_steps": fit_steps, "fit_minutes": fit_minutes, **fit}
     for prefix, steps in (("imagination_", 1), ("", None)):
         res = {}
@@ -93,9 +94,10 @@ def main(quick: bool = False, run: str = "small-cpu-s3", windows: int = 240, fit
     out["minutes"] = (time.time() - t0) / 60
     default = (run, fit_windows, fit_steps) == ("small-cpu-s3", 200, 800)
     name = ("world-model-change-mask" + ("" if default else f"-{run}-w{fit_windows}-s{fit_steps}")
-            + ("-refine" if refine else "") + ("-warp" if warp else "") + ("3" if unwarped else ""))
+            + ("-refine" if refine else "") + ("-warp" if warp else "") + ("3" if unwarped else "") + ("-pose" if read_pose else ""))
     options = (f"run={run}" + ("" if (fit_windows, fit_steps) == (200, 800) else f" fit_windows={fit_windows} fit_steps={fit_steps}")
-               + (" refine=true" if refine else "") + (" warp=true" if warp else "") + (" unwarped=true" if unwarped else ""))
+               + (" refine=true" if refine else "") + (" warp=true" if warp else "") + (" unwarped=true" if unwarped else "")
+               + (" read_pose=true" if read_pose else ""))
     return finish(name if not quick else "world-model-change-mask", out, quick,
                   command=None if quick else f"wmrl bench world-model-change-mask --json --options {options}")
 

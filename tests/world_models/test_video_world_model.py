@@ -1133,24 +1133,28 @@ def test_the_refining_change_mask_starts_as_the_blend_and_learns_a_correction_th
     assert errs["refine"] < 0.5 * errs["blend"]
 
 
+def _wrist_view_batch(n: int, gen: torch.Generator):
+    """A wrist-like camera: the whole 32x32 view of a smooth scene shifts with the hand (1 px per 0.01 of pose
+    change). Returns the start frames, the real frames, each frame's pose and the start pose."""
+    yy, xx = torch.meshgrid(torch.linspace(-1, 1, 32), torch.linspace(-1, 1, 32), indexing="ij")
+    scene = torch.stack([torch.sin(5 * xx + 2 * yy), torch.cos(4 * yy - xx), torch.sin(3 * xx * yy + 1)])
+    pose0 = torch.rand(n, 2, generator=gen) * 2 - 1
+    pose = pose0 + 0.1 * (torch.rand(n, 2, generator=gen) * 2 - 1)
+    theta = torch.eye(2, 3).repeat(n, 1, 1)
+    theta[:, :, 2] = 2 / 32 * 100 * (pose - pose0)
+    f0 = scene.expand(n, -1, -1, -1)
+    grid = torch.nn.functional.affine_grid(theta, [n, 3, 32, 32], align_corners=False)
+    return f0, torch.nn.functional.grid_sample(f0, grid, padding_mode="border", align_corners=False), pose, pose0
+
+
 def test_the_warping_change_mask_starts_at_the_identity_and_learns_a_shift_that_follows_the_pose():
     from world_models.video.change_mask import frame_log_mse
     from world_models.video.networks import ChangeMask
 
     torch.manual_seed(0)
     net = ChangeMask(warp_pose_dim=2)
-    yy, xx = torch.meshgrid(torch.linspace(-1, 1, 32), torch.linspace(-1, 1, 32), indexing="ij")
-    scene = torch.stack([torch.sin(5 * xx + 2 * yy), torch.cos(4 * yy - xx), torch.sin(3 * xx * yy + 1)])
-
-    def batch(n):  # a wrist-like camera: the whole view shifts with the hand (1 px per 0.01 of pose change)
-        pose0, pose = torch.rand(n, 2) * 2 - 1, None
-        pose = pose0 + 0.1 * (torch.rand(n, 2) * 2 - 1)
-        theta = torch.eye(2, 3).repeat(n, 1, 1)
-        theta[:, :, 2] = 2 / 32 * 100 * (pose - pose0)
-        f0 = scene.expand(n, -1, -1, -1)
-        grid = torch.nn.functional.affine_grid(theta, [n, 3, 32, 32], align_corners=False)
-        real = torch.nn.functional.grid_sample(f0, grid, padding_mode="border", align_corners=False)
-        return f0, real, pose, pose0
+    gen = torch.Generator().manual_seed(0)
+    batch = lambda n: _wrist_view_batch(n, gen)
 
     f0, real, pose, pose0 = batch(8)
     assert torch.allclose(net.warp_frame(f0, pose, pose0), f0, atol=1e-5)  # the identity warp at the start
@@ -1178,18 +1182,10 @@ def test_the_three_source_change_mask_keeps_what_the_pose_does_not_move():
 
     with pytest.raises(ValueError, match="warp_pose_dim"):
         ChangeMask(keep_unwarped=True)
-    yy, xx = torch.meshgrid(torch.linspace(-1, 1, 32), torch.linspace(-1, 1, 32), indexing="ij")
-    scene = torch.stack([torch.sin(5 * xx + 2 * yy), torch.cos(4 * yy - xx), torch.sin(3 * xx * yy + 1)])
     gen = torch.Generator().manual_seed(0)
 
     def batch(n):
-        pose0 = torch.rand(n, 2, generator=gen) * 2 - 1
-        pose = pose0 + 0.1 * (torch.rand(n, 2, generator=gen) * 2 - 1)
-        theta = torch.eye(2, 3).repeat(n, 1, 1)
-        theta[:, :, 2] = 2 / 32 * 100 * (pose - pose0)
-        f0 = scene.expand(n, -1, -1, -1)
-        grid = torch.nn.functional.affine_grid(theta, [n, 3, 32, 32], align_corners=False)
-        real = torch.nn.functional.grid_sample(f0, grid, padding_mode="border", align_corners=False)
+        f0, real, pose, pose0 = _wrist_view_batch(n, gen)
         real[..., 16:] = f0[..., 16:]
         return real + 0.3 * torch.randn(real.shape, generator=gen), f0, real, pose, pose0
 
@@ -1211,6 +1207,41 @@ def test_the_three_source_change_mask_keeps_what_the_pose_does_not_move():
         with torch.no_grad():
             errs[three] = float(((net(pred, f0, pose, pose0) - real)[..., 16:] ** 2).mean())
     assert errs[True] < 0.5 * errs[False]
+
+
+def test_a_change_mask_that_reads_the_pose_keeps_the_start_frame_where_the_hand_stayed():
+    """The decode shows a change (random texture) in every frame; it is real only where the commanded hand moved.
+    The images cannot tell which; the pose change can. (The warp is left at the identity: trained, it can smuggle the
+    pose change into the warped frame.)"""
+    from world_models.video.networks import ChangeMask
+
+    with pytest.raises(ValueError, match="warp_pose_dim"):
+        ChangeMask(read_pose=True)
+    gen = torch.Generator().manual_seed(0)
+
+    def batch(n):
+        f0 = torch.rand(n, 3, 16, 16, generator=gen) * 2 - 1
+        pred = torch.rand(n, 3, 16, 16, generator=gen) * 2 - 1
+        moved = torch.rand(n, generator=gen) < 0.5
+        pose0 = torch.rand(n, 2, generator=gen) * 2 - 1
+        pose = pose0 + moved[:, None] * (0.05 + 0.05 * torch.rand(n, 2, generator=gen))
+        return pred, f0, torch.where(moved[:, None, None, None], pred, f0), pose, pose0
+
+    errs = {}
+    for read in (False, True):
+        torch.manual_seed(0)
+        net = ChangeMask(warp_pose_dim=2, read_pose=read)
+        opt = torch.optim.Adam(net.net.parameters(), 2e-3)
+        for _ in range(150):
+            pred, f0, real, pose, pose0 = batch(16)
+            loss = ((net(pred, f0, pose, pose0) - real) ** 2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        pred, f0, real, pose, pose0 = batch(64)
+        with torch.no_grad():
+            errs[read] = float(((net(pred, f0, pose, pose0) - real) ** 2).mean())
+    assert errs[True] < 0.01 * errs[False]
 
 
 def test_a_warping_change_mask_decodes_only_with_the_frames_poses(trained, tiny_data):

@@ -41,6 +41,10 @@ from world_models.video.state_channel import GATES, StateChannel, StateChannelCo
 SIZES = {"tiny": (16, 32), "small": (48, 96), "base": (128, 256), "large": (192, 384)}
 
 
+# the change mask's kind: a mask is fitted after the other phases, so models that differ only in these share weights
+CHANGE_MASK_FIELDS = ("change_mask", "change_refine", "change_warp", "change_unwarped", "change_read_pose")
+
+
 @dataclass
 class WorldModelConfig:
     cameras: tuple[str, ...] = ("front", "wrist")
@@ -74,6 +78,7 @@ class WorldModelConfig:
     change_refine: bool = False  # the mask's network also corrects pixels (`networks.ChangeMask(refine=True)`)
     change_warp: bool = False  # the start frame is warped to each frame's commanded pose first (`ChangeMask(warp_pose_dim)`)
     change_unwarped: bool = False  # with the warp, the unwarped start frame is a third source (`ChangeMask(keep_unwarped)`)
+    change_read_pose: bool = False  # with the warp, the mask's network reads the pose change (`ChangeMask(read_pose)`)
     task_vocab: list[str] = field(default_factory=list)
     # the action space: end-effector delta (scaled by ee_step, clipped to the workspace) and a gripper command
     ee_index: tuple[int, int, int] = (5, 6, 7)  # end-effector xyz inside observation.state
@@ -225,7 +230,8 @@ class VideoWorldModel(nn.Module):
         self.heads = FrameHeads(C, cfg.state_dim, cfg.task_dim, cfg.latent_size)
         self.change_mask = (nn.ModuleDict({c: ChangeMask(refine=cfg.change_refine,
                                                           warp_pose_dim=cfg.pose_dim if cfg.change_warp else 0,
-                                                          keep_unwarped=cfg.change_unwarped)
+                                                          keep_unwarped=cfg.change_unwarped,
+                                                          read_pose=cfg.change_read_pose)
                                           for c in cfg.cameras})
                             if cfg.change_mask else None)
         if cfg.change_mask:  # saved with the weights: an unfitted mask is never applied
@@ -592,7 +598,7 @@ class VideoWorldModel(nn.Module):
         """`state_gate`: the contact gate rollouts use instead of the checkpoint's (it changes no weight)."""
         # keys a checkpoint saved before they existed lacks: what it was trained and run with
         cfg = read_config(path, WorldModelConfig, expect, what="world-model checkpoint",
-                          absent={"mean_share": 0.0, "change_mask": False, "change_refine": False, "change_warp": False, "change_unwarped": False, "state_rest": False, "state_pairs": False,
+                          absent={"mean_share": 0.0, "change_mask": False, "change_refine": False, "change_warp": False, "change_unwarped": False, "change_read_pose": False, "state_rest": False, "state_pairs": False,
                                   "state_hand_frame": False, "state_velocity": False, "state_gate": "hard",
                                   "state_arm_rest": False, "state_detach_hand": False})
         return load_state(cls(replace(cfg, state_gate=state_gate or cfg.state_gate)), path, device)

@@ -165,16 +165,22 @@ class ChangeMask(nn.Module):
 
     With `keep_unwarped` (needs the warp) the blend has three sources, weighed per pixel by a softmax over three
     logits: the decode, the warped start frame and the start frame as it was. A fixed camera's background, and the
-    wrist camera's gripper fingers, do not move with the hand's pose; the warp would carry them along."""
+    wrist camera's gripper fingers, do not move with the hand's pose; the warp would carry them along.
 
-    def __init__(self, width: int = 16, refine: bool = False, warp_pose_dim: int = 0, keep_unwarped: bool = False):
+    With `read_pose` (needs the warp) the network also reads the pose change, 10 (pose - pose0), as P constant input
+    planes: a decode that moves the view while the commanded hand stays still is then told so, where the images
+    alone cannot tell a still hand from a slow one."""
+
+    def __init__(self, width: int = 16, refine: bool = False, warp_pose_dim: int = 0, keep_unwarped: bool = False,
+                 read_pose: bool = False):
         super().__init__()
-        if keep_unwarped and not warp_pose_dim:
-            raise ValueError("keep_unwarped is a third source beside the warped start frame: it needs warp_pose_dim > 0")
-        self.refine, self.keep_unwarped = refine, keep_unwarped
-        # inputs: the decode, the base (and the unwarped start frame), the decode's difference from each; outputs:
-        # the blend's logit (a softmax's three with three sources), then the correction's 3 channels
+        if (keep_unwarped or read_pose) and not warp_pose_dim:
+            raise ValueError("keep_unwarped and read_pose come with the warp of the start frame: they need warp_pose_dim > 0")
+        self.refine, self.keep_unwarped, self.read_pose = refine, keep_unwarped, read_pose
+        # inputs: the decode, the base (and the unwarped start frame), the decode's difference from each (and the
+        # pose change); outputs: the blend's logit (a softmax's three with three sources), the correction's 3 channels
         n_in, n_logits = (15, 3) if keep_unwarped else (9, 1)
+        n_in += warp_pose_dim if read_pose else 0
         self.net = nn.Sequential(nn.Conv2d(n_in, width, 3, padding=1), nn.SiLU(),
                                  nn.Conv2d(width, width, 3, padding=2, dilation=2), nn.SiLU(),
                                  nn.Conv2d(width, width, 3, padding=4, dilation=4), nn.SiLU(),
@@ -206,11 +212,13 @@ class ChangeMask(nn.Module):
         """pred, frame0 (N, 3, H, W) in [-1, 1] -> the blended (and, with `refine`, corrected) frame (N, 3, H, W).
         With a warp, `pose` and `pose0` (N, P): the normalised commanded pose of each frame and of the start frame."""
         base = self.warp_frame(frame0, pose, pose0)
+        inputs = [pred, base, frame0, pred - base, pred - frame0] if self.keep_unwarped else [pred, base, pred - base]
+        if self.read_pose:
+            inputs.append((10.0 * (pose - pose0))[:, :, None, None].expand(-1, -1, *pred.shape[-2:]))
+        o = self.net(torch.cat(inputs, 1))
         if self.keep_unwarped:
-            o = self.net(torch.cat([pred, base, frame0, pred - base, pred - frame0], 1))
             w = torch.softmax(o[:, :3], 1)
             x, n_logits = w[:, :1] * pred + w[:, 1:2] * base + w[:, 2:3] * frame0, 3
         else:
-            o = self.net(torch.cat([pred, base, pred - base], 1))
             x, n_logits = base + torch.sigmoid(o[:, :1]) * (pred - base), 1
         return x + 0.1 * o[:, n_logits:] if self.refine else x

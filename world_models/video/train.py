@@ -33,7 +33,7 @@ from wmrl.core.features import ACTION, OBS_ENV_STATE, OBS_STATE, REWARD, SUCCESS
 from wmrl.core.run import Tracker, start_run
 from wmrl.replay import EpisodeReplay
 from wmrl.replay.buffer import BOOKKEEPING
-from world_models.video.model import VideoWorldModel, WorldModelConfig, channel_state, commanded_pose
+from world_models.video.model import CHANGE_MASK_FIELDS, VideoWorldModel, WorldModelConfig, channel_state, commanded_pose
 from world_models.video.networks import TaskEncoder
 from sim import task_from_instruction
 from world_models.video.state_dagger import StateDaggerConfig, check_placeable, dagger_round, load_episodes, save_episodes
@@ -78,6 +78,9 @@ class TrainWMConfig:
     """With the warp, the blend keeps the unwarped start frame as a third source (`ChangeMask(keep_unwarped=True)`): a
     fixed camera's background and the wrist camera's fingers do not move with the pose. On both CPU models (1 step)
     masked +0.2-0.25 dB and motion +0.07-0.16 over the two-source warp; static +0.08 and -0.05 (README)."""
+    change_read_pose: bool = True
+    """With the warp, the mask's network reads the pose change (`networks.ChangeMask(read_pose=True)`): it can tell a
+    decode that moves the view from a hand that moved (README)."""
     batch_size: int = 32
     lr: float = 3e-4
     context: int = 2
@@ -189,6 +192,7 @@ def model_config(cfg: TrainWMConfig, ds) -> WorldModelConfig:
                             change_refine=cfg.change_mask_steps > 0 and cfg.change_refine,
                             change_warp=cfg.change_mask_steps > 0 and cfg.change_warp,
                             change_unwarped=cfg.change_mask_steps > 0 and cfg.change_warp and cfg.change_unwarped,
+                            change_read_pose=cfg.change_mask_steps > 0 and cfg.change_warp and cfg.change_read_pose,
                             action_dim=int(ds.features[ACTION]["shape"][0]), state_dim=int(ds.features[STATE]["shape"][0]),
                             env_state_dim=int(ds.features[ENV_STATE]["shape"][0]) if ENV_STATE in ds.features else 0)
 
@@ -422,20 +426,16 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
     elif cfg.init_from is not None:
         src = VideoWorldModel.load(resolve_checkpoint(cfg.init_from), device=cfg.device)
         # (the gate is no weight; a change mask is refitted after training, so one the source lacks is no difference)
-        same = replace(src.cfg, state_gate=mcfg.state_gate, change_mask=mcfg.change_mask,
-                       change_refine=mcfg.change_refine, change_warp=mcfg.change_warp,
-                       change_unwarped=mcfg.change_unwarped) == mcfg
+        mask_kind = {f: getattr(mcfg, f) for f in CHANGE_MASK_FIELDS}
+        same = replace(src.cfg, state_gate=mcfg.state_gate, **mask_kind) == mcfg
         # a mask of another kind (or none) is left out: it is refitted after training
-        kind = lambda c: (c.change_mask, c.change_refine, c.change_warp, c.change_unwarped)
-        mask_same = kind(src.cfg) == kind(mcfg)
+        mask_same = {f: getattr(src.cfg, f) for f in CHANGE_MASK_FIELDS} == mask_kind
         weights = {k: v for k, v in src.state_dict().items() if mask_same or not k.startswith("change_mask")}
         if same:  # the same model: fine-tune all
             model.load_state_dict(weights, strict=mask_same)
         elif replace(src.cfg, state_rest=mcfg.state_rest, state_members=mcfg.state_members, state_pairs=mcfg.state_pairs,
                      state_hand_frame=mcfg.state_hand_frame, state_velocity=mcfg.state_velocity, state_arm_rest=mcfg.state_arm_rest,
-                     state_detach_hand=mcfg.state_detach_hand, change_mask=mcfg.change_mask, change_refine=mcfg.change_refine,
-                     change_warp=mcfg.change_warp, change_unwarped=mcfg.change_unwarped,
-                     state_gate=mcfg.state_gate) == mcfg:
+                     state_detach_hand=mcfg.state_detach_hand, state_gate=mcfg.state_gate, **mask_kind) == mcfg:
             # the same frames model with another state channel: keep every weight but the channel's (trained anew)
             model.load_state_dict({k: v for k, v in weights.items() if not k.startswith("state_channel.")}, strict=False)
         model.ae.load_state_dict(src.ae.state_dict())
