@@ -76,11 +76,12 @@ class TrainWMConfig:
     copy-last (-0.3 and -1.1 without it), above the autoencoder's ceiling; motion +0.04 dB, masked -0.05 (README)."""
     change_unwarped: bool = True
     """With the warp, the blend keeps the unwarped start frame as a third source (`ChangeMask(keep_unwarped=True)`): a
-    fixed camera's background and the wrist camera's fingers do not move with the pose. On both CPU models (1 step)
-    masked +0.2-0.25 dB and motion +0.07-0.16 over the two-source warp; static +0.08 and -0.05 (README)."""
+    fixed camera's background and the wrist camera's fingers do not move with the pose. Probed alone on both CPU
+    models (1 step): masked +0.2 dB and motion +0.1 over the two-source warp; on the demo's model +0.3 / +0.2 (README)."""
     change_read_pose: bool = True
     """With the warp, the mask's network reads the pose change (`networks.ChangeMask(read_pose=True)`): it can tell a
-    decode that moves the view from a hand that moved (README)."""
+    decode that moves the view from a hand that moved. With the third source, on both CPU models and the demo's (1 step,
+    against the two-source warp): static +0.2 / +0.75 / +2.8 dB, Delta-t +0.1-0.3, masked +0.1-0.4 (README)."""
     batch_size: int = 32
     lr: float = 3e-4
     context: int = 2
