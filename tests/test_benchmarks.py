@@ -64,11 +64,14 @@ def test_world_model_benchmark_reports_every_result_key():
     for name in ("", "imagination_"):
         assert r[f"{name}generalisation_gap_motion_h16"] == pytest.approx(
             r[f"fit_{name}motion_psnr_gain_h16"] - r[f"{name}motion_psnr_gain_h16"])
-    # success pairs again at the imagination setting, intervals over pairs around each AUROC
+    # success pairs again at the imagination setting, an interval over pairs beside each AUROC. Not asserted to
+    # contain it: with the quick run's few pairs, a resample repeats pairs and so weighs the within-pair comparisons
+    # more than the AUROC does, and a percentile interval can miss the estimate (pair_auroc_ci's own tests use
+    # enough pairs)
     for k in ("success_auroc_matched_frames", "imagination_success_auroc_matched_frames", "success_auroc_matched_state",
               "imagination_success_auroc_matched_state"):
         lo, hi = r[f"{k}_ci"]
-        assert lo <= r[k] <= hi, k
+        assert 0.0 <= lo <= hi <= 1.0 and 0.0 <= r[k] <= 1.0, k
     # where the error is made: copy-last's split does not depend on how the model samples
     for cam in ("front", "wrist"):
         a, b = r["error_split_h16"][cam]["motion"], r["imagination_error_split_h16"][cam]["motion"]
