@@ -864,11 +864,14 @@ def test_state_channel_heldout_error_scores_every_run_on_the_same_windows(traine
     """Two copies of one run score exactly alike (the same windows), and the compounding error grows with the
     horizon; bad options are refused."""
     bench = runpy.run_path(str(BENCH / "state_channel_heldout_error.py"), run_name="bench")
-    r = bench["main"](quick=True, world_models=f"{trained},{trained}", horizons="1,6")
+    r = bench["main"](quick=True, world_models=f"{trained},{trained}", horizons="1,6", split_horizon=4)
     a, b = (row["error_cm_by_horizon"] for row in r["rows"])
     assert a == b and a["6"] > a["1"] > 0
     ea, eb = (row["ee_error_cm_by_horizon"] for row in r["rows"])  # per part: the hand's error, same windows
     assert ea == eb and ea["6"] > ea["1"] > 0 and r["rows"][0]["cube_error_cm_by_horizon"] == r["rows"][1]["cube_error_cm_by_horizon"]
+    sa, sb = (row["windows_h4"] for row in r["rows"])  # the video benchmark's windows, rolled as imagination rolls
+    assert sa == sb and sa["static"]["windows"] + sa["motion"]["windows"] == sa["all"]["windows"] == 8
+    assert sa["all"]["hand_error_cm_p90"] >= sa["all"]["hand_error_cm_median"] > 0
     with pytest.raises(ValueError, match="horizons"):
         bench["main"](quick=True, world_models=str(trained), horizons="0,4")
 

@@ -1075,6 +1075,38 @@ def test_the_arm_head_reads_the_joints_only_with_arm_rest(tmp_path):
     assert loaded.cfg.state_arm_rest is False and loaded.state_channel.cfg.arm_rest is False
 
 
+def test_a_hand_commanded_past_the_workspace_edge_stays_there_with_arm_target(tmp_path):
+    """`arm_target`: the heads read the command clipped to the workspace, and the arm predicts the hand's deviation
+    from the target scaled by the commanded displacement. With any weights, a hand on the edge pushed further out
+    stays exactly where it is, while one pushed back in moves; untrained, the hand lands on the target. Without it,
+    the same weights move the pinned hand (the demo's failed episodes: hand pinned at y = -0.28 while the policy
+    pushed on, and the imagined hand drifted by centimetres)."""
+    lo, hi = (0.2, -0.28, 0.015), (0.62, 0.28, 0.3)
+    torch.manual_seed(0)
+    x = torch.zeros(2, 3, 13)
+    x[..., :3] = torch.tensor([0.4, -0.28, 0.09])  # on the y edge
+    x[..., 3] = 0.02
+    x[..., 4:13] = 0.1  # cubes far away
+    out = torch.tensor([[0.0, -1.0, 0.0, 1.0]] * 3)  # pushes on past the edge
+    back = torch.tensor([[0.0, 1.0, 0.0, 1.0]] * 3)
+    fresh = StateChannel(StateChannelConfig(members=2, hidden=16, arm_target=True, workspace_low=lo, workspace_high=hi))
+    assert torch.allclose(fresh.next(x, back)[0][..., :3], x[..., :3] + torch.tensor([0.0, 0.05, 0.0]), atol=1e-7)
+    for arm_target in (True, False):
+        sc = StateChannel(StateChannelConfig(members=2, hidden=16, arm_target=arm_target, workspace_low=lo, workspace_high=hi))
+        torch.nn.init.normal_(sc.arm.out.weight)
+        still = torch.equal(sc.next(x, out)[0][..., :3], x[..., :3])
+        assert still is arm_target
+        assert (sc.next(x, back)[0][..., 1] - x[..., 1]).abs().min() > 1e-3  # pushed back in: it moves
+    with pytest.raises(ValueError, match="no workspace"):
+        StateChannelConfig(arm_target=True)
+    m = VideoWorldModel(WorldModelConfig(size="tiny", task_vocab=VOCAB, env_state_dim=13, state_members=2,
+                                         state_arm_target=True))
+    assert m.state_channel.cfg.arm_target and m.state_channel.cfg.workspace_low == m.cfg.workspace_low
+    m.save(tmp_path / "m")
+    _drop_config_key(tmp_path / "m", "state_arm_target")
+    assert VideoWorldModel.load(tmp_path / "m").state_channel.cfg.arm_target is False
+
+
 def test_detach_hand_keeps_the_cube_loss_off_the_arm():
     """`detach_hand`: the cubes' prediction still moves with the hand, but no gradient of it reaches the hand's
     position (the arm is trained by its own loss only); without it, it does."""

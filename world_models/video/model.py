@@ -101,6 +101,7 @@ class WorldModelConfig:
     state_velocity: bool = False  # the channel carries the objects' last displacement and its cube head reads it
     state_arm_rest: bool = False  # the channel's arm head also reads the joint angles (needs state_rest)
     state_detach_hand: bool = False  # the channel's cube loss does not train its arm through the hand's position
+    state_arm_target: bool = False  # the channel reads the workspace-clipped command; its arm predicts the deviation from it
     state_gate: str = "sample"  # how rollouts apply the channel's contact gate: sample | shared | hard | soft (GATES)
     n_objects: int = 3  # objects the state channel predicts (len(object_xyz))
     # the layout of observation.environment_state (the dataset's `EEDeltaControl`): where each object's centre starts,
@@ -242,7 +243,10 @@ class VideoWorldModel(nn.Module):
                                                               pairs=cfg.state_pairs, hand_frame=cfg.state_hand_frame,
                                                               velocity=cfg.state_velocity,
                                                               arm_rest=cfg.state_arm_rest,
-                                                              detach_hand=cfg.state_detach_hand))
+                                                              detach_hand=cfg.state_detach_hand,
+                                                              arm_target=cfg.state_arm_target,
+                                                              workspace_low=cfg.workspace_low,
+                                                              workspace_high=cfg.workspace_high))
                               if cfg.env_state_dim and cfg.state_members else None)
         self.scheduler = EDMEulerScheduler(sigma_min=cfg.sigma_min, sigma_max=cfg.sigma_max,
                                            sigma_data=cfg.sigma_data, prediction_type="epsilon")
@@ -600,7 +604,7 @@ class VideoWorldModel(nn.Module):
         cfg = read_config(path, WorldModelConfig, expect, what="world-model checkpoint",
                           absent={"mean_share": 0.0, "change_mask": False, "change_refine": False, "change_warp": False, "change_unwarped": False, "change_read_pose": False, "state_rest": False, "state_pairs": False,
                                   "state_hand_frame": False, "state_velocity": False, "state_gate": "hard",
-                                  "state_arm_rest": False, "state_detach_hand": False})
+                                  "state_arm_rest": False, "state_detach_hand": False, "state_arm_target": False})
         return load_state(cls(replace(cfg, state_gate=state_gate or cfg.state_gate)), path, device)
 
 

@@ -34,6 +34,16 @@ not fix the arm's configuration, and the position-controlled joints' response to
 on where they are, so a head that sees only the hand cannot tell two arms with the same hand apart (the one-step
 tracking error of the commanded pose is 0.26 cm median, 1.6 cm at p90 on push-red; README, state channel).
 
+With `arm_target` every head reads the command as the controller executes it: the hand's displacement to its
+target clip(ee + ee_step * a, workspace) - ee, in action units, instead of the raw action; and the arm head predicts
+the hand's deviation from that target, scaled by the commanded displacement's norm, so a hand commanded nowhere
+stays exactly where it is. A hand pinned at the workspace's edge by a policy that pushes on past it is then a hand
+commanded nowhere, as the simulator sees it; on the raw action the arm extrapolated there (the demo's failed episodes:
+hand at y = -0.28 with |a_y| ~ 1, rare in the data, and the imagined hand drifted 6-7 cm in x and z over 16 steps
+while the real one stayed within 2 cm). What it does not fix: targets the arm cannot reach (joint limits inside the
+workspace box, e.g. far out and high), where the real hand falls centimetres short of the target and the head has
+to learn it from few examples (README, state channel).
+
 The contact gate p = sigmoid(logit) multiplies the cube's change; it is trained to tell whether the cube moves at
 all (BCE on |delta| > 0.5 mm), so the head's change is the change given contact. Inside rollouts (`GATES`) the
 contact is drawn with probability p (`sample`, the default for new models; below GATE_FLOOR never), or taken
@@ -89,10 +99,17 @@ class StateChannelConfig:
     # the cube head reads the predicted hand without the cube's loss training the arm through it: in the unrolled
     # loss the arm could otherwise learn to be wrong where that makes the cube right
     detach_hand: bool = False
+    # the heads read the command as the controller executes it (clipped to the workspace) and the arm predicts the
+    # hand's deviation from that target (see above); needs the workspace
+    arm_target: bool = False
+    workspace_low: tuple[float, float, float] | None = None
+    workspace_high: tuple[float, float, float] | None = None
 
     def __post_init__(self):
         if self.arm_rest and not self.n_rest:
             raise ValueError("arm_rest: the arm head reads the rest of the proprioception, but n_rest is 0")
+        if self.arm_target and (self.workspace_low is None or self.workspace_high is None):
+            raise ValueError("arm_target: the commanded target is clipped to the workspace, but no workspace is given")
 
     @property
     def n_arm_objects(self) -> int:
@@ -184,11 +201,16 @@ class StateChannel(nn.Module):
         M, N, _ = x.shape
         a = a.expand(M, N, -1) if a.ndim == 2 else a
         ee, opening = x[..., :3], x[..., 3:4]
+        if self.cfg.arm_target:  # every head reads the displacement the controller will command, in action units
+            a = torch.cat([self.commanded_step(ee, a) / self.cfg.ee_step, a[..., 3:]], -1)
         P, R = self.cfg.n_arm_objects, self.cfg.n_arm_objects + self.cfg.n_rest
         arm_in = [ee * SCALE, opening * SCALE, a]
         if self.cfg.arm_rest:  # read, not trained, by the arm's loss (as the rest reads the arm below)
             arm_in.append(x[..., P:R].detach())
         d_arm = self.arm(torch.cat(arm_in, -1)) / OUT_SCALE
+        if self.cfg.arm_target:  # the hand's deviation from the commanded target, none when nothing is commanded
+            d_hand = self.cfg.ee_step * a[..., :3]
+            d_arm = torch.cat([d_hand + d_arm[..., :3] * a[..., :3].norm(dim=-1, keepdim=True), d_arm[..., 3:]], -1)
         cubes = x[..., 4 : self.cfg.n_arm_objects].reshape(M, N, self.cfg.n_cubes, 3)
         d_cmd = (a[..., :3] * self.cfg.ee_step)[:, :, None].expand(-1, -1, self.cfg.n_cubes, -1)
         # with detach_hand the cube's loss does not train the arm through the hand's position (see the config)
@@ -232,6 +254,12 @@ class StateChannel(nn.Module):
         if self.cfg.velocity:
             parts.append(d_cube.flatten(2))
         return torch.cat(parts, -1), logit
+
+    def commanded_step(self, ee: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+        """The hand's commanded displacement (..., 3) m: clip(ee + ee_step * a[:3], workspace) - ee, as the
+        controller computes its target (`arm_target`)."""
+        lo, hi = (torch.tensor(v, dtype=ee.dtype, device=ee.device) for v in (self.cfg.workspace_low, self.cfg.workspace_high))
+        return torch.minimum(torch.maximum(ee + self.cfg.ee_step * a[..., :3], lo), hi) - ee
 
     def unrolled_loss(self, x: torch.Tensor, a: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, dict]:
         """Multi-step loss on real sequences: x (M, N, L+1, D), a (M, N, L, A), mask (M, N, L) of real steps.

@@ -118,6 +118,10 @@ class TrainWMConfig:
     does not determine (`state_channel.py`)."""
     state_detach_hand: bool = False
     """The state channel's cube loss does not train its arm through the hand's position (`state_channel.py`)."""
+    state_arm_target: bool = True
+    """The state channel's heads read the command as the controller executes it (clipped to the workspace), and its
+    arm head predicts the hand's deviation from that target (`state_channel.py`): a hand pinned at the workspace's
+    edge by an action that pushes past it stays pinned (--no-state-arm-target: the raw action)."""
     state_gate: str = "sample"
     """How the state channel's rollouts apply its contact gate: sample (a contact drawn with the gate's probability,
     each member alone), shared (drawn once per rollout and step, every member against its own probability), hard (moved whenever the probability exceeds 0.5), soft (moved by the probability times the change). Changes no
@@ -189,7 +193,7 @@ def model_config(cfg: TrainWMConfig, ds) -> WorldModelConfig:
                             state_rest=cfg.state_rest, state_pairs=cfg.state_pairs,
                             state_hand_frame=cfg.state_hand_frame, state_velocity=cfg.state_velocity,
                             state_arm_rest=cfg.state_arm_rest, state_detach_hand=cfg.state_detach_hand,
-                            state_gate=cfg.state_gate, change_mask=cfg.change_mask_steps > 0,
+                            state_arm_target=cfg.state_channel and cfg.state_arm_target, state_gate=cfg.state_gate, change_mask=cfg.change_mask_steps > 0,
                             change_refine=cfg.change_mask_steps > 0 and cfg.change_refine,
                             change_warp=cfg.change_mask_steps > 0 and cfg.change_warp,
                             change_unwarped=cfg.change_mask_steps > 0 and cfg.change_warp and cfg.change_unwarped,
@@ -436,7 +440,8 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
             model.load_state_dict(weights, strict=mask_same)
         elif replace(src.cfg, state_rest=mcfg.state_rest, state_members=mcfg.state_members, state_pairs=mcfg.state_pairs,
                      state_hand_frame=mcfg.state_hand_frame, state_velocity=mcfg.state_velocity, state_arm_rest=mcfg.state_arm_rest,
-                     state_detach_hand=mcfg.state_detach_hand, state_gate=mcfg.state_gate, **mask_kind) == mcfg:
+                     state_detach_hand=mcfg.state_detach_hand, state_arm_target=mcfg.state_arm_target,
+                     state_gate=mcfg.state_gate, **mask_kind) == mcfg:
             # the same frames model with another state channel: keep every weight but the channel's (trained anew)
             model.load_state_dict({k: v for k, v in weights.items() if not k.startswith("state_channel.")}, strict=False)
         model.ae.load_state_dict(src.ae.state_dict())
