@@ -202,7 +202,8 @@ class StateChannel(nn.Module):
         a = a.expand(M, N, -1) if a.ndim == 2 else a
         ee, opening = x[..., :3], x[..., 3:4]
         if self.cfg.arm_target:  # every head reads the displacement the controller will command, in action units
-            a = torch.cat([self.commanded_step(ee, a) / self.cfg.ee_step, a[..., 3:]], -1)
+            # (an input: no head's loss trains the arm through the clip, as the rest head reads the arm detached)
+            a = torch.cat([self.commanded_step(ee.detach(), a) / self.cfg.ee_step, a[..., 3:]], -1)
         P, R = self.cfg.n_arm_objects, self.cfg.n_arm_objects + self.cfg.n_rest
         arm_in = [ee * SCALE, opening * SCALE, a]
         if self.cfg.arm_rest:  # read, not trained, by the arm's loss (as the rest reads the arm below)
