@@ -36,7 +36,7 @@ from wmrl.core.features import OBS_ENV_STATE, OBS_STATE
 from wmrl.core.checkpoint import load_state, read_config, save_pretrained
 from world_models.edm import edm_coefficients
 from world_models.video.networks import ChangeMask, FourierEmbedding, FrameAutoencoder, FrameHeads, TaskEncoder, UNet
-from world_models.video.state_channel import GATES, StateChannel, StateChannelConfig
+from world_models.video.state_channel import GATES, StateChannel, StateChannelConfig, clipped_target
 
 SIZES = {"tiny": (16, 32), "small": (48, 96), "base": (128, 256), "large": (192, 384)}
 
@@ -141,8 +141,7 @@ def commanded_pose(ee: torch.Tensor, action: torch.Tensor, cfg: WorldModelConfig
     (axis-angle, rad) rides with the frame it moves. The absolute orientation is not integrated: it is what the
     context frames show, and an operational-space controller such as robosuite's turns the hand by this step
     from wherever it is (its goal is the current orientation rotated by the step)."""
-    lo, hi = (torch.tensor(v, dtype=ee.dtype, device=ee.device) for v in (cfg.workspace_low, cfg.workspace_high))
-    target = torch.minimum(torch.maximum(ee + cfg.ee_step * action[..., :3], lo), hi)
+    target = clipped_target(ee, action, cfg.ee_step, cfg.workspace_low, cfg.workspace_high)
     g = cfg.gripper_action
     parts = [target, cfg.rot_step * action[..., 3:6]] if cfg.rotation else [target]
     return torch.cat([*parts, action[..., g : g + 1]], -1)

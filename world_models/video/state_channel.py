@@ -171,6 +171,13 @@ def _rotate_xy(axes: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return torch.cat([(axes @ v[..., :2, None])[..., 0], v[..., 2:]], -1)
 
 
+def clipped_target(ee: torch.Tensor, a: torch.Tensor, ee_step: float, low, high) -> torch.Tensor:
+    """The controller's end-effector target (..., 3): clip(ee + ee_step * a[:3], [low, high]), as the simulator
+    computes it (`TabletopEnv._ctrl_from_action`) and a robot logs it."""
+    lo, hi = (torch.tensor(v, dtype=ee.dtype, device=ee.device) for v in (low, high))
+    return torch.minimum(torch.maximum(ee + ee_step * a[..., :3], lo), hi)
+
+
 class _EnsembleMLP(nn.Module):
     def __init__(self, members: int, d_in: int, d_out: int, hidden: int):
         super().__init__()
@@ -257,10 +264,8 @@ class StateChannel(nn.Module):
         return torch.cat(parts, -1), logit
 
     def commanded_step(self, ee: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
-        """The hand's commanded displacement (..., 3) m: clip(ee + ee_step * a[:3], workspace) - ee, as the
-        controller computes its target (`arm_target`)."""
-        lo, hi = (torch.tensor(v, dtype=ee.dtype, device=ee.device) for v in (self.cfg.workspace_low, self.cfg.workspace_high))
-        return torch.minimum(torch.maximum(ee + self.cfg.ee_step * a[..., :3], lo), hi) - ee
+        """The hand's commanded displacement (..., 3) m: the controller's target minus ee (`arm_target`)."""
+        return clipped_target(ee, a, self.cfg.ee_step, self.cfg.workspace_low, self.cfg.workspace_high) - ee
 
     def unrolled_loss(self, x: torch.Tensor, a: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, dict]:
         """Multi-step loss on real sequences: x (M, N, L+1, D), a (M, N, L, A), mask (M, N, L) of real steps.
