@@ -1352,3 +1352,57 @@ def test_a_checkpoint_from_before_the_change_mask_loads_without_one(tmp_path):
     _drop_config_key(tmp_path / "m", "change_mask")
     loaded = VideoWorldModel.load(tmp_path / "m")
     assert loaded.cfg.change_mask is False and loaded.change_mask is None
+
+
+def test_frame_state_conditions_every_frame_on_the_state_channels_prediction(trained, tiny_data, tmp_path, monkeypatch):
+    """With `frame_state` the frames read their own state: the recorded one in training windows ([i, future frames]),
+    the state channel's readout inside a rollout (hooked), and another state changes the generated frames. The
+    init-from path keeps the source's autoencoder and state channel; without a state channel it is refused."""
+    run = tmp_path / "fs"
+    train_world_model(tiny_wm_config(tiny_data, run, init_from=trained, frame_state=True, ae_steps=0, state_steps=0,
+                                     dyn_steps=4, unroll_steps=2, change_mask_steps=2), progress=False)
+    src, model = (VideoWorldModel.load(r / "checkpoints/last") for r in (trained, run))
+    assert model.cfg.frame_state and model.cfg.frame_state_dim == 13
+    theirs, ours = src.state_dict(), model.state_dict()
+    kept = [k for k in ours if k.startswith(("ae.", "state_channel."))]
+    assert kept and all(torch.equal(ours[k], theirs[k]) for k in kept)
+    # training windows carry the recorded [hand, opening, cubes] of the last context frame and every future frame
+    _, train, held = load_split(tiny_data, 0.25)
+    s = WindowSampler(train, "cpu", model.cfg)
+    d = s.sample(5, 2, 4, torch.Generator().manual_seed(0))
+    idx = torch.cat([d["i"][:, None], d["fut_idx"]], 1)
+    assert torch.equal(d["states"][..., :3], s.state[idx][..., 5:8]) and torch.equal(d["states"][..., 3], s.state[idx][..., 4])
+    assert torch.equal(d["states"][..., 4:7], s.env[idx][..., 0:3])
+    # inside a rollout the frames are conditioned on the state channel's readout, frame by frame
+    lo, _ = next(iter(held.episodes.values()))
+    obs = {k: held.data[k][lo : lo + 1] for k in ("observation.images.front", "observation.images.wrist",
+                                                 "observation.state", "observation.environment_state")}
+    obs["task"] = [held.vocab["task"][held.data["task"][lo]]]
+    seen, orig = [], VideoWorldModel.sample_future
+
+    def sample(self, *a, **k):
+        seen.append(k["states"].clone())
+        return orig(self, *a, **k)
+
+    monkeypatch.setattr(VideoWorldModel, "sample_future", sample)
+    state = model.encode(obs)
+    x0 = state["x"].mean(0)
+    new, preds = model.step(state, torch.full((1, 4, 4), 0.5), generator=torch.Generator().manual_seed(0))
+    st = seen[-1]
+    assert st.shape == (1, 5, 13) and torch.allclose(st[:, 0], x0[:, :13])
+    assert torch.allclose(st[:, 1:, :3], preds["ee"]) and torch.allclose(st[:, 1:, 3], preds["gripper_opening"])
+    assert torch.allclose(st[:, -1], new["x"].mean(0)[:, :13])
+    monkeypatch.setattr(VideoWorldModel, "sample_future", orig)
+    # the conditioning is read: the same noise and context with the cubes elsewhere generate other latents
+    ctx, anc = state["ctx"], state["anchor"]
+    poses = torch.tensor([[[0.4, 0.0, 0.1, -1.0]] * 4])
+    draw = lambda states: model.sample_future(ctx, anc, state["pose"], poses, steps=1, states=states)
+    moved = st.clone()
+    moved[..., 4:7] += 0.1
+    assert not torch.allclose(draw(st), draw(moved))
+    with pytest.raises(ValueError, match="frame_state"):
+        model.sample_future(ctx, anc, state["pose"], poses, steps=1)
+    with pytest.raises(ValueError, match="state channel"):
+        VideoWorldModel(dataclasses.replace(model.cfg, state_members=0))
+    with pytest.raises(ValueError, match="--frame-state"):
+        train_world_model(tiny_wm_config(tiny_data, tmp_path / "no", frame_state=True, state_channel=False), progress=False)

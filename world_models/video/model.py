@@ -103,6 +103,10 @@ class WorldModelConfig:
     state_detach_hand: bool = False  # the channel's cube loss does not train its arm through the hand's position
     state_arm_target: bool = False  # the channel reads the workspace-clipped command; its arm predicts the deviation from it
     state_gate: str = "sample"  # how rollouts apply the channel's contact gate: sample | shared | hard | soft (GATES)
+    # every generated frame is also conditioned on its state [hand, opening, object centres] (`frame_state_dim`): the
+    # recorded one in training (noised by frame_state_noise m), the state channel's prediction in a rollout
+    frame_state: bool = False
+    frame_state_noise: float = 0.01
     n_objects: int = 3  # objects the state channel predicts (len(object_xyz))
     # the layout of observation.environment_state (the dataset's `EEDeltaControl`): where each object's centre starts,
     # where [ee, opening] repeat (-1: nowhere), (start, n) of the previous frame's first n entries; the rest is static
@@ -127,6 +131,11 @@ class WorldModelConfig:
     def rotation(self) -> bool:
         """Whether actions command a rotation (a pose layout: rotation at 3:6, the gripper at 6)."""
         return self.gripper_action == 6
+
+    @property
+    def frame_state_dim(self) -> int:
+        """Entries of a frame's state that frames are conditioned on (`frame_state`): hand xyz, opening, object centres."""
+        return 4 + 3 * self.n_objects if self.frame_state else 0
 
     @property
     def pose_dim(self) -> int:
@@ -206,7 +215,10 @@ class VideoWorldModel(nn.Module):
         if cfg.gripper_action not in (3, 6) or cfg.action_dim <= cfg.gripper_action:
             raise ValueError(f"gripper_action: expected 3 ([dx, dy, dz, g]) or 6 ([dx, dy, dz, drx, dry, drz, g]) inside "
                              f"an action of {cfg.action_dim}, got {cfg.gripper_action}")
-        C, K, H, P = cfg.frame_channels, cfg.context, cfg.chunk, cfg.pose_dim
+        if cfg.frame_state and not (cfg.env_state_dim and cfg.state_members):
+            raise ValueError("frame_state conditions frames on the state channel's predictions: it needs a state channel "
+                             "(env_state_dim > 0 and state_members > 0)")
+        C, K, H, P, Fs = cfg.frame_channels, cfg.context, cfg.chunk, cfg.pose_dim, cfg.frame_state_dim
         self.ae = FrameAutoencoder(cfg.latent_channels, cfg.ae_width)
         self.register_buffer("lat_mean", torch.zeros(C, 1, 1))
         self.register_buffer("lat_std", torch.ones(C, 1, 1))
@@ -214,11 +226,12 @@ class VideoWorldModel(nn.Module):
         self.noise_emb = FourierEmbedding(cfg.cond_dim)
         self.ctx_noise_emb = FourierEmbedding(cfg.cond_dim)
         self.pose_emb = nn.Linear(P, cfg.cond_dim // 4)  # per frame: frame-level conditioning
+        self.frame_state_emb = nn.Linear(Fs, cfg.cond_dim // 4) if Fs else None  # added to the pose's embedding
         self.cond = nn.Sequential(nn.Linear(2 * cfg.cond_dim + (H + 1) * (cfg.cond_dim // 4), cfg.cond_dim), nn.SiLU(),
                                   nn.Linear(cfg.cond_dim, cfg.cond_dim))
         # Input: the noisy change, the context, the scene anchor, and maps that give convolutions spatial access to
         # the conditioning: x/y coordinates (CoordConv) and every frame's pose broadcast over the latent grid.
-        self.unet = UNet(H * C + K * C + C + 2 + (H + 1) * P, H * C, cfg.cond_dim, SIZES[cfg.size])
+        self.unet = UNet(H * C + K * C + C + 2 + (H + 1) * (P + Fs), H * C, cfg.cond_dim, SIZES[cfg.size])
         S = cfg.latent_size
         ys, xs = torch.meshgrid(torch.linspace(-1, 1, S), torch.linspace(-1, 1, S), indexing="ij")
         self.register_buffer("coords", torch.stack([xs, ys])[None], persistent=False)
@@ -226,6 +239,11 @@ class VideoWorldModel(nn.Module):
         rot_mid, rot_half = ([0.0] * 3, [cfg.rot_step] * 3) if cfg.rotation else ([], [])
         self.register_buffer("pose_mid", torch.tensor([*(lo + hi) / 2, *rot_mid, 0.0], dtype=torch.float32), persistent=False)
         self.register_buffer("pose_half", torch.tensor([*(hi - lo) / 2, *rot_half, 1.0], dtype=torch.float32), persistent=False)
+        # a frame state [hand, opening, object centres] in the same units: the workspace box, the gripper's range
+        mid = [*(lo + hi) / 2, cfg.gripper_open / 2, *np.tile((lo + hi) / 2, cfg.n_objects)]
+        half = [*(hi - lo) / 2, cfg.gripper_open / 2, *np.tile((hi - lo) / 2, cfg.n_objects)]
+        self.register_buffer("state_mid", torch.tensor(mid, dtype=torch.float32), persistent=False)
+        self.register_buffer("state_half", torch.tensor(half, dtype=torch.float32), persistent=False)
         self.task = TaskEncoder(cfg.task_vocab, cfg.task_dim)
         self.heads = FrameHeads(C, cfg.state_dim, cfg.task_dim, cfg.latent_size)
         self.change_mask = (nn.ModuleDict({c: ChangeMask(refine=cfg.change_refine,
@@ -355,26 +373,49 @@ class VideoWorldModel(nn.Module):
         return (p - self.pose_mid) / self.pose_half
 
     # ------------------------------------------------------------------ the denoiser
-    def _inputs(self, x_in, ctx, anchor, pose0, poses) -> torch.Tensor:
+    def norm_frame_state(self, s: torch.Tensor) -> torch.Tensor:
+        """Frame states (..., frame_state_dim) in the workspace's units, clamped (a cube fallen off the table stays finite)."""
+        return ((s - self.state_mid) / self.state_half).clamp(-3, 3)
+
+    def _frame_states(self, states: torch.Tensor | None, poses: torch.Tensor) -> torch.Tensor | None:
+        """The normalised frame states (B, H+1, frame_state_dim) that `frame_state` conditions on, checked."""
+        if not self.cfg.frame_state:
+            return None
+        B, H = poses.shape[:2]
+        if states is None or tuple(states.shape) != (B, H + 1, self.cfg.frame_state_dim):
+            raise ValueError(f"this world model conditions frames on their state (frame_state): pass `states` "
+                             f"({B}, {H + 1}, {self.cfg.frame_state_dim}) = [hand, opening, object centres] of the last "
+                             f"context frame and of every future frame, got {None if states is None else tuple(states.shape)}")
+        return self.norm_frame_state(states)
+
+    def _inputs(self, x_in, ctx, anchor, pose0, poses, states=None) -> torch.Tensor:
         B, S = x_in.shape[0], x_in.shape[-1]
-        maps = torch.cat([self._norm_pose(pose0), self._norm_pose(poses).flatten(1)], 1)[:, :, None, None].expand(-1, -1, S, S)
+        parts = [self._norm_pose(pose0), self._norm_pose(poses).flatten(1)]
+        if states is not None:
+            parts.append(states.flatten(1))
+        maps = torch.cat(parts, 1)[:, :, None, None].expand(-1, -1, S, S)
         return torch.cat([x_in, ctx.flatten(1, 2), anchor, self.coords.expand(B, -1, -1, -1), maps], dim=1)
 
-    def _condition(self, c_noise, ctx_sigma, pose0, poses):
+    def _condition(self, c_noise, ctx_sigma, pose0, poses, states=None):
         B = poses.shape[0]
-        p = self.pose_emb(self._norm_pose(torch.cat([pose0[:, None], poses], 1))).reshape(B, -1)
-        return self.cond(torch.cat([self.noise_emb(c_noise), self.ctx_noise_emb(ctx_sigma), p], dim=-1))
+        p = self.pose_emb(self._norm_pose(torch.cat([pose0[:, None], poses], 1)))
+        if states is not None:
+            p = p + self.frame_state_emb(states)
+        return self.cond(torch.cat([self.noise_emb(c_noise), self.ctx_noise_emb(ctx_sigma), p.reshape(B, -1)], dim=-1))
 
-    def _F(self, x_in, c_noise, ctx, ctx_sigma, anchor, pose0, poses):
-        return self.unet(self._inputs(x_in, ctx, anchor, pose0, poses), self._condition(c_noise, ctx_sigma, pose0, poses))
+    def _F(self, x_in, c_noise, ctx, ctx_sigma, anchor, pose0, poses, states=None):
+        """The network F; `states`: raw frame states (B, H+1, frame_state_dim) where `frame_state` (else ignored)."""
+        s = self._frame_states(states, poses)
+        return self.unet(self._inputs(x_in, ctx, anchor, pose0, poses, s), self._condition(c_noise, ctx_sigma, pose0, poses, s))
 
     def denoise(self, x: torch.Tensor, sigma: torch.Tensor, ctx: torch.Tensor, ctx_sigma: torch.Tensor, anchor: torch.Tensor,
-                pose0: torch.Tensor, poses: torch.Tensor) -> torch.Tensor:
+                pose0: torch.Tensor, poses: torch.Tensor, states: torch.Tensor | None = None) -> torch.Tensor:
         """EDM's denoiser D(x; sigma) = c_skip x + c_out F(c_in x, c_noise) on the noisy change x (B, H*C, S, S) at
-        noise levels sigma (B,), given the (noised, at ctx_sigma) context: the model's estimate of the clean change."""
+        noise levels sigma (B,), given the (noised, at ctx_sigma) context: the model's estimate of the clean change.
+        `states` (B, H+1, frame_state_dim): the frames' states, for a model with `frame_state`."""
         B = x.shape[0]
         c_skip, c_out, c_in, c_noise = (c.reshape(B, 1, 1, 1) for c in edm_coefficients(sigma, self.cfg.sigma_data))
-        return c_skip * x + c_out * self._F(c_in * x, c_noise.reshape(B), ctx, ctx_sigma, anchor, pose0, poses)
+        return c_skip * x + c_out * self._F(c_in * x, c_noise.reshape(B), ctx, ctx_sigma, anchor, pose0, poses, states)
 
     def to_residual(self, future: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
         """(B, H, C, S, S) future latents -> standardised changes over the last context latent, (B, H*C, S, S)."""
@@ -387,11 +428,16 @@ class VideoWorldModel(nn.Module):
 
     # ------------------------------------------------------------------ losses
     def dynamics_loss(self, ctx: torch.Tensor, anchor: torch.Tensor, future: torch.Tensor, pose0: torch.Tensor,
-                      poses: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+                      poses: torch.Tensor, mask: torch.Tensor, states: torch.Tensor | None = None) -> torch.Tensor:
         """ctx (B,K,C,S,S) clean context, anchor (B,C,S,S), future (B,H,C,S,S), pose0 (B,pose_dim) of the last context frame,
-        poses (B,H,pose_dim) commanded per future frame, mask (B,H) of real frames."""
+        poses (B,H,pose_dim) commanded per future frame, mask (B,H) of real frames; with `frame_state`, states
+        (B,H+1,frame_state_dim) recorded for the last context frame and each future frame, noised here by
+        `frame_state_noise` (m, every entry is one): a rollout conditions on the state channel's predictions, which
+        are off by about that much."""
         B, H, C = future.shape[:3]
         last = ctx[:, -1]
+        if self.cfg.frame_state and states is not None and self.cfg.frame_state_noise > 0:
+            states = states + self.cfg.frame_state_noise * torch.randn_like(states)
         # where the future differs from the clean last context frame (computed before the context is noised)
         moved = (future - last[:, None]).abs().mean(dim=2, keepdim=True)
         ctx_sigma = torch.rand(B, device=ctx.device) * self.cfg.context_noise_max
@@ -400,7 +446,7 @@ class VideoWorldModel(nn.Module):
         if self.cfg.deterministic:
             sigma = torch.full((B,), self.cfg.sigma_max, device=r0.device)
             c_skip, c_out, c_in, c_noise = (c.reshape(B, 1, 1, 1) for c in edm_coefficients(sigma, self.cfg.sigma_data))
-            err = (self._F(torch.zeros_like(r0), c_noise.reshape(B), ctx_n, ctx_sigma, anchor, pose0, poses) - r0) ** 2
+            err = (self._F(torch.zeros_like(r0), c_noise.reshape(B), ctx_n, ctx_sigma, anchor, pose0, poses, states) - r0) ** 2
         else:
             sigma = torch.exp(self.cfg.p_mean + self.cfg.p_std * torch.randn(B, device=r0.device))
             x = r0 + sigma.reshape(B, 1, 1, 1) * torch.randn_like(r0)
@@ -409,7 +455,7 @@ class VideoWorldModel(nn.Module):
                 sigma = torch.where(mean, torch.full_like(sigma, self.cfg.sigma_max), sigma)
                 x = torch.where(mean.reshape(B, 1, 1, 1), torch.zeros_like(x), x)
             c_skip, c_out, c_in, c_noise = (c.reshape(B, 1, 1, 1) for c in edm_coefficients(sigma, self.cfg.sigma_data))
-            F_ = self._F(c_in * x, c_noise.reshape(B), ctx_n, ctx_sigma, anchor, pose0, poses)
+            F_ = self._F(c_in * x, c_noise.reshape(B), ctx_n, ctx_sigma, anchor, pose0, poses, states)
             err = (F_ - (r0 - c_skip * x) / c_out) ** 2  # EDM loss: lambda(sigma) ||D(x) - r0||^2
         err = err.reshape(B, H, C, *err.shape[-2:])
         if self.cfg.motion_weight:  # most of a frame is static background; the arm and cubes are what matter
@@ -438,11 +484,12 @@ class VideoWorldModel(nn.Module):
     @torch.no_grad()
     def sample_future(self, ctx: torch.Tensor, anchor: torch.Tensor, pose0: torch.Tensor, poses: torch.Tensor,
                       steps: int | None = None, generator: torch.Generator | None = None,
-                      mean: bool | None = None) -> torch.Tensor:
+                      mean: bool | None = None, states: torch.Tensor | None = None) -> torch.Tensor:
         """Latents of the next H frames (B, H, C, S, S) by Euler sampling of the change through diffusers' EDM
         scheduler. The context is noised to `context_noise_sample`, the level the model is told. `mean`: one step
         from a zero input, the conditional mean the model learns on `mean_share` of its samples (default: when
-        sampling with 1 step and the model learned it); False draws a sample."""
+        sampling with 1 step and the model learned it); False draws a sample. `states`: the frames' states
+        (B, H+1, frame_state_dim), which a model with `frame_state` needs."""
         B = ctx.shape[0]
         H, C, S = self.cfg.chunk, self.cfg.frame_channels, self.cfg.latent_size
         dev = ctx.device
@@ -452,7 +499,7 @@ class VideoWorldModel(nn.Module):
         last = ctx[:, -1]
         if self.cfg.deterministic:
             c_noise = edm_coefficients(torch.full((B,), self.cfg.sigma_max, device=dev), self.cfg.sigma_data)[3]
-            r = self._F(torch.zeros(B, H * C, S, S, device=dev), c_noise, ctx_n, ctx_sigma, anchor, pose0, poses)
+            r = self._F(torch.zeros(B, H * C, S, S, device=dev), c_noise, ctx_n, ctx_sigma, anchor, pose0, poses, states)
             return self.from_residual(r, last)
         sched = EDMEulerScheduler.from_config(self.scheduler.config)
         n = steps or self.cfg.sampling_steps
@@ -461,7 +508,8 @@ class VideoWorldModel(nn.Module):
         if n == 1 and (self.cfg.mean_share > 0 if mean is None else mean):
             x = torch.zeros_like(x)
         for t in sched.timesteps:  # EDM's timesteps are c_noise = ln(sigma) / 4
-            F_ = self._F(sched.scale_model_input(x, t), t.reshape(1).expand(B).to(dev), ctx_n, ctx_sigma, anchor, pose0, poses)
+            F_ = self._F(sched.scale_model_input(x, t), t.reshape(1).expand(B).to(dev), ctx_n, ctx_sigma, anchor, pose0, poses,
+                         states)
             x = sched.step(F_, t, x).prev_sample  # c_skip x + c_out F, then the Euler step
         return self.from_residual(x, last)
 
@@ -529,6 +577,8 @@ class VideoWorldModel(nn.Module):
         new = dict(state)
         if self.state_channel is not None:  # arm and objects first: the arm's prediction sets each frame's pose
             xs, poses, x, member, consensus = [], [], state["x"], state.get("member"), state.get("consensus")
+            Fs = self.cfg.frame_state_dim
+            fstates = [self.state_channel.readout(x, member)[:, :Fs]]  # the last frame's, then each future frame's
             for j in range(self.cfg.chunk):
                 mean = self.state_channel.readout(x, member)
                 poses.append(commanded_pose(mean[:, :3], a[:, j], self.cfg))
@@ -537,9 +587,10 @@ class VideoWorldModel(nn.Module):
                 x = bound_arm(self.state_channel.rollout_step(x, a[:, j], self.cfg.state_gate,
                                                                    state_generator or generator), self.cfg)
                 xs.append(x)
+                fstates.append(self.state_channel.readout(x, member)[:, :Fs])
                 if j == h - 1:
                     new["x"] = x
-            poses = torch.stack(poses, 1)
+            poses, fstates = torch.stack(poses, 1), torch.stack(fstates, 1)
             summ = [self.state_channel.summary(x_, member) for x_ in xs[:h]]
             mean = torch.stack([m for m, _ in summ], 1)  # (B, h, D)
             preds["ee"], preds["gripper_opening"] = mean[..., :3], mean[..., 3]
@@ -552,7 +603,7 @@ class VideoWorldModel(nn.Module):
             preds[OBS_ENV_STATE], new["env"] = torch.stack(envs, 1), e
             preds["disagreement"] = torch.stack([d for _, d in summ], 1)
         else:
-            poses = integrate_poses(state["pose"][:, :3], a, self.cfg)
+            poses, fstates = integrate_poses(state["pose"][:, :3], a, self.cfg), None
         if not frames:  # every entry of observation.state comes from the channel
             proprio = torch.empty(B, h, self.cfg.state_dim, device=self.device)
             proprio[..., list(self.cfg.ee_index)] = preds["ee"]
@@ -561,7 +612,8 @@ class VideoWorldModel(nn.Module):
             preds.update({"pose": poses[:, :h], OBS_STATE: proprio})
             new.update({"pose": poses[:, h - 1], "proprio": proprio[:, -1], "frames_stale": True})
             return new, preds
-        fut = self.sample_future(state["ctx"], state["anchor"], state["pose"], poses, steps, generator)[:, :h]
+        fut = self.sample_future(state["ctx"], state["anchor"], state["pose"], poses, steps, generator,
+                                 states=fstates if self.cfg.frame_state else None)[:, :h]
         out = self.heads(fut.flatten(0, 1), self.task(state["task"]).repeat_interleave(h, dim=0))
         proprio = out["state"].reshape(B, h, -1)
         if self.state_channel is not None:  # the policy sees the state channel's proprioception where it has one
@@ -603,7 +655,8 @@ class VideoWorldModel(nn.Module):
         cfg = read_config(path, WorldModelConfig, expect, what="world-model checkpoint",
                           absent={"mean_share": 0.0, "change_mask": False, "change_refine": False, "change_warp": False, "change_unwarped": False, "change_read_pose": False, "state_rest": False, "state_pairs": False,
                                   "state_hand_frame": False, "state_velocity": False, "state_gate": "hard",
-                                  "state_arm_rest": False, "state_detach_hand": False, "state_arm_target": False})
+                                  "state_arm_rest": False, "state_detach_hand": False, "state_arm_target": False,
+                                  "frame_state": False, "frame_state_noise": 0.0})
         return load_state(cls(replace(cfg, state_gate=state_gate or cfg.state_gate)), path, device)
 
 

@@ -128,12 +128,15 @@ def rollouts(model: VideoWorldModel, sampler: WindowSampler, W: int, G: int, L: 
     d = sampler.sample(W, K, L, gen, min_future=L, reset_prob=0.0)
     rep = lambda t: t.repeat_interleave(G, 0)
     ctx, anchor, pose0, poses = rep(d["ctx"]), rep(d["anchor"]), rep(_pose0(model, d)), rep(d["poses"])
+    states = rep(d["states"]) if "states" in d else None  # frame_state: the recorded states, like the actions
     z0, start_pose = ctx[:, -1].clone(), pose0
     chunks, lats = [], []
     for c in range(L // H):
         p = poses[:, c * H : (c + 1) * H]
-        fut = model.sample_future(ctx, anchor, pose0, p, steps=steps, generator=gen, mean=False)  # candidates differ
-        chunks.append({"ctx": ctx, "anchor": anchor, "pose0": pose0, "poses": p, "x0": model.to_residual(fut, ctx[:, -1])})
+        st = None if states is None else states[:, c * H : (c + 1) * H + 1]
+        fut = model.sample_future(ctx, anchor, pose0, p, steps=steps, generator=gen, mean=False, states=st)  # candidates differ
+        chunks.append({"ctx": ctx, "anchor": anchor, "pose0": pose0, "poses": p, "x0": model.to_residual(fut, ctx[:, -1]),
+                       **({} if st is None else {"states": st})})
         lats.append(fut)
         ctx, pose0 = torch.cat([ctx, fut], 1)[:, -K:], p[:, -1]
     lat = torch.cat(lats, 1)  # (N, L, C, S, S)
@@ -157,7 +160,7 @@ def nft_step(model, old, ref, batch: dict, r: torch.Tensor, cfg: PostTrainWMConf
     s = mc.context_noise_sample  # the context as sampling saw it: noised at the level the model is told
     ctx_sigma = torch.full((B,), s, device=x0.device)
     ctx = batch["ctx"] + s * torch.randn(batch["ctx"].shape, generator=gen, device=x0.device) if s > 0 else batch["ctx"]
-    args = (x, sigma, ctx, ctx_sigma, batch["anchor"], batch["pose0"], batch["poses"])
+    args = (x, sigma, ctx, ctx_sigma, batch["anchor"], batch["pose0"], batch["poses"], batch.get("states"))
     with torch.no_grad():
         d_old, d_ref = old.denoise(*args), ref.denoise(*args)
     d = model.denoise(*args)

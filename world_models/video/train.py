@@ -122,6 +122,12 @@ class TrainWMConfig:
     """The state channel's heads read the command as the controller executes it (clipped to the workspace), and its
     arm head predicts the hand's deviation from that target (`state_channel.py`): a hand pinned at the workspace's
     edge by an action that pushes past it stays pinned (--no-state-arm-target: the raw action)."""
+    frame_state: bool = False
+    """Condition every generated frame on its state [hand, opening, object centres] as well as its commanded pose: the
+    recorded state in training, the state channel's prediction in a rollout (needs the state channel), so the frames
+    put the arm and the cubes where the channel does (`WorldModelConfig.frame_state`)."""
+    frame_state_noise: float = 0.01
+    """Std (m) of the noise added in training to the states frames are conditioned on (the channel's rollout error)."""
     state_gate: str = "sample"
     """How the state channel's rollouts apply its contact gate: sample (a contact drawn with the gate's probability,
     each member alone), shared (drawn once per rollout and step, every member against its own probability), hard (moved whenever the probability exceeds 0.5), soft (moved by the probability times the change). Changes no
@@ -142,7 +148,8 @@ class TrainWMConfig:
     init_from: Optional[Path] = None
     """Start from another run's checkpoint: all weights if its config matches (fine-tuning), all but the state channel's
     if only the channel differs (e.g. a new channel on an existing model: --ae-steps 0 --dyn-steps 0 --unroll-steps 0),
-    else the autoencoder and latent statistics only (e.g. a deterministic baseline on the same latents); use with --ae-steps 0."""
+    the autoencoder, latent statistics and state channel if only the frames model differs (e.g. --frame-state: use
+    with --ae-steps 0 --state-steps 0), else the autoencoder and latent statistics only (e.g. a deterministic baseline on the same latents); use with --ae-steps 0."""
     fg_weight: float = 3.0
     """Extra autoencoder-loss weight on pixels that differ from the batch's mean frame of their camera (arm, cubes):
     plain MSE spends the latent on the static background."""
@@ -194,6 +201,7 @@ def model_config(cfg: TrainWMConfig, ds) -> WorldModelConfig:
                             state_hand_frame=cfg.state_hand_frame, state_velocity=cfg.state_velocity,
                             state_arm_rest=cfg.state_arm_rest, state_detach_hand=cfg.state_detach_hand,
                             state_arm_target=cfg.state_channel and cfg.state_arm_target, state_gate=cfg.state_gate,
+                            frame_state=cfg.state_channel and cfg.frame_state, frame_state_noise=cfg.frame_state_noise,
                             change_mask=cfg.change_mask_steps > 0,
                             change_refine=cfg.change_mask_steps > 0 and cfg.change_refine,
                             change_warp=cfg.change_mask_steps > 0 and cfg.change_warp,
@@ -244,7 +252,8 @@ def fixed_window_losses(model: VideoWorldModel, samplers: dict, phase: int, cfg:
                 else:
                     d = smp.sample(cfg.batch_size, cfg.context, cfg.chunk, gen)
                     key, loss = "dyn_loss", VideoWorldModel.dynamics_loss(model, d["ctx"], d["anchor"], d["future"],
-                                                                          _pose0(model, d), d["poses"], d["mask"])
+                                                                          _pose0(model, d), d["poses"], d["mask"],
+                                                                          d.get("states"))
                 losses.append(float(loss))
         out[f"{name}_{key}"] = float(np.mean(losses))
     return out
@@ -335,6 +344,9 @@ class WindowSampler:
                "prev_action": torch.where((i > lo)[:, None], self.action[(i - 1).clamp(min=0)], torch.nan),
                "task_idx": self.task_ids[i],
                "labels": {"state": self.state[fut], "success": self.succ[act], "reward": self.rew[act], "done": self.term[act]}}
+        if self.mcfg.frame_state:  # the recorded state of the last context frame and of every future frame
+            idx = torch.cat([i[:, None], fut], 1)
+            out["states"] = channel_state(self.mcfg, self.state[idx], self.env[idx])[..., : self.mcfg.frame_state_dim]
         if self.lat is not None:
             out.update(ctx=self.lat[ctx], future=self.lat[fut], anchor=self.lat[lo])
         return out
@@ -385,10 +397,13 @@ def unrolled_batch(model: VideoWorldModel, d: dict, H: int, gen: torch.Generator
     context, pose and targets the unrolled loss sees. `generated` is the model's own first chunk."""
     K = model.cfg.context
     pose0 = _pose0(model, d)
+    st = d.get("states")  # frame_state: recorded states, the first chunk's and then the second's
     with torch.no_grad():
-        gen_lat = model.sample_future(d["ctx"], d["anchor"], pose0, d["poses"][:, :H], steps=1, generator=gen)
+        gen_lat = model.sample_future(d["ctx"], d["anchor"], pose0, d["poses"][:, :H], steps=1, generator=gen,
+                                      states=None if st is None else st[:, : H + 1])
     return {"ctx": torch.cat([d["ctx"], gen_lat], 1)[:, -K:], "anchor": d["anchor"], "future": d["future"][:, H:],
-            "pose0": d["poses"][:, H - 1], "poses": d["poses"][:, H:], "mask": d["mask"][:, H:], "generated": gen_lat}
+            "pose0": d["poses"][:, H - 1], "poses": d["poses"][:, H:], "mask": d["mask"][:, H:], "generated": gen_lat,
+            "states": None if st is None else st[:, H : 2 * H + 1]}
 
 
 def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
@@ -409,6 +424,11 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
     if dagger.rounds and not (cfg.state_channel and mcfg.env_state_dim):
         raise ValueError("--state-dagger-rounds trains the state channel: it needs the dataset's "
                          f"{ENV_STATE!r} and --state-channel")
+    if cfg.frame_state and not (cfg.state_channel and mcfg.env_state_dim):
+        raise ValueError(f"--frame-state conditions frames on the state channel's predictions: it needs --state-channel "
+                         f"and the dataset's {ENV_STATE!r}; pass --no-frame-state")
+    if cfg.frame_state_noise < 0:
+        raise ValueError(f"--frame-state-noise must be >= 0, got {cfg.frame_state_noise}")
     if cfg.state_channel and cfg.state_steps and not mcfg.env_state_dim:
         raise ValueError(f"{cfg.data}: the state channel needs {ENV_STATE!r}, which the dataset lacks; pass "
                          "--no-state-channel to read success from generated frames only")
@@ -445,6 +465,9 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
                      state_gate=mcfg.state_gate, **mask_kind) == mcfg:
             # the same frames model with another state channel: keep every weight but the channel's (trained anew)
             model.load_state_dict({k: v for k, v in weights.items() if not k.startswith("state_channel.")}, strict=False)
+        elif model.state_channel is not None and src.state_channel is not None and src.state_channel.cfg == model.state_channel.cfg:
+            # another frames model on the same state channel (e.g. --frame-state): the channel is kept
+            model.state_channel.load_state_dict(src.state_channel.state_dict())
         model.ae.load_state_dict(src.ae.state_dict())
         for b in ("lat_mean", "lat_std", "res_std"):
             getattr(model, b).copy_(getattr(src, b))
@@ -518,11 +541,13 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
             with amp:
                 if unroll:
                     u = unrolled_batch(model, d, H, gen)
-                    l_dyn = model.dynamics_loss(u["ctx"], u["anchor"], u["future"], u["pose0"], u["poses"], u["mask"])
+                    l_dyn = model.dynamics_loss(u["ctx"], u["anchor"], u["future"], u["pose0"], u["poses"], u["mask"],
+                                                u["states"])
                     head_z, head_mask = u["generated"], d["mask"][:, :H]
                     labels = {k: v[:, :H] for k, v in d["labels"].items()}
                 else:
-                    l_dyn = model.dynamics_loss(d["ctx"], d["anchor"], d["future"], _pose0(model, d), d["poses"], d["mask"])
+                    l_dyn = model.dynamics_loss(d["ctx"], d["anchor"], d["future"], _pose0(model, d), d["poses"], d["mask"],
+                                                d.get("states"))
                     head_z, head_mask, labels = d["future"], d["mask"], d["labels"]
                 l_heads, hinfo = model.heads_loss(head_z.flatten(0, 1).float(), tasks.repeat_interleave(H, 0),
                                                   {k: v.flatten(0, 1) for k, v in labels.items()}, head_mask.flatten(0, 1),
