@@ -1406,3 +1406,20 @@ def test_frame_state_conditions_every_frame_on_the_state_channels_prediction(tra
         VideoWorldModel(dataclasses.replace(model.cfg, state_members=0))
     with pytest.raises(ValueError, match="--frame-state"):
         train_world_model(tiny_wm_config(tiny_data, tmp_path / "no", frame_state=True, state_channel=False), progress=False)
+
+
+def test_init_from_a_checkpoint_saved_before_the_latent_statistics_computes_them(tiny_data, tmp_path):
+    """A source saved in its autoencoder phase holds the statistics' defaults: the new run computes them (as any
+    first run does) instead of training its denoiser on unstandardised latents."""
+    train_world_model(tiny_wm_config(tiny_data, tmp_path / "ae", ae_steps=5, state_steps=0, dyn_steps=0, unroll_steps=0,
+                                     change_mask_steps=0), progress=False)
+    src = VideoWorldModel.load(tmp_path / "ae/checkpoints/last")
+    assert not wm_train.latent_statistics_set(src)
+    train_world_model(tiny_wm_config(tiny_data, tmp_path / "dyn", init_from=tmp_path / "ae", ae_steps=0, state_steps=0,
+                                     dyn_steps=2, unroll_steps=0, change_mask_steps=0), progress=False)
+    new = VideoWorldModel.load(tmp_path / "dyn/checkpoints/last")
+    _, train, _ = load_split(tiny_data, 0.25)
+    ref = VideoWorldModel.load(tmp_path / "ae/checkpoints/last")
+    wm_train.set_latent_statistics(ref, train)
+    assert wm_train.latent_statistics_set(new)
+    assert all(torch.allclose(getattr(new, b), getattr(ref, b), atol=1e-5) for b in ("lat_mean", "lat_std", "res_std"))

@@ -274,6 +274,11 @@ def encode_all(model: VideoWorldModel, replay, batch: int = 256, raw: bool = Fal
 
 
 @torch.no_grad()
+def latent_statistics_set(model: VideoWorldModel) -> bool:
+    """Whether the model's latent statistics were fixed (`set_latent_statistics`), not the buffers' defaults."""
+    return not all(bool((getattr(model, b) == v).all()) for b, v in (("lat_mean", 0.0), ("lat_std", 1.0), ("res_std", 1.0)))
+
+
 def set_latent_statistics(model: VideoWorldModel, replay) -> torch.Tensor:
     """Per-channel mean/std of the latents, then the std of one-step changes within episodes (the residual scale).
     Returns the standardised latents of every slot."""
@@ -469,9 +474,12 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
             # another frames model on the same state channel (e.g. --frame-state): the channel is kept
             model.state_channel.load_state_dict(src.state_channel.state_dict())
         model.ae.load_state_dict(src.ae.state_dict())
-        for b in ("lat_mean", "lat_std", "res_std"):
-            getattr(model, b).copy_(getattr(src, b))
-        extra["lat_stats"] = True  # keep the source's latent statistics
+        # keep the source's latent statistics, unless it was saved before they were set (a checkpoint of its
+        # autoencoder or state-channel phase): those hold the defaults, and are computed here as in any first run
+        if latent_statistics_set(src):
+            for b in ("lat_mean", "lat_std", "res_std"):
+                getattr(model, b).copy_(getattr(src, b))
+            extra["lat_stats"] = True
     tracker = Tracker(run)
     K, H, B = cfg.context, cfg.chunk, cfg.batch_size
     n_state = cfg.state_steps if model.state_channel is not None else 0
