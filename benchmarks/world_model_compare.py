@@ -19,6 +19,9 @@ import numpy as np
 from wmrl.benchutil import finish
 
 WORK = Path(__file__).resolve().parent.parent / "runs" / "bench-world-model"
+SUMMARY_KEYS = ("static_psnr_gap_to_ceiling", "psnr_h16_model_motion_front", "psnr_h16_model_motion_wrist",
+                "psnr_h16_model_static_front", "psnr_h16_model_static_wrist", "psnr_h16_copy_motion_front",
+                "psnr_h16_copy_motion_wrist", "error_split_h16", "ee_error_cm_h16")
 
 
 def main(quick: bool = False, a: str = "", b: str = "", windows: int = 240) -> dict:
@@ -55,8 +58,11 @@ def main(quick: bool = False, a: str = "", b: str = "", windows: int = 240) -> d
         raise ValueError(f"{runs['a']} and {runs['b']} hold out different episodes: their windows cannot be paired")
     out: dict = {"a": str(a or "tiny"), "b": str(b or "tiny"), "n_windows": windows}
     for name, steps in (("", None), ("imagination_", 1)):
-        fid = {k: window_fidelity(m, held, "push-red", windows, 16, seed=0, steps=steps, controllability=False)["per_window"]
-               for k, m in models.items()}
+        full = {k: window_fidelity(m, held, "push-red", windows, 16, seed=0, steps=steps, controllability=False)
+                for k, m in models.items()}
+        fid = {k: f.pop("per_window") for k, f in full.items()}
+        for k, f in full.items():  # each model's own summary: the static gap, per-camera PSNR, where the error sits
+            out.update({f"{name}{key}_{k}": f[key] for key in SUMMARY_KEYS if key in f})
         check = window_fidelity(models["a"], held, "push-red", windows, 16, seed=0, steps=steps, controllability=False,
                                 sample_seed=1)["per_window"]
         motion = fid["a"]["motion"]
