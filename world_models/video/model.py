@@ -13,7 +13,9 @@ What each generated frame is conditioned on (information a real robot has too):
   OSC_POSE, `gripper_action` 6) also the frame's commanded rotation step rot_step * a_j[3:6]. Proprioception is
   never re-read from generated latents inside a rollout;
 - the K context latents (noised at a level it is told, DIAMOND/GameNGen context augmentation) and the episode's
-  first frame (the scene anchor, Ctrl-World's memory in its simplest form).
+  first frame (the scene anchor, Ctrl-World's memory in its simplest form);
+- optionally (`frame_state`) its own state [hand, opening, object centres]: recorded in training, the state channel's
+  readout in a rollout (measured: read weakly as constant planes, no gain at the CPU budget; README).
 
 The denoiser predicts the *change* r = (z_future - z_last) / res_std: at zero update the last frame is kept, so
 the network spends its capacity on what moves. D(r; sigma) = c_skip r + c_out F(c_in r, c_noise, cond) follows
