@@ -273,12 +273,12 @@ def encode_all(model: VideoWorldModel, replay, batch: int = 256, raw: bool = Fal
     return out
 
 
-@torch.no_grad()
 def latent_statistics_set(model: VideoWorldModel) -> bool:
     """Whether the model's latent statistics were fixed (`set_latent_statistics`), not the buffers' defaults."""
     return not all(bool((getattr(model, b) == v).all()) for b, v in (("lat_mean", 0.0), ("lat_std", 1.0), ("res_std", 1.0)))
 
 
+@torch.no_grad()
 def set_latent_statistics(model: VideoWorldModel, replay) -> torch.Tensor:
     """Per-channel mean/std of the latents, then the std of one-step changes within episodes (the residual scale).
     Returns the standardised latents of every slot."""
