@@ -116,7 +116,8 @@ def fidelity(pred: dict[str, np.ndarray], real: dict[str, np.ndarray]) -> np.nda
 
 
 def denoiser_parameters(model: VideoWorldModel) -> list[torch.nn.Parameter]:
-    return [p for m in (model.noise_emb, model.ctx_noise_emb, model.pose_emb, model.cond, model.unet) for p in m.parameters()]
+    mods = (model.noise_emb, model.ctx_noise_emb, model.pose_emb, model.frame_state_emb, model.cond, model.unet)
+    return [p for m in mods if m is not None for p in m.parameters()]
 
 
 @torch.no_grad()
