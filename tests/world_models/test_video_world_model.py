@@ -1408,6 +1408,76 @@ def test_frame_state_conditions_every_frame_on_the_state_channels_prediction(tra
         train_world_model(tiny_wm_config(tiny_data, tmp_path / "no", frame_state=True, state_channel=False), progress=False)
 
 
+def test_camera_geometry_projects_a_cube_onto_its_segmentation():
+    """The pinhole models (`camera.project`) put the red cube's centre on the centroid of its pixels in MuJoCo's own
+    segmentation render: the fixed front camera and the wrist camera placed by the hand (hand_yaw), over a scripted
+    push that brings the hand over the cube and turns its yaw."""
+    from world_models.video.camera import project
+
+    env = sim.make_env("push-red").unwrapped
+    env.reset(seed=3)
+    geo = env.camera_geometry()
+    assert geo["front"]["mount"] == "world" and geo["wrist"]["mount"] == "hand_yaw"
+    expert, errs = ScriptedExpert(seed=0), {c: [] for c in env.cameras}
+    obs, _ = env.reset(seed=3)
+    env.moving_mask_at(env.data.qpos.copy())  # makes the segmentation renderer
+    for _ in range(25):
+        obs, *_ = env.step(expert.select_action(obs)[0])
+        for cam in env.cameras:
+            env._seg_renderer.update_scene(env.data, camera=cam)
+            r, c = np.nonzero(env._seg_renderer.render()[..., 0] == env._cube_geom["red"])
+            if len(r) < 20:  # hidden or at the image's edge: its pixels' centroid is not its centre's image
+                continue
+            S = env.height - 1
+            uv, front = project(torch.tensor(env.cube_pos("red"), dtype=torch.float32)[None],
+                                torch.tensor(env.ee_pos(), dtype=torch.float32), geo[cam])
+            assert bool(front[0])
+            errs[cam].append(np.abs(uv[0].numpy() - [c.mean() / S * 2 - 1, r.mean() / S * 2 - 1]).max())
+    env.close()
+    assert len(errs["front"]) >= 20 and len(errs["wrist"]) >= 5
+    # a latent cell is 2 / 15 = 0.13 grid units wide: both land within a fraction of one
+    assert np.median(errs["front"]) < 0.03 and np.median(errs["wrist"]) < 0.08
+
+
+def test_frame_blobs_draw_each_point_where_the_camera_sees_it(trained, tiny_data, tmp_path):
+    """`frame_blobs`: train-wm records the simulator's camera geometry; each input map peaks at its point's
+    projection (camera-major, then frame, then point); refusals without frame_state or a camera's geometry."""
+    from world_models.video.camera import project
+
+    run = tmp_path / "blobs"
+    train_world_model(tiny_wm_config(tiny_data, run, init_from=trained, frame_state=True, frame_blobs=True, ae_steps=0,
+                                     state_steps=0, dyn_steps=2, unroll_steps=0, change_mask_steps=0), progress=False)
+    model = VideoWorldModel.load(run / "checkpoints/last")
+    env = sim.make_env("push-red").unwrapped
+    env.reset(seed=0)
+    assert model.cfg.frame_blobs and model.cfg.camera_geometry == env.camera_geometry()
+    env.close()
+    H, n = model.cfg.chunk, 1 + model.cfg.n_objects
+    assert model.cfg.blob_channels == 2 * (H + 1) * n
+    states = torch.tensor([[0.35, 0.05, 0.12, 0.05, 0.42, 0.0, 0.02, 0.5, 0.15, 0.02, 0.3, -0.12, 0.02]]).repeat(1, H + 1, 1)
+    maps = model.blobs(states)
+    assert maps.shape == (1, model.cfg.blob_channels, model.cfg.latent_size, model.cfg.latent_size)
+    points = torch.cat([states[0, 0, :3], states[0, 0, 4:]]).reshape(n, 3)
+    checked = 0
+    for ci, cam in enumerate(model.cfg.cameras):
+        uv, front = project(points, states[0, 0, :3], model.cfg.camera_geometry[cam])
+        for k in range(n):
+            if not (bool(front[k]) and bool((uv[k].abs() < 0.9).all())):
+                continue  # outside the image: the blob's peak sits at the edge
+            m = maps[0, ci * (H + 1) * n + k]  # camera-major, then frame, then point: frame 0's point k
+            row, col = divmod(int(m.argmax()), m.shape[-1])
+            S = model.cfg.latent_size - 1
+            assert abs(col / S * 2 - 1 - uv[k, 0]) <= 1 / S and abs(row / S * 2 - 1 - uv[k, 1]) <= 1 / S
+            checked += 1
+    assert checked >= n + 1  # every point in the front camera, some in the wrist's
+    with pytest.raises(ValueError, match="frame_blobs"):
+        VideoWorldModel(dataclasses.replace(model.cfg, frame_state=False))
+    with pytest.raises(ValueError, match="wrist"):
+        VideoWorldModel(dataclasses.replace(model.cfg, camera_geometry={"front": model.cfg.camera_geometry["front"]}))
+    with pytest.raises(ValueError, match="--frame-state"):
+        train_world_model(tiny_wm_config(tiny_data, tmp_path / "no", frame_blobs=True), progress=False)
+
+
 def test_init_from_a_checkpoint_saved_before_the_latent_statistics_computes_them(tiny_data, tmp_path):
     """A source saved in its autoencoder phase holds the statistics' defaults: the new run computes them (as any
     first run does) instead of training its denoiser on unstandardised latents."""

@@ -15,7 +15,8 @@ What each generated frame is conditioned on (information a real robot has too):
 - the K context latents (noised at a level it is told, DIAMOND/GameNGen context augmentation) and the episode's
   first frame (the scene anchor, Ctrl-World's memory in its simplest form);
 - optionally (`frame_state`) its own state [hand, opening, object centres]: recorded in training, the state channel's
-  readout in a rollout (measured: read weakly as constant planes, no gain at the CPU budget; README).
+  readout in a rollout (measured: read weakly as constant planes, no gain at the CPU budget; README), and
+  (`frame_blobs`) its points drawn as blobs where each camera sees them (`camera.py`).
 
 The denoiser predicts the *change* r = (z_future - z_last) / res_std: at zero update the last frame is kept, so
 the network spends its capacity on what moves. D(r; sigma) = c_skip r + c_out F(c_in r, c_noise, cond) follows
@@ -37,6 +38,7 @@ from torch import nn
 from wmrl.core.features import OBS_ENV_STATE, OBS_STATE
 from wmrl.core.checkpoint import load_state, read_config, save_pretrained
 from world_models.edm import edm_coefficients
+from world_models.video.camera import blob_maps, check_geometry
 from world_models.video.networks import ChangeMask, FourierEmbedding, FrameAutoencoder, FrameHeads, TaskEncoder, UNet
 from world_models.video.state_channel import GATES, StateChannel, StateChannelConfig, clipped_target
 
@@ -109,6 +111,11 @@ class WorldModelConfig:
     # recorded one in training (noised by frame_state_noise m), the state channel's prediction in a rollout
     frame_state: bool = False
     frame_state_noise: float = 0.01
+    # with frame_state, the state's points (hand, object centres) are also drawn as Gaussian blobs (std blob_width
+    # grid units) where each camera sees them, per frame (`camera.py`; `camera_geometry` from the simulator)
+    frame_blobs: bool = False
+    blob_width: float = 0.15
+    camera_geometry: dict = field(default_factory=dict)
     n_objects: int = 3  # objects the state channel predicts (len(object_xyz))
     # the layout of observation.environment_state (the dataset's `EEDeltaControl`): where each object's centre starts,
     # where [ee, opening] repeat (-1: nowhere), (start, n) of the previous frame's first n entries; the rest is static
@@ -138,6 +145,11 @@ class WorldModelConfig:
     def frame_state_dim(self) -> int:
         """Entries of a frame's state that frames are conditioned on (`frame_state`): hand xyz, opening, object centres."""
         return 4 + 3 * self.n_objects if self.frame_state else 0
+
+    @property
+    def blob_channels(self) -> int:
+        """Input maps of `frame_blobs`: one per camera, frame (the last context frame and each future one) and point."""
+        return len(self.cameras) * (self.chunk + 1) * (1 + self.n_objects) if self.frame_blobs else 0
 
     @property
     def pose_dim(self) -> int:
@@ -220,6 +232,10 @@ class VideoWorldModel(nn.Module):
         if cfg.frame_state and not (cfg.env_state_dim and cfg.state_members):
             raise ValueError("frame_state conditions frames on the state channel's predictions: it needs a state channel "
                              "(env_state_dim > 0 and state_members > 0)")
+        if cfg.frame_blobs:
+            if not cfg.frame_state:
+                raise ValueError("frame_blobs draws the frame state's points: it needs frame_state")
+            check_geometry(cfg.camera_geometry, cfg.cameras)
         C, K, H, P, Fs = cfg.frame_channels, cfg.context, cfg.chunk, cfg.pose_dim, cfg.frame_state_dim
         self.ae = FrameAutoencoder(cfg.latent_channels, cfg.ae_width)
         self.register_buffer("lat_mean", torch.zeros(C, 1, 1))
@@ -233,7 +249,7 @@ class VideoWorldModel(nn.Module):
                                   nn.Linear(cfg.cond_dim, cfg.cond_dim))
         # Input: the noisy change, the context, the scene anchor, and maps that give convolutions spatial access to
         # the conditioning: x/y coordinates (CoordConv) and every frame's pose broadcast over the latent grid.
-        self.unet = UNet(H * C + K * C + C + 2 + (H + 1) * (P + Fs), H * C, cfg.cond_dim, SIZES[cfg.size])
+        self.unet = UNet(H * C + K * C + C + 2 + (H + 1) * (P + Fs) + cfg.blob_channels, H * C, cfg.cond_dim, SIZES[cfg.size])
         S = cfg.latent_size
         ys, xs = torch.meshgrid(torch.linspace(-1, 1, S), torch.linspace(-1, 1, S), indexing="ij")
         self.register_buffer("coords", torch.stack([xs, ys])[None], persistent=False)
@@ -390,13 +406,22 @@ class VideoWorldModel(nn.Module):
                              f"context frame and of every future frame, got {None if states is None else tuple(states.shape)}")
         return self.norm_frame_state(states)
 
-    def _inputs(self, x_in, ctx, anchor, pose0, poses, states=None) -> torch.Tensor:
+    def blobs(self, states: torch.Tensor) -> torch.Tensor:
+        """`frame_blobs`' input maps (B, blob_channels, S, S) from raw frame states (B, H+1, frame_state_dim): the hand
+        and every object centre, a blob where each camera sees it (the wrist camera placed by that frame's hand)."""
+        B, Fr = states.shape[:2]
+        hand = states[..., :3]
+        points = torch.cat([hand[:, :, None], states[..., 4:].reshape(B, Fr, self.cfg.n_objects, 3)], 2)
+        return blob_maps(points, hand, self.cfg.camera_geometry, self.cfg.cameras, self.coords, self.cfg.blob_width)
+
+    def _inputs(self, x_in, ctx, anchor, pose0, poses, states=None, blobs=None) -> torch.Tensor:
         B, S = x_in.shape[0], x_in.shape[-1]
         parts = [self._norm_pose(pose0), self._norm_pose(poses).flatten(1)]
         if states is not None:
             parts.append(states.flatten(1))
         maps = torch.cat(parts, 1)[:, :, None, None].expand(-1, -1, S, S)
-        return torch.cat([x_in, ctx.flatten(1, 2), anchor, self.coords.expand(B, -1, -1, -1), maps], dim=1)
+        extra = [] if blobs is None else [blobs]
+        return torch.cat([x_in, ctx.flatten(1, 2), anchor, self.coords.expand(B, -1, -1, -1), maps, *extra], dim=1)
 
     def _condition(self, c_noise, ctx_sigma, pose0, poses, states=None):
         B = poses.shape[0]
@@ -408,7 +433,8 @@ class VideoWorldModel(nn.Module):
     def _F(self, x_in, c_noise, ctx, ctx_sigma, anchor, pose0, poses, states=None):
         """The network F; `states`: raw frame states (B, H+1, frame_state_dim) where `frame_state` (else ignored)."""
         s = self._frame_states(states, poses)
-        return self.unet(self._inputs(x_in, ctx, anchor, pose0, poses, s), self._condition(c_noise, ctx_sigma, pose0, poses, s))
+        blobs = self.blobs(states) if self.cfg.frame_blobs else None
+        return self.unet(self._inputs(x_in, ctx, anchor, pose0, poses, s, blobs), self._condition(c_noise, ctx_sigma, pose0, poses, s))
 
     def denoise(self, x: torch.Tensor, sigma: torch.Tensor, ctx: torch.Tensor, ctx_sigma: torch.Tensor, anchor: torch.Tensor,
                 pose0: torch.Tensor, poses: torch.Tensor, states: torch.Tensor | None = None) -> torch.Tensor:
@@ -658,7 +684,8 @@ class VideoWorldModel(nn.Module):
                           absent={"mean_share": 0.0, "change_mask": False, "change_refine": False, "change_warp": False, "change_unwarped": False, "change_read_pose": False, "state_rest": False, "state_pairs": False,
                                   "state_hand_frame": False, "state_velocity": False, "state_gate": "hard",
                                   "state_arm_rest": False, "state_detach_hand": False, "state_arm_target": False,
-                                  "frame_state": False, "frame_state_noise": 0.0})
+                                  "frame_state": False, "frame_state_noise": 0.0,
+                                  "frame_blobs": False, "blob_width": 0.15, "camera_geometry": {}})
         return load_state(cls(replace(cfg, state_gate=state_gate or cfg.state_gate)), path, device)
 
 

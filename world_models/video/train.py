@@ -35,6 +35,7 @@ from wmrl.replay import EpisodeReplay
 from wmrl.replay.buffer import BOOKKEEPING
 from world_models.video.model import CHANGE_MASK_FIELDS, VideoWorldModel, WorldModelConfig, channel_state, commanded_pose
 from world_models.video.networks import TaskEncoder
+import sim
 from sim import task_from_instruction
 from world_models.video.state_dagger import StateDaggerConfig, check_placeable, dagger_round, load_episodes, save_episodes
 
@@ -128,6 +129,9 @@ class TrainWMConfig:
     put the arm and the cubes where the channel does (`WorldModelConfig.frame_state`)."""
     frame_state_noise: float = 0.01
     """Std (m) of the noise added in training to the states frames are conditioned on (the channel's rollout error)."""
+    frame_blobs: bool = False
+    """With --frame-state: also draw the state's points (hand, object centres) as blobs where each camera sees them
+    (`world_models/video/camera.py`; the cameras' geometry is read from the dataset's simulator task)."""
     state_gate: str = "sample"
     """How the state channel's rollouts apply its contact gate: sample (a contact drawn with the gate's probability,
     each member alone), shared (drawn once per rollout and step, every member against its own probability), hard (moved whenever the probability exceeds 0.5), soft (moved by the probability times the change). Changes no
@@ -202,6 +206,8 @@ def model_config(cfg: TrainWMConfig, ds) -> WorldModelConfig:
                             state_arm_rest=cfg.state_arm_rest, state_detach_hand=cfg.state_detach_hand,
                             state_arm_target=cfg.state_channel and cfg.state_arm_target, state_gate=cfg.state_gate,
                             frame_state=cfg.state_channel and cfg.frame_state, frame_state_noise=cfg.frame_state_noise,
+                            frame_blobs=cfg.state_channel and cfg.frame_state and cfg.frame_blobs,
+                            camera_geometry=camera_geometry(ds) if cfg.state_channel and cfg.frame_state and cfg.frame_blobs else {},
                             change_mask=cfg.change_mask_steps > 0,
                             change_refine=cfg.change_mask_steps > 0 and cfg.change_refine,
                             change_warp=cfg.change_mask_steps > 0 and cfg.change_warp,
@@ -209,6 +215,19 @@ def model_config(cfg: TrainWMConfig, ds) -> WorldModelConfig:
                             change_read_pose=cfg.change_mask_steps > 0 and cfg.change_warp and cfg.change_read_pose,
                             action_dim=int(ds.features[ACTION]["shape"][0]), state_dim=int(ds.features[STATE]["shape"][0]),
                             env_state_dim=int(ds.features[ENV_STATE]["shape"][0]) if ENV_STATE in ds.features else 0)
+
+
+def camera_geometry(ds) -> dict:
+    """The cameras' pinhole models (`world_models.video.camera`) of the simulator the dataset's task runs in."""
+    env = sim.make_env(task_from_instruction(ds.tasks[0])).unwrapped
+    try:
+        if not hasattr(env, "camera_geometry"):
+            raise ValueError(f"--frame-blobs needs the cameras' geometry, which {type(env).__name__} does not give; "
+                             "pass --no-frame-blobs")
+        env.reset(seed=0)
+        return env.camera_geometry()
+    finally:
+        env.close()
 
 
 def ae_weights(x: torch.Tensor, n_cameras: int, fg_weight: float) -> torch.Tensor:
@@ -432,6 +451,8 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
     if cfg.frame_state and not (cfg.state_channel and mcfg.env_state_dim):
         raise ValueError(f"--frame-state conditions frames on the state channel's predictions: it needs --state-channel "
                          f"and the dataset's {ENV_STATE!r}; pass --no-frame-state")
+    if cfg.frame_blobs and not cfg.frame_state:
+        raise ValueError("--frame-blobs draws the frame state's points: it needs --frame-state")
     if cfg.frame_state_noise < 0:
         raise ValueError(f"--frame-state-noise must be >= 0, got {cfg.frame_state_noise}")
     if cfg.state_channel and cfg.state_steps and not mcfg.env_state_dim:
