@@ -24,8 +24,11 @@ SUMMARY_KEYS = ("static_psnr_gap_to_ceiling", "psnr_h16_model_motion_front", "ps
                 "psnr_h16_copy_motion_wrist", "error_split_h16", "ee_error_cm_h16")
 
 
-def main(quick: bool = False, a: str = "", b: str = "", windows: int = 240) -> dict:
-    from wmrl.eval.world_model import window_fidelity
+def main(quick: bool = False, a: str = "", b: str = "", windows: int = 240, auroc: bool = False, pairs: int = 130) -> dict:
+    """`auroc`: also success AUROC on `pairs` seeds' success / near-success pairs (`wmrl.eval.world_model.pair_auroc`,
+    matched length, 1 Euler step as imagination samples), B's minus A's with a paired bootstrap interval."""
+    from wmrl.eval.world_model import pair_auroc, success_pairs, window_fidelity
+    from world_models.video.evaluate import pair_auroc_difference
     from world_models.video.evaluate import paired_difference as paired
     from world_models.video.model import VideoWorldModel
     from world_models.video.train import load_split
@@ -43,7 +46,7 @@ def main(quick: bool = False, a: str = "", b: str = "", windows: int = 240) -> d
                                         dyn_steps=10, unroll_steps=0, batch_size=8, videos=0, change_mask_steps=5, change_mask_windows=2),
                           progress=False)
         runs = {"a": work, "b": work}
-        windows = 8
+        windows, pairs = 8, min(pairs, 4)
     else:
         if not a or not b:
             raise ValueError("options a=TAG b=TAG are required (work folders under runs/bench-world-model)")
@@ -77,5 +80,18 @@ def main(quick: bool = False, a: str = "", b: str = "", windows: int = 240) -> d
                 out[f"{tag}_b_minus_a"], out[f"{tag}_b_minus_a_ci"], out[f"{tag}_b_wins"] = p["mean"], p["ci"], p["wins"]
                 out[f"{tag}_a_vs_itself"], out[f"{tag}_a_vs_itself_wins"] = c["mean"], c["wins"]
     out["n_motion_windows"] = int(motion.sum())
+    if auroc:
+        eps = success_pairs("push-red", pairs)
+        res = {k: pair_auroc(m, eps, steps=1) for k, m in models.items()}
+        out["n_pairs"] = len(eps) // 2
+        for path, key in (("frames", "frames: success head on generated latents"), ("state", "state: task rules on predicted state")):
+            if not all(key in r["scores"] for r in res.values()):
+                continue
+            for k, r in res.items():
+                out[f"imagination_success_auroc_matched_{path}_{k}"] = r[f"success_auroc_matched_{path}"]
+            d = pair_auroc_difference(res["a"]["scores"][key], res["b"]["scores"][key], res["a"]["truth"])
+            out[f"imagination_success_auroc_matched_{path}_b_minus_a"] = d["mean"]
+            out[f"imagination_success_auroc_matched_{path}_b_minus_a_ci"] = d["ci"]
+        out["success_auroc_real_frames_head_a"] = res["a"]["success_auroc_real_frames_head"]
     return finish(f"world-model-compare-{a}-vs-{b}" if not quick else "world-model-compare", out, quick,
-                  command=f"wmrl bench world-model-compare --json --options a={a} b={b}")
+                  command=f"wmrl bench world-model-compare --json --options a={a} b={b}" + (" auroc=true" if auroc else ""))

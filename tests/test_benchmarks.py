@@ -14,8 +14,8 @@ from wmrl.eval.rank import is_anchor, rank_statistics
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
-def _run(name):
-    return runpy.run_path(str(BENCH / f"{name}.py"), run_name="bench")["main"](quick=True)
+def _run(name, **options):
+    return runpy.run_path(str(BENCH / f"{name}.py"), run_name="bench")["main"](quick=True, **options)
 
 
 def test_replay_benchmark_keys_and_memory():
@@ -724,11 +724,14 @@ def test_state_channel_closed_loop_pairs_imagination_and_the_simulator_on_the_sa
 
 
 def test_world_model_compare_pairs_windows_so_a_model_against_itself_differs_by_nothing():
-    r = _run("world_model_compare")  # quick: one tiny model as both A and B, same sampling noise
+    r = _run("world_model_compare", auroc=True)  # quick: one tiny model as both A and B, same sampling noise
     for name in ("", "imagination_"):
         assert r[f"{name}psnr_h16_motion_b_minus_a"] == 0.0 and r[f"{name}psnr_h16_motion_b_wins"] == 0.5
         assert r[f"{name}psnr_h16_motion_a"] == r[f"{name}psnr_h16_motion_b"]
         assert np.isfinite(r[f"{name}psnr_h16_motion_a_vs_itself"])  # the same model with other sampling noise
+    # the same model on the same pairs and noise: the same AUROC, a difference of exactly 0
+    assert r["n_pairs"] >= 1 and r["imagination_success_auroc_matched_state_b_minus_a"] == 0.0
+    assert r["imagination_success_auroc_matched_frames_a"] == r["imagination_success_auroc_matched_frames_b"]
 
 
 def test_state_channel_visited_error_scores_models_on_the_same_continuations(trained):

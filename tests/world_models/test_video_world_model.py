@@ -19,7 +19,7 @@ from wmrl.eval.world_model import error_split
 from world_models.edm import edm_coefficients
 from world_models.env import WorldModelEnv, WorldModelSingleEnv
 from world_models.video import train as wm_train
-from world_models.video.evaluate import auroc, bootstrap_ci, fixed_windows, matched_max, pair_auroc_ci, paired_difference
+from world_models.video.evaluate import auroc, bootstrap_ci, fixed_windows, matched_max, pair_auroc_ci, pair_auroc_difference, paired_difference
 from world_models.video.model import VideoWorldModel, WorldModelConfig, commanded_pose, integrate_poses
 from world_models.video.state_channel import StateChannel, StateChannelConfig
 from world_models.video.train import TrainWMConfig, WindowSampler, load_split, train_world_model, unrolled_batch
@@ -439,6 +439,16 @@ def test_pair_auroc_interval_resamples_whole_pairs():
     assert lo < auroc(noise, truth) < hi and hi - lo > 0.2
     with pytest.raises(ValueError, match="pairs"):
         pair_auroc_ci(noise[:39], truth[:39])
+
+
+def test_pair_auroc_difference_compares_two_scorers_on_the_same_resampled_pairs():
+    truth = np.array([True, False] * 20)
+    noise = np.random.default_rng(0).random(40)
+    assert pair_auroc_difference(noise, noise, truth) == {"mean": 0.0, "ci": [0.0, 0.0]}  # the same scorer: nothing
+    d = pair_auroc_difference(noise, np.where(truth, 1.0, 0.0), truth)
+    assert d["mean"] == pytest.approx(1 - auroc(noise, truth)) and 0 < d["ci"][0] <= d["mean"] <= d["ci"][1]
+    with pytest.raises(ValueError, match="paired"):
+        pair_auroc_difference(noise, noise[:38], truth)
 
 
 def test_error_split_puts_each_pixels_error_inside_or_outside_the_region():

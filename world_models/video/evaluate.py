@@ -96,6 +96,22 @@ def pair_auroc_ci(scores: np.ndarray, labels: np.ndarray, n: int = 2000, seed: i
     return [float(np.percentile(boots, 2.5)), float(np.percentile(boots, 97.5))] if len(boots) else [float("nan")] * 2
 
 
+def pair_auroc_difference(scores_a: np.ndarray, scores_b: np.ndarray, labels: np.ndarray, n: int = 2000,
+                          seed: int = 0) -> dict:
+    """B's AUROC minus A's on the same episode pairs (laid out as `pair_auroc_ci` reads them), with a 95% bootstrap
+    interval that redraws the pairs once for both, so the two scorers are compared on each resample's same pairs."""
+    a, b, labels = np.asarray(scores_a, np.float64), np.asarray(scores_b, np.float64), np.asarray(labels, bool)
+    if not (len(a) == len(b) == len(labels)) or len(a) % 2:
+        raise ValueError(f"pair_auroc_difference: expected equal numbers of paired scores, got {len(a)}, {len(b)}, {len(labels)}")
+    rng = np.random.default_rng(seed)
+    pick = rng.integers(0, len(a) // 2, (n, len(a) // 2))
+    idx = np.stack([2 * pick, 2 * pick + 1], -1).reshape(n, -1)
+    boots = np.array([auroc(b[i], labels[i]) - auroc(a[i], labels[i]) for i in idx])
+    boots = boots[np.isfinite(boots)]
+    ci = [float(np.percentile(boots, 2.5)), float(np.percentile(boots, 97.5))] if len(boots) else [float("nan")] * 2
+    return {"mean": float(auroc(b, labels) - auroc(a, labels)), "ci": ci}
+
+
 def matched_max(per_step: list[np.ndarray], n_steps) -> np.ndarray:
     """Each episode's score: the max of its per-step scores over its first n_steps[i] steps. Scoring both episodes
     of a success / near-success pair on the same number of steps keeps the score from reading episode length
