@@ -274,7 +274,8 @@ class WorldModelEnv(gym.vector.VectorEnv):
             self._env_state = preds[ENV_STATE][:, -1].cpu().numpy().astype(np.float32)
         self._t += a.shape[1]
         if self.decode_images:
-            frames = self.model.decode(preds["latents"][:, -1], self._state, preds["pose"][:, -1])
+            frames = self.model.decode(preds["latents"][:, -1], self._state, preds["pose"][:, -1],
+                                       preds["points"][:, -1] if "points" in preds else None)
             for k, v in frames.items():
                 self._last_frames[k] = v
         dis = preds["disagreement"].max(dim=1).values.cpu().numpy() if "disagreement" in preds else None

@@ -1351,7 +1351,7 @@ def test_training_fits_the_change_mask_on_the_models_rollouts_and_it_lowers_thei
     for cam in model.cfg.cameras:  # on the pairs it was fitted on: better than the plain decode
         assert info[f"change_mask_mse_masked_{cam}"] < info[f"change_mask_mse_plain_{cam}"]
     # the pairs are the plain decode's (the mask learns on what it corrects), whatever the flag was
-    pred, f0, real, pose, pose0 = mask_pairs(model, train, 2)[f"observation.images.{model.cfg.cameras[0]}"]
+    pred, f0, real, pose, pose0, moves = mask_pairs(model, train, 2)[f"observation.images.{model.cfg.cameras[0]}"]
     assert pred.shape == f0.shape == real.shape and bool(model.change_mask_fitted)
     assert pose.shape == pose0.shape == (len(pred), model.cfg.pose_dim)
 
@@ -1486,6 +1486,62 @@ def test_frame_blobs_draw_each_point_where_the_camera_sees_it(trained, tiny_data
         VideoWorldModel(dataclasses.replace(model.cfg, camera_geometry={"front": model.cfg.camera_geometry["front"]}))
     with pytest.raises(ValueError, match="--frame-state"):
         train_world_model(tiny_wm_config(tiny_data, tmp_path / "no", frame_blobs=True), progress=False)
+
+
+def test_object_sources_carry_the_start_frames_patch_by_the_objects_shift():
+    """`ChangeMask(n_objects)`: the translated start frame puts a patch's pixels where the shift says, and an object's
+    window is centred on where it now is; a mask with object sources refuses to run without them."""
+    from world_models.video.networks import ChangeMask
+
+    net = ChangeMask(warp_pose_dim=4, keep_unwarped=True, read_pose=True, n_objects=2)
+    f0 = -torch.ones(1, 3, 16, 16)
+    f0[:, :, 4:6, 4:6] = 1.0  # a 2x2 patch at pixels 4-5
+    # object 0 moves 4 px right (a pixel is 2/16 wide), object 1 stays; [shift xy, centre xy, window]
+    objects = torch.tensor([[[0.5, 0.0, 0.125, -0.375, 0.1], [0.0, 0.0, -0.375, -0.375, 0.1]]])
+    moved, win = net.object_sources(f0, objects)
+    assert moved.shape == (1, 2, 3, 16, 16) and win.shape == (1, 2, 16, 16)
+    assert torch.allclose(moved[0, 0, :, 4:6, 8:10], torch.ones(3, 2, 2)) and bool((moved[0, 0, :, 4:6, 4:6] < 0).all())
+    assert torch.allclose(moved[0, 1], f0[0], atol=1e-5)
+    r, c = divmod(int(win[0, 0].argmax()), 16)
+    assert (r, c) in {(4, 8), (4, 9), (5, 8), (5, 9)}  # the window sits on the moved patch
+    pose = torch.zeros(1, 4)
+    assert net(f0, f0, pose, pose, objects).shape == f0.shape
+    with pytest.raises(ValueError, match="objects"):
+        net(f0, f0, pose, pose)
+    with pytest.raises(ValueError, match="keep_unwarped"):
+        ChangeMask(warp_pose_dim=4, n_objects=2)
+
+
+def test_change_objects_fits_a_mask_that_reads_the_state_channels_points(trained, tiny_data, tmp_path):
+    """train-wm --change-objects on a finished model (no other phase): every weight but the mask's is kept, the
+    mask's pairs carry each object's move from the rollout's own state channel, and decoding needs the points."""
+    from world_models.video.change_mask import mask_pairs
+
+    run = tmp_path / "objects"
+    train_world_model(tiny_wm_config(tiny_data, run, init_from=trained, change_objects=True, ae_steps=0, state_steps=0,
+                                     dyn_steps=0, unroll_steps=0, change_mask_steps=5), progress=False)
+    src, model = (VideoWorldModel.load(r / "checkpoints/last") for r in (trained, run))
+    assert model.cfg.change_objects and bool(model.change_mask_fitted)
+    theirs, ours = src.state_dict(), model.state_dict()
+    assert all(torch.equal(v, theirs[k]) for k, v in ours.items() if not k.startswith("change_mask"))
+    _, train, held = load_split(tiny_data, 0.25)
+    pairs = mask_pairs(model, train, 2)
+    pred, f0, real, pose, pose0, moves = pairs[f"observation.images.{model.cfg.cameras[0]}"]
+    assert moves.shape == (len(pred), model.cfg.n_objects, 5) and bool((moves[..., 4] > 0).all())
+    lo, _ = next(iter(held.episodes.values()))
+    obs = {k: held.data[k][lo : lo + 1] for k in ("observation.images.front", "observation.images.wrist",
+                                                 "observation.state", "observation.environment_state")}
+    obs["task"] = [held.vocab["task"][held.data["task"][lo]]]
+    state = model.encode(obs)
+    new, preds = model.step(state, torch.zeros(1, 4, 4), generator=torch.Generator().manual_seed(0))
+    assert preds["points"].shape == (1, 4, 1 + model.cfg.n_objects, 3)
+    assert torch.allclose(preds["points"][..., 0, :], preds["ee"])
+    frames = model.decode(preds["latents"], new, preds["pose"], preds["points"])
+    assert frames["observation.images.front"].shape == (1, 4, 64, 64, 3)
+    with pytest.raises(ValueError, match="points"):
+        model.decode(preds["latents"], new, preds["pose"])
+    with pytest.raises(ValueError, match="--change-objects"):
+        train_world_model(tiny_wm_config(tiny_data, tmp_path / "no", change_objects=True, state_channel=False), progress=False)
 
 
 def test_init_from_a_checkpoint_saved_before_the_latent_statistics_computes_them(tiny_data, tmp_path):

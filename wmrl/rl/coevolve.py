@@ -61,8 +61,10 @@ def imagine_from(policy, model, starts: dict, max_steps: int, success_threshold:
         chunk = np.clip(np.asarray(policy.predict_action_chunk(obs), np.float32)[:, :h], -1, 1)
         state, preds = model.step(state, torch.from_numpy(chunk), steps=1, generator=g)
         ok = imagined_success(model, preds, obs[TASK], rules, success_threshold)  # (B, h)
+        pts = preds.get("points")
         imgs = model.decode(preds["latents"] if record else preds["latents"][:, -1:], state,
-                            preds["pose"] if record else preds["pose"][:, -1:])
+                            preds["pose"] if record else preds["pose"][:, -1:],
+                            None if pts is None else (pts if record else pts[:, -1:]))
         st = preds[OBS_STATE].cpu().numpy()
         for i in np.flatnonzero(alive):
             hit = np.flatnonzero(ok[i])

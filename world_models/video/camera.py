@@ -74,3 +74,26 @@ def blob_maps(points: torch.Tensor, hand: torch.Tensor, geometry: dict, cameras,
         d2 = (xs - uv[..., 0, None, None]) ** 2 + (ys - uv[..., 1, None, None]) ** 2
         maps.append(torch.exp(-d2 / (2 * width**2)) * front[..., None, None])
     return torch.stack(maps, 1).reshape(B, len(cameras) * Fr * N, *xs.shape)
+
+
+def object_moves(points0: torch.Tensor, points: torch.Tensor, g: dict, radius: float) -> torch.Tensor:
+    """How each object moved in one camera's image between a start frame and a later one, for the change mask's
+    object sources (`networks.ChangeMask(n_objects)`): points0, points (N, 1 + k, 3) = [hand, k object centres] at the
+    start and at the frame -> (N, k, 5) = [shift x, y (the image displacement), centre x, y (where it is now), window
+    (its image radius, radius m at its depth, times 1.5)] in the image's [-1, 1] coordinates. An object behind the
+    camera at either time gets no window (centre far outside, window ~0)."""
+    uv0, front0 = project(points0[:, 1:], points0[:, 0], g)
+    uv, front = project(points[:, 1:], points[:, 0], g)
+    R = torch.as_tensor(g["R"], dtype=points.dtype, device=points.device)
+    t = torch.as_tensor(g["t"], dtype=points.dtype, device=points.device)
+    if g["mount"] == "world":
+        depth = -((points[:, 1:] - t) @ R)[..., 2]
+    else:
+        Y = yaw_rotation(points[:, 0])
+        pos, rot = points[:, 0] + (Y @ t[:, None])[..., 0], Y @ R
+        depth = -torch.einsum("nkj,njl->nkl", points[:, 1:] - pos[:, None], rot)[..., 2]
+    seen = front0 & front
+    window = torch.where(seen, (1.5 * g["f"] * radius / depth.clamp(min=1e-3)).clamp(0.05, 0.6), torch.full_like(depth, 1e-3))
+    centre = torch.where(seen[..., None], uv, torch.full_like(uv, 10.0))
+    shift = torch.where(seen[..., None], uv - uv0, torch.zeros_like(uv))
+    return torch.cat([shift, centre, window[..., None]], -1)

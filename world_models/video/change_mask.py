@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from world_models.video.camera import object_moves
 from world_models.video.evaluate import fixed_windows, rollout
 from world_models.video.model import VideoWorldModel
 
@@ -36,9 +37,11 @@ def frame_log_mse(x: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
 
 
 def mask_pairs(model: VideoWorldModel, replay, windows: int, seed: int = 0) -> dict:
-    """Per camera key: (pred, frame0, real, pose, pose0): float pixels (N * horizon, 3, H, W) of the model's own
-    rollouts (unmasked decode) from `windows` windows of `replay`, each frame's start frame and real frame, and the
-    normalised commanded poses (N * horizon, pose_dim) of each frame and of its start frame."""
+    """Per camera key: (pred, frame0, real, pose, pose0, moves): float pixels (N * horizon, 3, H, W) of the model's own
+    rollouts (unmasked decode) from `windows` windows of `replay`, each frame's start frame and real frame, the
+    normalised commanded poses (N * horizon, pose_dim) of each frame and of its start frame, and with object sources
+    (`change_objects`) each object's move in that camera (N * horizon, k, 5), from the rollout's own state channel
+    (`camera.object_moves`); else None."""
     longest = max(T for _, T in replay.episodes.values())
     horizon = min(HORIZON, longest - 1)
     wins = fixed_windows(replay, windows, horizon, model.cfg.context, seed=seed, ee_index=model.cfg.ee_index,
@@ -56,7 +59,12 @@ def mask_pairs(model: VideoWorldModel, replay, windows: int, seed: int = 0) -> d
     out = {}
     for key, pred in r["pred"].items():
         f0 = np.stack([replay.data[key][replay.episodes[e][0] + t0] for e, t0 in starts])
-        out[key] = (_pixels(pred), _pixels(np.repeat(f0[:, None], horizon, 1)), _pixels(r["real"][key]), pose, pose0)
+        moves = None
+        if model.cfg.change_objects:
+            q = torch.as_tensor(r["points"]).reshape(-1, *r["points"].shape[2:])
+            q0 = torch.as_tensor(r["points0"]).repeat_interleave(horizon, 0)
+            moves = object_moves(q0, q, model.cfg.camera_geometry[key.split(".")[-1]], model.cfg.object_radius)
+        out[key] = (_pixels(pred), _pixels(np.repeat(f0[:, None], horizon, 1)), _pixels(r["real"][key]), pose, pose0, moves)
     return out
 
 
@@ -70,26 +78,27 @@ def fit_change_mask(model: VideoWorldModel, replay, windows: int = 200, steps: i
     pairs = mask_pairs(model, replay, windows, seed)
     gen = torch.Generator().manual_seed(seed)
     info = {}
-    for key, (pred, f0, real, pose, pose0) in pairs.items():
+    for key, (pred, f0, real, pose, pose0, moves) in pairs.items():
         net = model.change_mask[key.split(".")[-1]]
+        ins = (pred, f0, pose, pose0) + ((moves,) if moves is not None else ())
         net.train()
         opt = torch.optim.Adam(net.parameters(), lr)
         dev = next(net.parameters()).device
         for _ in range(steps):
             i = torch.randint(len(pred), (batch,), generator=gen)
-            args = [t[i].to(dev) for t in (pred, f0, pose, pose0)]
+            args = [t[i].to(dev) for t in ins]
             loss = frame_log_mse(net(*args), real[i].to(dev))
             if net.warp is not None:  # the warp on its own carries the start frame as close to the real one as it can
-                loss = loss + frame_log_mse(net.warp_frame(*args[1:]), real[i].to(dev))
+                loss = loss + frame_log_mse(net.warp_frame(*args[1:4]), real[i].to(dev))
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
         net.eval()
         with torch.no_grad():
-            parts = [t.split(512) for t in (pred, f0, pose, pose0)]
+            parts = [t.split(512) for t in ins]
             masked = torch.cat([net(*(t.to(dev) for t in ts)).cpu() for ts in zip(*parts)])
             if net.warp is not None:
-                warped = torch.cat([net.warp_frame(*(t.to(dev) for t in ts[1:])).cpu() for ts in zip(*parts)])
+                warped = torch.cat([net.warp_frame(*(t.to(dev) for t in ts[1:4])).cpu() for ts in zip(*parts)])
         cam = key.split(".")[-1]
         info[f"change_mask_mse_plain_{cam}"] = float(((pred - real) ** 2).mean())
         info[f"change_mask_mse_copy_{cam}"] = float(((f0 - real) ** 2).mean())

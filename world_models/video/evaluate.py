@@ -186,8 +186,9 @@ def rollout(model: VideoWorldModel, held, starts: list[tuple[int, int]], horizon
             shuffle_actions: bool = False, seed: int = 0, decode: bool = True) -> dict:
     """Open-loop rollouts from real context frames under recorded actions. Returns predicted and real frames per
     camera (N, horizon, H, W, 3), predicted and real states (N, horizon, D) and, with a state channel, predicted and
-    real environment states, the predicted end-effector and the ensemble disagreement; `pose` (N, horizon, pose_dim)
-    the frames' commanded poses and `pose0` (N, pose_dim) the start frame's."""
+    real environment states, the predicted end-effector, the ensemble disagreement and the [hand, objects] points
+    (N, horizon, 1 + k, 3) (`points0` (N, 1 + k, 3): the start frame's); `pose` (N, horizon, pose_dim) the frames'
+    commanded poses and `pose0` (N, pose_dim) the start frame's."""
     start, acts, real = window_inputs(model, held, starts, horizon)
     a = acts[ACTION]
     if shuffle_actions:  # the same action sequences, given to the wrong starts
@@ -204,9 +205,10 @@ def rollout(model: VideoWorldModel, held, starts: list[tuple[int, int]], horizon
            "latents": cat("latents"), "pose": cat("pose").cpu().numpy(), "pose0": start_state["pose0"].cpu().numpy()}
     if ENV_STATE in chunks[0]:
         out.update(pred_env=cat(ENV_STATE).cpu().numpy(), real_env=real[ENV_STATE], ee=cat("ee").cpu().numpy(),
-                   disagreement=cat("disagreement").cpu().numpy())
+                   disagreement=cat("disagreement").cpu().numpy(), points=cat("points").cpu().numpy(),
+                   points0=start_state["points0"].cpu().numpy())
     if decode:
-        out["pred"] = model.decode(out["latents"], start_state, out["pose"])
+        out["pred"] = model.decode(out["latents"], start_state, out["pose"], out.get("points"))
         out["real"] = {k: v for k, v in real.items() if k.startswith("observation.images.")}
     return out
 

@@ -38,7 +38,7 @@ from torch import nn
 from wmrl.core.features import OBS_ENV_STATE, OBS_STATE
 from wmrl.core.checkpoint import load_state, read_config, save_pretrained
 from world_models.edm import edm_coefficients
-from world_models.video.camera import blob_maps, check_geometry
+from world_models.video.camera import blob_maps, check_geometry, object_moves
 from world_models.video.networks import ChangeMask, FourierEmbedding, FrameAutoencoder, FrameHeads, TaskEncoder, UNet
 from world_models.video.state_channel import GATES, StateChannel, StateChannelConfig, clipped_target
 
@@ -46,7 +46,7 @@ SIZES = {"tiny": (16, 32), "small": (48, 96), "base": (128, 256), "large": (192,
 
 
 # the change mask's kind: a mask is fitted after the other phases, so models that differ only in these share weights
-CHANGE_MASK_FIELDS = ("change_mask", "change_refine", "change_warp", "change_unwarped", "change_read_pose")
+CHANGE_MASK_FIELDS = ("change_mask", "change_refine", "change_warp", "change_unwarped", "change_read_pose", "change_objects")
 
 
 @dataclass
@@ -83,6 +83,10 @@ class WorldModelConfig:
     change_warp: bool = False  # the start frame is warped to each frame's commanded pose first (`ChangeMask(warp_pose_dim)`)
     change_unwarped: bool = False  # with the warp, the unwarped start frame is a third source (`ChangeMask(keep_unwarped)`)
     change_read_pose: bool = False  # with the warp, the mask's network reads the pose change (`ChangeMask(read_pose)`)
+    # with the three sources and a state channel, one more per object: the start frame carried by the object's
+    # predicted image displacement, near where it now is (`ChangeMask(n_objects)`; needs camera_geometry)
+    change_objects: bool = False
+    object_radius: float = 0.02  # m: an object's half extent, which sets its window in the image
     task_vocab: list[str] = field(default_factory=list)
     # the action space: end-effector delta (scaled by ee_step, clipped to the workspace) and a gripper command
     ee_index: tuple[int, int, int] = (5, 6, 7)  # end-effector xyz inside observation.state
@@ -214,6 +218,11 @@ def channel_states(cfg: WorldModelConfig, proprio: torch.Tensor, env: torch.Tens
     return channel_state(cfg, proprio, env, torch.cat([env[:1], env[:-1]]))
 
 
+def scene_points(x: torch.Tensor, n_objects: int) -> torch.Tensor:
+    """Channel states (..., D) -> the points a camera projects (..., 1 + n_objects, 3): the hand, the object centres."""
+    return torch.cat([x[..., None, :3], x[..., 4 : 4 + 3 * n_objects].reshape(*x.shape[:-1], n_objects, 3)], -2)
+
+
 class VideoWorldModel(nn.Module):
     def __init__(self, cfg: WorldModelConfig):
         super().__init__()
@@ -232,6 +241,11 @@ class VideoWorldModel(nn.Module):
         if cfg.frame_state and not (cfg.env_state_dim and cfg.state_members):
             raise ValueError("frame_state conditions frames on the state channel's predictions: it needs a state channel "
                              "(env_state_dim > 0 and state_members > 0)")
+        if cfg.change_objects:
+            if not (cfg.change_mask and cfg.change_unwarped and cfg.env_state_dim and cfg.state_members):
+                raise ValueError("change_objects moves each object's patch where the state channel puts it: it needs a "
+                                 "state channel and the change mask's three sources (change_warp, change_unwarped)")
+            check_geometry(cfg.camera_geometry, cfg.cameras)
         if cfg.frame_blobs:
             if not cfg.frame_state:
                 raise ValueError("frame_blobs draws the frame state's points: it needs frame_state")
@@ -267,7 +281,8 @@ class VideoWorldModel(nn.Module):
         self.change_mask = (nn.ModuleDict({c: ChangeMask(refine=cfg.change_refine,
                                                           warp_pose_dim=cfg.pose_dim if cfg.change_warp else 0,
                                                           keep_unwarped=cfg.change_unwarped,
-                                                          read_pose=cfg.change_read_pose)
+                                                          read_pose=cfg.change_read_pose,
+                                                          n_objects=cfg.n_objects if cfg.change_objects else 0)
                                           for c in cfg.cameras})
                             if cfg.change_mask else None)
         if cfg.change_mask:  # saved with the weights: an unfitted mask is never applied
@@ -319,7 +334,8 @@ class VideoWorldModel(nn.Module):
         return (z - self.lat_mean) / self.lat_std
 
     def decode_frames(self, z: torch.Tensor, base: tuple[torch.Tensor, dict] | None = None,
-                      mask: bool = True, poses: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+                      mask: bool = True, poses: tuple[torch.Tensor, torch.Tensor] | None = None,
+                      points: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
         """Standardised latents (N, C, S, S) -> {camera key: uint8 (N, H, W, 3)}. With `base` = (z0 (B, C, S, S),
         {camera key: uint8 frames (B, H, W, 3)}), N = B * n with each base's n frames consecutive: the pixel-space
         identity path, frame0 + dec(z) - dec(z0), so that
@@ -327,7 +343,9 @@ class VideoWorldModel(nn.Module):
         ceiling then bounds only what changes). Once the change mask is fitted (`change_mask.py`), each frame is then
         blended with the start frame where the mask says nothing moved (`mask=False`: the plain decode). A mask that
         warps the start frame (`change_warp`) needs `poses` = (pose0 (B, pose_dim) of the start frames, the
-        commanded pose (N, pose_dim) of every frame)."""
+        commanded pose (N, pose_dim) of every frame). A mask with object sources (`change_objects`) needs `points` =
+        (the start frames' (B, 1 + n_objects, 3), every frame's (N, 1 + n_objects, 3)) [hand, object centres]: `encode`'s
+        `points0` and `step`'s `points`."""
         z = z * self.lat_std + self.lat_mean
         z0 = base[0] * self.lat_std + self.lat_mean if base is not None else None
         n = len(z) // len(z0) if base is not None else 1  # frames per base (consecutive)
@@ -343,6 +361,18 @@ class VideoWorldModel(nn.Module):
             p0 = p0.repeat_interleave(n, 0)
         else:
             p0 = p = None
+        moves = {}
+        if masked and self.cfg.change_objects:
+            K1 = 1 + self.cfg.n_objects
+            if points is None:
+                raise ValueError("this world model's change mask moves each object's patch: decode with the start's and "
+                                 "every frame's [hand, object] points (`points`: encode's points0, step's points)")
+            q0, q = (torch.as_tensor(v, dtype=torch.float32, device=z.device) for v in points)
+            if q0.shape != (len(z0), K1, 3) or q.shape != (len(z), K1, 3):
+                raise ValueError(f"points: expected ({len(z0)}, {K1}, 3) and ({len(z)}, {K1}, 3), got {tuple(q0.shape)} "
+                                 f"and {tuple(q.shape)}")
+            q0 = q0.repeat_interleave(n, 0)
+            moves = {cam: object_moves(q0, q, self.cfg.camera_geometry[cam], self.cfg.object_radius) for cam in self.cfg.cameras}
         out = {}
         for i, cam in enumerate(self.cfg.cameras):
             sl = slice(i * self.cfg.latent_channels, (i + 1) * self.cfg.latent_channels)
@@ -352,7 +382,7 @@ class VideoWorldModel(nn.Module):
                 f0 = f0.permute(0, 3, 1, 2).float() / 127.5 - 1.0
                 x = x + (f0 - self.ae.decode(z0[:, sl])).repeat_interleave(n, 0)
                 if masked:
-                    x = self.change_mask[cam](x.clamp(-1, 1), f0.repeat_interleave(n, 0), p, p0)
+                    x = self.change_mask[cam](x.clamp(-1, 1), f0.repeat_interleave(n, 0), p, p0, moves.get(cam))
             x = x.clamp(-1, 1)
             out[f"observation.images.{cam}"] = ((x + 1) * 127.5).round().to(torch.uint8).permute(0, 2, 3, 1)
         return out
@@ -386,6 +416,9 @@ class VideoWorldModel(nn.Module):
         if c.env_arm >= 0:
             e[:, c.env_arm : c.env_arm + 4] = x[:, :4]
         return e
+
+    def scene_points(self, x: torch.Tensor) -> torch.Tensor:
+        return scene_points(x, self.cfg.n_objects)
 
     def _norm_pose(self, p: torch.Tensor) -> torch.Tensor:
         return (p - self.pose_mid) / self.pose_half
@@ -569,6 +602,7 @@ class VideoWorldModel(nn.Module):
             env = torch.as_tensor(np.asarray(obs[key]), dtype=torch.float32, device=self.device)
             x = channel_state(self.cfg, proprio, env)
             state["x"] = x[None].repeat(self.cfg.state_members, 1, 1)
+            state["points0"] = self.scene_points(x)  # the start frame's hand and objects, for the change mask
             state["env"] = env  # the last frame's whole environment state (what the channel does not predict is kept)
         return state
 
@@ -622,6 +656,7 @@ class VideoWorldModel(nn.Module):
             summ = [self.state_channel.summary(x_, member) for x_ in xs[:h]]
             mean = torch.stack([m for m, _ in summ], 1)  # (B, h, D)
             preds["ee"], preds["gripper_opening"] = mean[..., :3], mean[..., 3]
+            preds["points"] = self.scene_points(mean)
             if self.cfg.state_rest:
                 preds["rest"] = mean[..., 4 + 3 * self.cfg.n_objects : 4 + 3 * self.cfg.n_objects + len(self.cfg.rest_index)]
             envs, e = [], state["env"]
@@ -659,16 +694,21 @@ class VideoWorldModel(nn.Module):
         return new, preds
 
     @torch.no_grad()
-    def decode(self, latents: torch.Tensor, state: dict | None = None, poses: torch.Tensor | None = None) -> dict[str, np.ndarray]:
+    def decode(self, latents: torch.Tensor, state: dict | None = None, poses: torch.Tensor | None = None,
+               points: torch.Tensor | None = None) -> dict[str, np.ndarray]:
         """Latents (B, ..., C, S, S) -> {camera key: uint8 (B, ..., H, W, 3)}. With the imagination `state` of the
         rollout, through the pixel-space identity path anchored on its real start frame (see `decode_frames`).
-        `poses` (B, ..., pose_dim): the frames' commanded poses (`step`'s `pose`), which a warping change mask needs."""
+        `poses` (B, ..., pose_dim): the frames' commanded poses (`step`'s `pose`), which a warping change mask needs;
+        `points` (B, ..., 1 + n_objects, 3): the frames' [hand, objects] (`step`'s `points`), which object sources need."""
         lead = latents.shape[:-3]
         base = (state["z0"], state["frames0"]) if state is not None and "frames0" in state else None
         pp = None
         if poses is not None and base is not None and "pose0" in state:
             pp = (state["pose0"], torch.as_tensor(poses).reshape(-1, self.cfg.pose_dim))
-        frames = self.decode_frames(latents.reshape(-1, *latents.shape[-3:]), base, poses=pp)
+        qq = None
+        if points is not None and base is not None and "points0" in state:
+            qq = (state["points0"], torch.as_tensor(points).reshape(-1, 1 + self.cfg.n_objects, 3))
+        frames = self.decode_frames(latents.reshape(-1, *latents.shape[-3:]), base, poses=pp, points=qq)
         return {k: v.reshape(*lead, *v.shape[1:]).cpu().numpy() for k, v in frames.items()}
 
     # ------------------------------------------------------------------ checkpoints
@@ -685,7 +725,8 @@ class VideoWorldModel(nn.Module):
                                   "state_hand_frame": False, "state_velocity": False, "state_gate": "hard",
                                   "state_arm_rest": False, "state_detach_hand": False, "state_arm_target": False,
                                   "frame_state": False, "frame_state_noise": 0.0,
-                                  "frame_blobs": False, "blob_width": 0.15, "camera_geometry": {}})
+                                  "frame_blobs": False, "blob_width": 0.15, "camera_geometry": {},
+                                  "change_objects": False, "object_radius": 0.02})
         return load_state(cls(replace(cfg, state_gate=state_gate or cfg.state_gate)), path, device)
 
 

@@ -144,7 +144,12 @@ def rollouts(model: VideoWorldModel, sampler: WindowSampler, W: int, G: int, L: 
     i, fut = d["i"], d["fut_idx"]
     images = {f"observation.images.{c}": sampler.images[c] for c in model.cfg.cameras}  # uint8, on the device
     frames0 = {k: v[i].repeat_interleave(G, 0).cpu().numpy() for k, v in images.items()}
-    pred = model.decode_frames(lat.flatten(0, 1), (z0, frames0), poses=(start_pose, poses[:, : lat.shape[1]].flatten(0, 1)))
+    pts = None
+    if "points" in d:  # object sources of the change mask: the recorded [hand, objects], like the actions
+        q = rep(d["points"])
+        pts = (q[:, 0], q[:, 1 : lat.shape[1] + 1].flatten(0, 1))
+    pred = model.decode_frames(lat.flatten(0, 1), (z0, frames0), poses=(start_pose, poses[:, : lat.shape[1]].flatten(0, 1)),
+                               points=pts)
     N = W * G
     pred = {k: v.reshape(N, L, *v.shape[1:]).cpu().numpy() for k, v in pred.items()}
     real = {k: v[fut].repeat_interleave(G, 0).cpu().numpy() for k, v in images.items()}

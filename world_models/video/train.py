@@ -33,7 +33,8 @@ from wmrl.core.features import ACTION, OBS_ENV_STATE, OBS_STATE, REWARD, SUCCESS
 from wmrl.core.run import Tracker, start_run
 from wmrl.replay import EpisodeReplay
 from wmrl.replay.buffer import BOOKKEEPING
-from world_models.video.model import CHANGE_MASK_FIELDS, VideoWorldModel, WorldModelConfig, channel_state, commanded_pose
+from world_models.video.model import (CHANGE_MASK_FIELDS, VideoWorldModel, WorldModelConfig, channel_state, commanded_pose,
+                                      scene_points)
 from world_models.video.networks import TaskEncoder
 import sim
 from sim import task_from_instruction
@@ -83,6 +84,10 @@ class TrainWMConfig:
     """With the warp, the mask's network reads the pose change (`networks.ChangeMask(read_pose=True)`): it can tell a
     decode that moves the view from a hand that moved. With the third source, on both CPU models and the demo's (1 step,
     against the two-source warp): static +0.2 / +0.75 / +2.8 dB, Delta-t +0.1-0.3, masked +0.1-0.4 (README)."""
+    change_objects: bool = False
+    """With the three sources and the state channel, one more per object: the start frame carried by that object's
+    predicted image displacement, only near where it now is (`networks.ChangeMask(n_objects)`; the cameras' geometry
+    is read from the dataset's simulator task, `world_models/video/camera.py`)."""
     batch_size: int = 32
     lr: float = 3e-4
     context: int = 2
@@ -193,6 +198,9 @@ def load_split(data: Path, holdout: float, seed: int = 0, extra: tuple[Path, ...
 def model_config(cfg: TrainWMConfig, ds) -> WorldModelConfig:
     vocab = sorted({w for t in ds.tasks for w in TaskEncoder.words(t)})
     c = EEDeltaControl.of_dataset(ds.root)  # the suite's action geometry, recorded with the data
+    blobs = cfg.state_channel and cfg.frame_state and cfg.frame_blobs
+    has_channel = cfg.state_channel and ENV_STATE in ds.features
+    objects = (cfg.change_mask_steps > 0 and cfg.change_warp and cfg.change_unwarped and has_channel and cfg.change_objects)
     return WorldModelConfig(ee_index=c.ee_index, gripper_index=c.gripper_index, gripper_open=c.gripper_open,
                             ee_step=c.ee_step, gripper_action=c.gripper_action, rot_step=c.rot_step,
                             workspace_low=c.workspace_low, workspace_high=c.workspace_high,
@@ -206,13 +214,14 @@ def model_config(cfg: TrainWMConfig, ds) -> WorldModelConfig:
                             state_arm_rest=cfg.state_arm_rest, state_detach_hand=cfg.state_detach_hand,
                             state_arm_target=cfg.state_channel and cfg.state_arm_target, state_gate=cfg.state_gate,
                             frame_state=cfg.state_channel and cfg.frame_state, frame_state_noise=cfg.frame_state_noise,
-                            frame_blobs=cfg.state_channel and cfg.frame_state and cfg.frame_blobs,
-                            camera_geometry=camera_geometry(ds) if cfg.state_channel and cfg.frame_state and cfg.frame_blobs else {},
+                            frame_blobs=blobs,
+                            camera_geometry=camera_geometry(ds) if blobs or objects else {},
                             change_mask=cfg.change_mask_steps > 0,
                             change_refine=cfg.change_mask_steps > 0 and cfg.change_refine,
                             change_warp=cfg.change_mask_steps > 0 and cfg.change_warp,
                             change_unwarped=cfg.change_mask_steps > 0 and cfg.change_warp and cfg.change_unwarped,
                             change_read_pose=cfg.change_mask_steps > 0 and cfg.change_warp and cfg.change_read_pose,
+                            change_objects=objects,
                             action_dim=int(ds.features[ACTION]["shape"][0]), state_dim=int(ds.features[STATE]["shape"][0]),
                             env_state_dim=int(ds.features[ENV_STATE]["shape"][0]) if ENV_STATE in ds.features else 0)
 
@@ -371,6 +380,9 @@ class WindowSampler:
         if self.mcfg.frame_state:  # the recorded state of the last context frame and of every future frame
             idx = torch.cat([i[:, None], fut], 1)
             out["states"] = channel_state(self.mcfg, self.state[idx], self.env[idx])[..., : self.mcfg.frame_state_dim]
+        if self.mcfg.change_objects:  # the recorded [hand, objects] of the start frame and every future frame
+            idx = torch.cat([i[:, None], fut], 1)
+            out["points"] = scene_points(channel_state(self.mcfg, self.state[idx], self.env[idx]), self.mcfg.n_objects)
         if self.lat is not None:
             out.update(ctx=self.lat[ctx], future=self.lat[fut], anchor=self.lat[lo])
         return out
@@ -451,6 +463,9 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
     if cfg.frame_state and not (cfg.state_channel and mcfg.env_state_dim):
         raise ValueError(f"--frame-state conditions frames on the state channel's predictions: it needs --state-channel "
                          f"and the dataset's {ENV_STATE!r}; pass --no-frame-state")
+    if cfg.change_objects and not mcfg.change_objects:
+        raise ValueError("--change-objects moves each object's patch where the state channel puts it: it needs the state "
+                         f"channel (the dataset's {ENV_STATE!r}), --change-warp and --change-unwarped; pass --no-change-objects")
     if cfg.frame_blobs and not cfg.frame_state:
         raise ValueError("--frame-blobs draws the frame state's points: it needs --frame-state")
     if cfg.frame_state_noise < 0:
@@ -479,9 +494,11 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
         src = VideoWorldModel.load(resolve_checkpoint(cfg.init_from), device=cfg.device)
         # (the gate is no weight; a change mask is refitted after training, so one the source lacks is no difference)
         mask_kind = {f: getattr(mcfg, f) for f in CHANGE_MASK_FIELDS}
+        # nor are the cameras' geometry and an object's size: data the mask and blobs read, no weight
+        mask_kind.update(camera_geometry=mcfg.camera_geometry, object_radius=mcfg.object_radius)
         same = replace(src.cfg, state_gate=mcfg.state_gate, **mask_kind) == mcfg
         # a mask of another kind (or none) is left out: it is refitted after training
-        mask_same = {f: getattr(src.cfg, f) for f in CHANGE_MASK_FIELDS} == mask_kind
+        mask_same = all(getattr(src.cfg, f) == mask_kind[f] for f in CHANGE_MASK_FIELDS)
         weights = {k: v for k, v in src.state_dict().items() if mask_same or not k.startswith("change_mask")}
         if same:  # the same model: fine-tune all
             model.load_state_dict(weights, strict=mask_same)
