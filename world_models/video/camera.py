@@ -1,5 +1,6 @@
 """Where a camera sees a point: pinhole projections of the frame state's points (hand, object centres) onto the
-latent grid, drawn as Gaussian blobs (`WorldModelConfig.frame_blobs`).
+latent grid, drawn as Gaussian blobs (`WorldModelConfig.frame_blobs`), and each object's image displacement, which
+the change mask's object sources carry the start frame by (`object_moves`, `WorldModelConfig.change_objects`).
 
 Session 36's probe found that a frames model given each frame's state as constant planes barely reads it (moving
 every cube 5 cm changed its predicted change by 10%): a convolution has no spatial handle on a number broadcast over
@@ -44,9 +45,9 @@ def yaw_rotation(p: torch.Tensor) -> torch.Tensor:
     return torch.stack([c, -s, z, s, c, z, z, z, o], -1).reshape(*a.shape, 3, 3)
 
 
-def project(points: torch.Tensor, hand: torch.Tensor, g: dict) -> tuple[torch.Tensor, torch.Tensor]:
-    """World points (..., N, 3) seen from the camera `g`, with the hand (end-effector) at `hand` (..., 3):
-    grid coordinates (..., N, 2) (x, y in [-1, 1] inside the image) and whether each is in front of the camera."""
+def camera_coords(points: torch.Tensor, hand: torch.Tensor, g: dict) -> torch.Tensor:
+    """World points (..., N, 3) in the frame of the camera `g` (x right, y up, looking along -z), with the hand
+    (end-effector) at `hand` (..., 3)."""
     R = torch.as_tensor(g["R"], dtype=points.dtype, device=points.device)
     t = torch.as_tensor(g["t"], dtype=points.dtype, device=points.device)
     if g["mount"] == "world":
@@ -55,7 +56,13 @@ def project(points: torch.Tensor, hand: torch.Tensor, g: dict) -> tuple[torch.Te
         Y = yaw_rotation(hand)
         pos, rot = hand + (Y @ t[:, None])[..., 0], Y @ R
     rel = points - pos[..., None, :] if pos.dim() > 1 else points - pos
-    cam = rel @ rot if rot.dim() == 2 else torch.einsum("...nj,...jk->...nk", rel, rot)  # R^T (p - pos), row vectors
+    return rel @ rot if rot.dim() == 2 else torch.einsum("...nj,...jk->...nk", rel, rot)  # R^T (p - pos), row vectors
+
+
+def project(points: torch.Tensor, hand: torch.Tensor, g: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """World points (..., N, 3) seen from the camera `g`, with the hand (end-effector) at `hand` (..., 3):
+    grid coordinates (..., N, 2) (x, y in [-1, 1] inside the image) and whether each is in front of the camera."""
+    cam = camera_coords(points, hand, g)
     depth = -cam[..., 2]
     front = depth > 1e-3
     d = depth.clamp(min=1e-3)
@@ -84,14 +91,7 @@ def object_moves(points0: torch.Tensor, points: torch.Tensor, g: dict, radius: f
     camera at either time gets no window (centre far outside, window ~0)."""
     uv0, front0 = project(points0[:, 1:], points0[:, 0], g)
     uv, front = project(points[:, 1:], points[:, 0], g)
-    R = torch.as_tensor(g["R"], dtype=points.dtype, device=points.device)
-    t = torch.as_tensor(g["t"], dtype=points.dtype, device=points.device)
-    if g["mount"] == "world":
-        depth = -((points[:, 1:] - t) @ R)[..., 2]
-    else:
-        Y = yaw_rotation(points[:, 0])
-        pos, rot = points[:, 0] + (Y @ t[:, None])[..., 0], Y @ R
-        depth = -torch.einsum("nkj,njl->nkl", points[:, 1:] - pos[:, None], rot)[..., 2]
+    depth = -camera_coords(points[:, 1:], points[:, 0], g)[..., 2]
     seen = front0 & front
     window = torch.where(seen, (1.5 * g["f"] * radius / depth.clamp(min=1e-3)).clamp(0.05, 0.6), torch.full_like(depth, 1e-3))
     centre = torch.where(seen[..., None], uv, torch.full_like(uv, 10.0))
