@@ -149,26 +149,6 @@ class MujocoCell:
         mujoco.mj_forward(self.model, self.data)
         return self._render_cameras()
 
-    def camera_geometry(self) -> dict[str, dict]:
-        """Per camera, the pinhole model a world model projects points with (`world_models.video.camera`): a camera on
-        the world body is fixed ("world": its pose); one on the arm is read in the hand's yaw frame at the current
-        configuration ("hand_yaw": its offset from the end-effector and orientation, both turned back by the
-        end-effector's yaw atan2(y, x) about the base)."""
-        mujoco.mj_forward(self.model, self.data)
-        ee = self.ee_pos()
-        a = np.arctan2(ee[1], ee[0])
-        yaw = np.array([[np.cos(a), -np.sin(a), 0], [np.sin(a), np.cos(a), 0], [0, 0, 1]])
-        out = {}
-        for cam in self.cameras:
-            i = mujoco.mj_name2id(self.model, mujoco.mjtObj.mjOBJ_CAMERA, cam)
-            pos, rot = self.data.cam_xpos[i].copy(), self.data.cam_xmat[i].reshape(3, 3).copy()
-            f = float(1 / np.tan(np.radians(self.model.cam_fovy[i]) / 2))
-            if self.model.cam_bodyid[i] == 0:
-                out[cam] = {"mount": "world", "R": rot.tolist(), "t": pos.tolist(), "f": f}
-            else:
-                out[cam] = {"mount": "hand_yaw", "R": (yaw.T @ rot).tolist(), "t": (yaw.T @ (pos - ee)).tolist(), "f": f}
-        return out
-
     def moving_mask_at(self, qpos: np.ndarray) -> dict[str, np.ndarray]:
         """Per camera, a bool (H, W) mask of the pixels that show the arm or a cube (every geom not on the world
         body: table, floor and zones are excluded), from a MuJoCo segmentation render at `qpos`. World-model
@@ -259,6 +239,27 @@ class TabletopEnv(MujocoCell, gym.Env):
 
     def ee_pos(self) -> np.ndarray:
         return self.data.site_xpos[self._ee_site].copy()
+
+    def camera_geometry(self) -> dict[str, dict]:
+        """Per camera, the pinhole model a world model projects points with (`world_models.video.camera`): a camera on
+        the world body is fixed ("world": its pose); one on the arm is read in the hand's yaw frame at the current
+        configuration ("hand_yaw": its offset from the end-effector and orientation, both turned back by the
+        end-effector's yaw atan2(y, x) about the base). This arm's base yaws about the vertical through the origin and
+        its controller holds the hand level, which that model assumes (other cells' arms do not: none is given)."""
+        mujoco.mj_forward(self.model, self.data)
+        ee = self.ee_pos()
+        a = np.arctan2(ee[1], ee[0])
+        yaw = np.array([[np.cos(a), -np.sin(a), 0], [np.sin(a), np.cos(a), 0], [0, 0, 1]])
+        out = {}
+        for cam in self.cameras:
+            i = mujoco.mj_name2id(self.model, mujoco.mjtObj.mjOBJ_CAMERA, cam)
+            pos, rot = self.data.cam_xpos[i].copy(), self.data.cam_xmat[i].reshape(3, 3).copy()
+            f = float(1 / np.tan(np.radians(self.model.cam_fovy[i]) / 2))
+            if self.model.cam_bodyid[i] == 0:
+                out[cam] = {"mount": "world", "R": rot.tolist(), "t": pos.tolist(), "f": f}
+            else:
+                out[cam] = {"mount": "hand_yaw", "R": (yaw.T @ rot).tolist(), "t": (yaw.T @ (pos - ee)).tolist(), "f": f}
+        return out
 
     def gripper_opening(self) -> float:
         return float(self.data.qpos[self._finger_qpos].sum())

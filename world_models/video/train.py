@@ -87,7 +87,8 @@ class TrainWMConfig:
     change_objects: bool = False
     """With the three sources and the state channel, one more per object: the start frame carried by that object's
     predicted image displacement, only near where it now is (`networks.ChangeMask(n_objects)`; the cameras' geometry
-    is read from the dataset's simulator task, `world_models/video/camera.py`)."""
+    is read from the dataset's simulator task, `world_models/video/camera.py`). Off where it cannot apply (no state
+    channel, no three-source mask, no simulator that gives its cameras' geometry); the model's config says."""
     batch_size: int = 32
     lr: float = 3e-4
     context: int = 2
@@ -201,6 +202,11 @@ def model_config(cfg: TrainWMConfig, ds) -> WorldModelConfig:
     blobs = cfg.state_channel and cfg.frame_state and cfg.frame_blobs
     has_channel = cfg.state_channel and ENV_STATE in ds.features
     objects = (cfg.change_mask_steps > 0 and cfg.change_warp and cfg.change_unwarped and has_channel and cfg.change_objects)
+    geometry = camera_geometry(ds) if blobs or objects else None
+    if blobs and geometry is None:
+        raise ValueError(f"--frame-blobs needs the cameras' geometry, which the simulator of {ds.tasks[0]!r} does not "
+                         "give; pass --no-frame-blobs")
+    objects = objects and geometry is not None  # where it cannot apply, the mask has no object sources
     return WorldModelConfig(ee_index=c.ee_index, gripper_index=c.gripper_index, gripper_open=c.gripper_open,
                             ee_step=c.ee_step, gripper_action=c.gripper_action, rot_step=c.rot_step,
                             workspace_low=c.workspace_low, workspace_high=c.workspace_high,
@@ -215,7 +221,7 @@ def model_config(cfg: TrainWMConfig, ds) -> WorldModelConfig:
                             state_arm_target=cfg.state_channel and cfg.state_arm_target, state_gate=cfg.state_gate,
                             frame_state=cfg.state_channel and cfg.frame_state, frame_state_noise=cfg.frame_state_noise,
                             frame_blobs=blobs,
-                            camera_geometry=camera_geometry(ds) if blobs or objects else {},
+                            camera_geometry=geometry or {},
                             change_mask=cfg.change_mask_steps > 0,
                             change_refine=cfg.change_mask_steps > 0 and cfg.change_refine,
                             change_warp=cfg.change_mask_steps > 0 and cfg.change_warp,
@@ -226,13 +232,16 @@ def model_config(cfg: TrainWMConfig, ds) -> WorldModelConfig:
                             env_state_dim=int(ds.features[ENV_STATE]["shape"][0]) if ENV_STATE in ds.features else 0)
 
 
-def camera_geometry(ds) -> dict:
-    """The cameras' pinhole models (`world_models.video.camera`) of the simulator the dataset's task runs in."""
-    env = sim.make_env(task_from_instruction(ds.tasks[0])).unwrapped
+def camera_geometry(ds) -> dict | None:
+    """The cameras' pinhole models (`world_models.video.camera`) of the simulator the dataset's task runs in; None
+    when no simulator runs it or its env gives none (`TabletopEnv.camera_geometry`)."""
+    try:
+        env = sim.make_env(task_from_instruction(ds.tasks[0])).unwrapped
+    except (ValueError, KeyError):  # a task no suite here knows (e.g. a real cell's recording)
+        return None
     try:
         if not hasattr(env, "camera_geometry"):
-            raise ValueError(f"--frame-blobs needs the cameras' geometry, which {type(env).__name__} does not give; "
-                             "pass --no-frame-blobs")
+            return None
         env.reset(seed=0)
         return env.camera_geometry()
     finally:
@@ -463,9 +472,6 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
     if cfg.frame_state and not (cfg.state_channel and mcfg.env_state_dim):
         raise ValueError(f"--frame-state conditions frames on the state channel's predictions: it needs --state-channel "
                          f"and the dataset's {ENV_STATE!r}; pass --no-frame-state")
-    if cfg.change_objects and not mcfg.change_objects:
-        raise ValueError("--change-objects moves each object's patch where the state channel puts it: it needs the state "
-                         f"channel (the dataset's {ENV_STATE!r}), --change-warp and --change-unwarped; pass --no-change-objects")
     if cfg.frame_blobs and not cfg.frame_state:
         raise ValueError("--frame-blobs draws the frame state's points: it needs --frame-state")
     if cfg.frame_state_noise < 0:
