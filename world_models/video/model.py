@@ -16,7 +16,8 @@ What each generated frame is conditioned on (information a real robot has too):
   first frame (the scene anchor, Ctrl-World's memory in its simplest form);
 - optionally (`frame_state`) its own state [hand, opening, object centres]: recorded in training, the state channel's
   readout in a rollout (measured: read weakly as constant planes, no gain at the CPU budget; README), and
-  (`frame_blobs`) its points drawn as blobs where each camera sees them (`camera.py`).
+  (`frame_blobs`) its points drawn as blobs where each camera sees them (`camera.py`; measured: masked +0.56 and
+  +0.62 dB over the constant planes' model, two seeds; README).
 
 The denoiser predicts the *change* r = (z_future - z_last) / res_std: at zero update the last frame is kept, so
 the network spends its capacity on what moves. D(r; sigma) = c_skip r + c_out F(c_in r, c_noise, cond) follows
