@@ -443,10 +443,8 @@ class VideoWorldModel(nn.Module):
     def blobs(self, states: torch.Tensor) -> torch.Tensor:
         """`frame_blobs`' input maps (B, blob_channels, S, S) from raw frame states (B, H+1, frame_state_dim): the hand
         and every object centre, a blob where each camera sees it (the wrist camera placed by that frame's hand)."""
-        B, Fr = states.shape[:2]
-        hand = states[..., :3]
-        points = torch.cat([hand[:, :, None], states[..., 4:].reshape(B, Fr, self.cfg.n_objects, 3)], 2)
-        return blob_maps(points, hand, self.cfg.camera_geometry, self.cfg.cameras, self.coords, self.cfg.blob_width)
+        points = self.scene_points(states)  # a frame state opens like a channel state: [hand, opening, objects]
+        return blob_maps(points, states[..., :3], self.cfg.camera_geometry, self.cfg.cameras, self.coords, self.cfg.blob_width)
 
     def _inputs(self, x_in, ctx, anchor, pose0, poses, states=None, blobs=None) -> torch.Tensor:
         B, S = x_in.shape[0], x_in.shape[-1]
