@@ -4,10 +4,12 @@
 folders `wmrl bench world-model` trains in, e.g. `small-cpu-x4` and `small-cpu-x4-ep1200`). Both models roll out
 from the same 240 held-out windows (`fixed_windows`, seed 0) under the recorded actions, at each model's default
 sampling steps and at 1 step (as imagination samples). Per window: PSNR gain over copy-last at h16 (whole frame,
-and masked to the arm and cubes), and B's minus A's, with a bootstrap 95% interval and the share of windows B wins,
+and masked to the arm and cubes, and the mask split into the arm's and the cubes' pixels), and B's minus A's, with a bootstrap 95% interval and the share of windows B wins,
 on motion and static windows. The check of the metric, in the same run: A against itself with other sampling noise
 (its difference must sit near 0 and its wins near 0.5). Both runs must hold the same held-out episodes (refused
-otherwise: their frames and actions are compared).
+otherwise: their frames and actions are compared). Each model's own summary says where its masked error sits: the
+arm's and the cubes' gains per camera, with a mask that has object sources also decoded from the recorded [hand, cube]
+points (the ceiling of an exact state channel), and the channel's hand and object errors at h16 on motion windows.
 """
 
 from __future__ import annotations
@@ -21,18 +23,27 @@ from wmrl.benchutil import finish
 WORK = Path(__file__).resolve().parent.parent / "runs" / "bench-world-model"
 SUMMARY_KEYS = ("static_psnr_gap_to_ceiling", "psnr_h16_model_motion_front", "psnr_h16_model_motion_wrist",
                 "psnr_h16_model_static_front", "psnr_h16_model_static_wrist", "psnr_h16_copy_motion_front",
-                "psnr_h16_copy_motion_wrist", "error_split_h16", "ee_error_cm_h16")
+                "psnr_h16_copy_motion_wrist", "error_split_h16", "ee_error_cm_h16", "hand_error_cm_h16_motion",
+                "object_error_cm_h16_motion", *(f"masked_psnr_gain_h16_{part}{cam}{pts}" for part in ("arm", "objects")
+                                                for cam in ("", "_front", "_wrist") for pts in ("", "_recorded_points")))
 
 
-def main(quick: bool = False, a: str = "", b: str = "", windows: int = 240, auroc: bool = False, pairs: int = 130) -> dict:
+def main(quick: bool = False, a: str = "", b: str = "", windows: int = 240, auroc: bool = False, pairs: int = 130,
+         gate_a: str = "", gate_b: str = "") -> dict:
     """`auroc`: also success AUROC on `pairs` seeds' success / near-success pairs (`wmrl.eval.world_model.pair_auroc`,
-    matched length, 1 Euler step as imagination samples), B's minus A's with a paired bootstrap interval."""
+    matched length, 1 Euler step as imagination samples), B's minus A's with a paired bootstrap interval.
+    `gate_a`, `gate_b`: the state channel's contact gate in A's or B's rollouts instead of the checkpoint's
+    (`state_channel.GATES`; it changes no weight, so A and B may be the same run)."""
     from wmrl.eval.world_model import pair_auroc, success_pairs, window_fidelity
     from world_models.video.evaluate import pair_auroc_difference
     from world_models.video.evaluate import paired_difference as paired
     from world_models.video.model import VideoWorldModel
+    from world_models.video.state_channel import GATES
     from world_models.video.train import load_split
 
+    gates = {"a": gate_a, "b": gate_b}
+    if any(g and g not in GATES for g in gates.values()):
+        raise ValueError(f"gate_a={gate_a!r}, gate_b={gate_b!r}: expected gates in {GATES} (or none: the checkpoint's)")
     if quick:  # two tiny models on one tiny dataset: a smoke test of the pipeline, not a result
         import tempfile
 
@@ -51,7 +62,8 @@ def main(quick: bool = False, a: str = "", b: str = "", windows: int = 240, auro
         if not a or not b:
             raise ValueError("options a=TAG b=TAG are required (work folders under runs/bench-world-model)")
         runs = {"a": WORK / a, "b": WORK / b}
-    models = {k: VideoWorldModel.load(r / "model/checkpoints/last", device="cpu").eval() for k, r in runs.items()}
+    models = {k: VideoWorldModel.load(r / "model/checkpoints/last", device="cpu", state_gate=gates[k] or None).eval()
+              for k, r in runs.items()}
     _, _, held = load_split(runs["a"] / "data", 0.1, keep=("qpos",))
     _, _, held_b = load_split(runs["b"] / "data", 0.1)
     same = held.episodes == held_b.episodes and all(
@@ -70,9 +82,10 @@ def main(quick: bool = False, a: str = "", b: str = "", windows: int = 240, auro
                                 sample_seed=1)["per_window"]
         motion = fid["a"]["motion"]
         for split, sel in (("motion", motion), ("static", ~motion)):
-            for key, what in (("gain", "psnr"), ("masked_gain", "masked_psnr")):
-                if key == "masked_gain" and split == "static":
-                    continue  # few arm or cube pixels change in a static window
+            for key, what in (("gain", "psnr"), ("masked_gain", "masked_psnr"), ("masked_gain_arm", "masked_psnr_arm"),
+                              ("masked_gain_objects", "masked_psnr_objects")):
+                if key.startswith("masked_gain") and split == "static" or key not in fid["a"]:
+                    continue  # few arm or cube pixels change in a static window; an env without part masks
                 p = paired(fid["a"][key], fid["b"][key], sel)
                 c = paired(fid["a"][key], check[key], sel)
                 tag = f"{name}{what}_h16_{split}"
@@ -93,5 +106,8 @@ def main(quick: bool = False, a: str = "", b: str = "", windows: int = 240, auro
             out[f"imagination_success_auroc_matched_{path}_b_minus_a"] = d["mean"]
             out[f"imagination_success_auroc_matched_{path}_b_minus_a_ci"] = d["ci"]
         out["success_auroc_real_frames_head_a"] = res["a"]["success_auroc_real_frames_head"]
-    return finish(f"world-model-compare-{a}-vs-{b}" if not quick else "world-model-compare", out, quick,
-                  command=f"wmrl bench world-model-compare --json --options a={a} b={b}" + (" auroc=true" if auroc else ""))
+    out["gate_a"], out["gate_b"] = (g or "the checkpoint's" for g in (gate_a, gate_b))
+    name = f"world-model-compare-{a}{f'-gate-{gate_a}' * bool(gate_a)}-vs-{b}{f'-gate-{gate_b}' * bool(gate_b)}"
+    return finish(name if not quick else "world-model-compare", out, quick,
+                  command=f"wmrl bench world-model-compare --json --options a={a} b={b}" + (" auroc=true" if auroc else "")
+                  + f" gate_a={gate_a}" * bool(gate_a) + f" gate_b={gate_b}" * bool(gate_b))

@@ -44,7 +44,8 @@ def test_world_model_benchmark_reports_every_result_key():
               "success_auroc_80step", "success_auroc_real_ceiling", "hallucinated_success_expert",
               "random_policy_imagined_minus_true", "train_minutes", "train_steps_per_s", "n_windows", "n_pairs",
               "joint_error_rad_h16", "static_psnr_gap_to_identity_ceiling", "latent_error_h1_model_static",
-              "latent_error_h1_copy_static", "latent_error_h16_model_motion"):
+              "latent_error_h1_copy_static", "latent_error_h16_model_motion", "masked_psnr_gain_h16_arm",
+              "masked_psnr_gain_h16_objects", "hand_error_cm_h16_motion"):
         assert k in r and r[k] == r[k], k  # present and not NaN
     assert r["joint_source"] == "state channel"  # no proprioception read back from generated frames
     lo, hi = r["motion_psnr_gain_h16_ci"]
@@ -732,6 +733,8 @@ def test_world_model_compare_pairs_windows_so_a_model_against_itself_differs_by_
     # the same model on the same pairs and noise: the same AUROC, a difference of exactly 0
     assert r["n_pairs"] >= 1 and r["imagination_success_auroc_matched_state_b_minus_a"] == 0.0
     assert r["imagination_success_auroc_matched_frames_a"] == r["imagination_success_auroc_matched_frames_b"]
+    with pytest.raises(ValueError, match="gate_b='pushy'"):  # refused before anything is trained or loaded
+        _run("world_model_compare", gate_b="pushy")
 
 
 def test_state_channel_visited_error_scores_models_on_the_same_continuations(trained):

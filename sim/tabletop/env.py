@@ -153,11 +153,15 @@ class MujocoCell:
         """Per camera, a bool (H, W) mask of the pixels that show the arm or a cube (every geom not on the world
         body: table, floor and zones are excluded), from a MuJoCo segmentation render at `qpos`. World-model
         evaluation scores fidelity on these pixels, where the task happens."""
+        return self._geom_masks_at(qpos, np.flatnonzero(self.model.geom_bodyid != 0))
+
+    def _geom_masks_at(self, qpos: np.ndarray, geoms: np.ndarray) -> dict[str, np.ndarray]:
+        """Per camera, the pixels showing one of `geoms` at `qpos` (segmentation render); leaves the simulator there."""
         self.render_at(qpos)
         if self._seg_renderer is None:
             self._seg_renderer = mujoco.Renderer(self.model, self.height, self.width)
             self._seg_renderer.enable_segmentation_rendering()
-        return geom_masks(self._seg_renderer, self.data, {c: c for c in self.cameras}, np.flatnonzero(self.model.geom_bodyid != 0))
+        return geom_masks(self._seg_renderer, self.data, {c: c for c in self.cameras}, geoms)
 
     def render(self):
         if self.render_mode != "rgb_array":
@@ -239,6 +243,16 @@ class TabletopEnv(MujocoCell, gym.Env):
 
     def ee_pos(self) -> np.ndarray:
         return self.data.site_xpos[self._ee_site].copy()
+
+    def part_masks_at(self, qpos: np.ndarray) -> dict[str, dict[str, np.ndarray]]:
+        """`moving_mask_at` split in two: {"arm": per camera, the arm's pixels; "objects": the cubes'} (their union is
+        `moving_mask_at`). World-model evaluation reports where its masked error sits: on the arm, which the
+        commanded pose fixes, or on the cubes, which only a pushed cube's predicted state can."""
+        cubes = np.array(list(self._cube_geom.values()))
+        objects = self._geom_masks_at(qpos, cubes)
+        moving = geom_masks(self._seg_renderer, self.data, {c: c for c in self.cameras},
+                            np.setdiff1d(np.flatnonzero(self.model.geom_bodyid != 0), cubes))
+        return {"arm": moving, "objects": objects}
 
     def camera_geometry(self) -> dict[str, dict]:
         """Per camera, the pinhole model a world model projects points with (`world_models.video.camera`): a camera on

@@ -182,3 +182,24 @@ def test_batched_vector_env_equals_the_synchronous_env():
     finally:
         sync.close()
         batched.close()
+
+
+def test_part_masks_split_the_moving_mask_into_arm_and_cubes():
+    """`part_masks_at`: the arm's and the cubes' pixels are disjoint and together are `moving_mask_at`'s; moving a
+    cube (its qpos only) moves the cube mask and leaves the arm's alone."""
+    env = sim.make_env("push-red").unwrapped
+    env.reset(seed=3)
+    qpos = env.data.qpos.copy()
+    parts, whole = env.part_masks_at(qpos), env.moving_mask_at(qpos)
+    for c in whole:
+        assert not (parts["arm"][c] & parts["objects"][c]).any()
+        np.testing.assert_array_equal(parts["arm"][c] | parts["objects"][c], whole[c])
+    assert parts["objects"]["observation.images.front"].sum() > 20 and parts["arm"]["observation.images.front"].sum() > 20
+    moved = qpos.copy()
+    adr = env._cube_qpos["red"]
+    moved[adr : adr + 2] += [0.06, 0.04]
+    after = env.part_masks_at(moved)
+    front = "observation.images.front"
+    np.testing.assert_array_equal(after["arm"][front], parts["arm"][front])
+    assert (after["objects"][front] != parts["objects"][front]).sum() > 10
+    env.close()

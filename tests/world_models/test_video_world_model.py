@@ -1251,6 +1251,39 @@ def test_the_three_source_change_mask_keeps_what_the_pose_does_not_move():
     assert errs[True] < 0.5 * errs[False]
 
 
+def test_a_change_mask_with_coordinates_keeps_the_start_frame_where_the_image_says():
+    """Where the start frame stays right depends only on where in the image a pixel is (the wrist camera's fingers):
+    the left half of every frame is the start frame, the right half changes, and nothing in the images tells the
+    halves apart away from the borders. The mask that reads the pixel's coordinates learns to copy the left half;
+    the one without cannot (it blends the same way on both halves' interiors)."""
+    from world_models.video.change_mask import frame_log_mse
+    from world_models.video.networks import ChangeMask
+
+    gen = torch.Generator().manual_seed(0)
+
+    def batch(n):
+        f0 = torch.rand(n, 3, 1, 1, generator=gen).expand(n, 3, 32, 32) * 2 - 1
+        real = torch.rand(n, 3, 1, 1, generator=gen).expand(n, 3, 32, 32) * 2 - 1
+        real = torch.cat([f0[..., :16], real[..., 16:]], -1)
+        return real + 0.3 * torch.randn(real.shape, generator=gen), f0, real
+
+    errs = {}
+    for coords in (False, True):
+        torch.manual_seed(0)
+        net = ChangeMask(coords=coords)
+        opt = torch.optim.Adam(net.parameters(), 2e-3)
+        for _ in range(300):
+            pred, f0, real = batch(16)
+            loss = frame_log_mse(net(pred, f0), real)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        pred, f0, real = batch(64)
+        with torch.no_grad():
+            errs[coords] = float(((net(pred, f0) - real)[..., 4:12] ** 2).mean())  # the left half's interior
+    assert errs[True] < 0.5 * errs[False]
+
+
 def test_a_change_mask_that_reads_the_pose_keeps_the_start_frame_where_the_hand_stayed():
     """The decode shows a change (random texture) in every frame; it is real only where the commanded hand moved.
     The images cannot tell which; the pose change can. (The warp is left at the identity: trained, it can smuggle the
@@ -1351,7 +1384,7 @@ def test_training_fits_the_change_mask_on_the_models_rollouts_and_it_lowers_thei
     for cam in model.cfg.cameras:  # on the pairs it was fitted on: better than the plain decode
         assert info[f"change_mask_mse_masked_{cam}"] < info[f"change_mask_mse_plain_{cam}"]
     # the pairs are the plain decode's (the mask learns on what it corrects), whatever the flag was
-    pred, f0, real, pose, pose0, moves = mask_pairs(model, train, 2)[f"observation.images.{model.cfg.cameras[0]}"]
+    pred, f0, real, pose, pose0, moves, _ = mask_pairs(model, train, 2)[f"observation.images.{model.cfg.cameras[0]}"]
     assert pred.shape == f0.shape == real.shape and bool(model.change_mask_fitted)
     assert pose.shape == pose0.shape == (len(pred), model.cfg.pose_dim)
 
@@ -1526,8 +1559,21 @@ def test_change_objects_fits_a_mask_that_reads_the_state_channels_points(trained
     assert all(torch.equal(v, theirs[k]) for k, v in ours.items() if not k.startswith("change_mask"))
     _, train, held = load_split(tiny_data, 0.25)
     pairs = mask_pairs(model, train, 2)
-    pred, f0, real, pose, pose0, moves = pairs[f"observation.images.{model.cfg.cameras[0]}"]
+    pred, f0, real, pose, pose0, moves, real_moves = pairs[f"observation.images.{model.cfg.cameras[0]}"]
     assert moves.shape == (len(pred), model.cfg.n_objects, 5) and bool((moves[..., 4] > 0).all())
+    # the focus windows sit on the recorded objects' projections, now and at the start
+    from world_models.video.change_mask import fit_change_mask, focus_maps
+
+    assert real_moves.shape == moves.shape and not torch.equal(real_moves, moves)  # the recorded points, not the channel's
+    seen = real_moves[:, 0, 4] > 0.01
+    fm = focus_maps(real_moves[seen][:1], 64, 64)[0]
+    cx, cy = real_moves[seen][0, 0, 2:4].tolist()
+    r, c = int((cy + 1) / 2 * 64 - 0.5), int((cx + 1) / 2 * 64 - 0.5)
+    assert fm[min(max(r, 0), 63), min(max(c, 0), 63)] > 0.8 and fm.min() < 0.05
+    info = fit_change_mask(model, train, windows=2, steps=3, focus=1.0)
+    assert info["change_mask_mse_masked_front"] > 0
+    with pytest.raises(ValueError, match="geometry"):  # the source model has no cameras' geometry
+        fit_change_mask(src, train, windows=2, steps=1, focus=1.0)
     lo, _ = next(iter(held.episodes.values()))
     obs = {k: held.data[k][lo : lo + 1] for k in ("observation.images.front", "observation.images.wrist",
                                                  "observation.state", "observation.environment_state")}
@@ -1540,6 +1586,22 @@ def test_change_objects_fits_a_mask_that_reads_the_state_channels_points(trained
     assert frames["observation.images.front"].shape == (1, 4, 64, 64, 3)
     with pytest.raises(ValueError, match="points"):
         model.decode(preds["latents"], new, preds["pose"])
+    # the benchmark's split of the masked gain, and the recorded points it decodes the same latents with
+    from world_models.video.evaluate import fixed_windows, recorded_points, window_inputs
+    from wmrl.eval.world_model import window_fidelity
+
+    _, _, held = load_split(tiny_data, 0.25, keep=("qpos",))
+    fid = window_fidelity(model, held, "push-red", 6, 16, controllability=False)
+    for part in ("arm", "objects"):
+        assert fid["per_window"][f"masked_gain_{part}"].shape == (fid["n_windows"],)
+        for cam in ("", "_front", "_wrist"):
+            assert f"masked_psnr_gain_h16_{part}{cam}_recorded_points" in fid
+    wins = fixed_windows(held, 6, 16, model.cfg.context, ee_index=model.cfg.ee_index, object_xyz=model.cfg.object_xyz)
+    _, _, real = window_inputs(model, held, [(w["episode"], w["start"]) for w in wins], 16)
+    pts = recorded_points(model, real).numpy()
+    np.testing.assert_allclose(pts[..., 0, :], real["observation.state"][..., list(model.cfg.ee_index)], atol=1e-6)
+    for j, o in enumerate(model.cfg.object_xyz):
+        np.testing.assert_allclose(pts[..., 1 + j, :], real["observation.environment_state"][..., o : o + 3], atol=1e-6)
     # without a state channel there is nothing to place: the mask has no object sources
     train_world_model(tiny_wm_config(tiny_data, tmp_path / "no", change_objects=True, state_channel=False, ae_steps=2,
                                      dyn_steps=2, unroll_steps=0, change_mask_steps=2), progress=False)

@@ -29,8 +29,8 @@ from sim.tabletop.twin import CUBE_COLOURS
 from wmrl.core.features import ACTION, OBS_ENV_STATE, OBS_STATE, SUCCESS, TASK, image_key
 from wmrl.eval.loop import evaluate
 from world_models.env import WorldModelEnv
-from world_models.video.evaluate import (auroc, bootstrap_ci, fixed_windows, matched_max, pair_auroc_ci, psnr, rollout,
-                                        window_inputs)
+from world_models.video.evaluate import (auroc, bootstrap_ci, fixed_windows, matched_max, pair_auroc_ci, psnr,
+                                        recorded_points, rollout, window_inputs)
 
 
 H16 = 16
@@ -60,15 +60,25 @@ def window_fidelity(model, held, task: str, n_windows: int = 240, horizon: int =
                  "windows": [[w["episode"], w["start"], int(w["motion"])] for w in wins]}
     r = rollout(model, held, starts, horizon, steps=steps, seed=seed if sample_seed is None else sample_seed)
     cams = [image_key(c) for c in model.cfg.cameras]
-    _, _, real = window_inputs(model, held, starts, horizon)
+    start, _, real = window_inputs(model, held, starts, horizon)
     last = {c: np.stack([held.data[c][held.episodes[e][0] + t0] for e, t0 in starts]) for c in cams}
     masks, swept = {c: [] for c in cams}, {c: [] for c in cams}
+    parts = {"arm": {c: [] for c in cams}, "objects": {c: [] for c in cams}}  # the masks split, where the env can
     env = sim.make_env(task).unwrapped
     has_masks = hasattr(env, "moving_mask_at") and "qpos" in held.data
+    has_parts = has_masks and hasattr(env, "part_masks_at")
     if has_masks:
         env.reset(seed=0)
         for e, t0 in starts:
-            m = env.moving_mask_at(held.data["qpos"][held.episodes[e][0] + t0 + horizon])  # the real frame at the horizon
+            qpos_h = held.data["qpos"][held.episodes[e][0] + t0 + horizon]  # the real frame at the horizon
+            if has_parts:
+                split = env.part_masks_at(qpos_h)
+                m = {c: split["arm"][c] | split["objects"][c] for c in cams}
+                for part in parts:
+                    for c in cams:
+                        parts[part][c].append(split[part][c])
+            else:
+                m = env.moving_mask_at(qpos_h)
             m0 = env.moving_mask_at(held.data["qpos"][held.episodes[e][0] + t0])  # and where things were at the start
             for c in cams:
                 masks[c].append(m[c])
@@ -94,12 +104,32 @@ def window_fidelity(model, held, task: str, n_windows: int = 240, horizon: int =
     for name, pred in (("model", {c: r["pred"][c][:, horizon - 1] for c in cams}), ("copy", last),
                        ("ceiling", {c: rec[c].numpy() for c in cams}), ("identity_ceiling", {c: ident[c].numpy() for c in cams})):
         per[name] = np.mean([psnr(pred[c], real[c][:, horizon - 1]) for c in cams], 0)
-        with np.errstate(all="ignore"):  # a camera may show no arm or cube in a window: NaN there, skipped
-            m = np.stack([psnr(pred[c], real[c][:, horizon - 1], np.stack(masks[c])) for c in cams])
-        fin = np.isfinite(m)
-        per[name + "_masked"] = np.where(fin.any(0), np.where(fin, m, 0).sum(0) / np.maximum(fin.sum(0), 1), np.nan)
+        per[name + "_masked"] = masked_psnr(pred, {c: real[c][:, horizon - 1] for c in cams}, masks)
     gain, mgain = per["model"] - per["copy"], per["model_masked"] - per["copy_masked"]
     h = horizon
+    part_gains = {}
+    if has_parts:  # the masked gain on the arm's pixels and on the cubes' (the same per-window PSNR, the mask split)
+        preds = {"model": {c: r["pred"][c][:, h - 1] for c in cams}, "copy": last}
+        if "points" in r and getattr(model.cfg, "change_objects", False):
+            # the same latents decoded with the recorded [hand, object] points: how much of the cubes' error the
+            # state channel's predicted points make (the ceiling of a channel that were exact)
+            real_pts = recorded_points(model, real)[:, h - 1 : h]
+            dec = model.decode(r["latents"][:, h - 1 : h], model.encode(start["obs"], anchor=start["anchor"]),
+                               r["pose"][:, h - 1 : h], real_pts)
+            preds["recorded_points"] = {c: dec[c][:, 0] for c in cams}
+        real_h = {c: real[c][:, h - 1] for c in cams}
+        for part, pm in parts.items():
+            pp = {name: masked_psnr(pred, real_h, pm) for name, pred in preds.items()}
+            part_gains[part] = pp["model"] - pp["copy"]
+            out[f"masked_psnr_gain_h{h}_{part}"] = _mean((pp["model"] - pp["copy"])[motion])
+            out[f"masked_psnr_gain_h{h}_{part}_ci"] = bootstrap_ci((pp["model"] - pp["copy"])[motion])
+            if "recorded_points" in pp:
+                out[f"masked_psnr_gain_h{h}_{part}_recorded_points"] = _mean((pp["recorded_points"] - pp["copy"])[motion])
+            for c, cam in zip(cams, model.cfg.cameras):  # per camera (the wrist sees the cubes large and moving)
+                pc = {name: masked_psnr({c: pred[c]}, {c: real_h[c]}, {c: pm[c]}) for name, pred in preds.items()}
+                out[f"masked_psnr_gain_h{h}_{part}_{cam}"] = _mean((pc["model"] - pc["copy"])[motion])
+                if "recorded_points" in pc:
+                    out[f"masked_psnr_gain_h{h}_{part}_{cam}_recorded_points"] = _mean((pc["recorded_points"] - pc["copy"])[motion])
     out[f"motion_psnr_gain_h{h}"] = _mean(gain[motion])
     out[f"motion_psnr_gain_h{h}_ci"] = bootstrap_ci(gain[motion])
     out[f"static_psnr_gain_h{h}"] = _mean(gain[~motion])
@@ -133,13 +163,28 @@ def window_fidelity(model, held, task: str, n_windows: int = 240, horizon: int =
     if "ee" in r:
         err = np.linalg.norm(r["ee"] - r["real_state"][..., list(model.cfg.ee_index)], axis=-1) * 100
         out["ee_error_cm_h4"], out[f"ee_error_cm_h{h}"] = float(np.median(err[:, 3])), float(np.median(err[:, h - 1]))
+    if "points" in r:  # the channel's hand and objects against the recorded ones at h on motion windows (what the
+        # blobs and object sources are drawn from)
+        dist = np.linalg.norm(r["points"][:, h - 1] - recorded_points(model, real)[:, h - 1].numpy(), axis=-1) * 100
+        out[f"hand_error_cm_h{h}_motion"] = float(np.median(dist[motion, 0]))
+        out[f"object_error_cm_h{h}_motion"] = [float(v) for v in np.median(dist[motion, 1:], 0)]
     rest = model.cfg.rest_index  # joint angles: from the state channel when it predicts them, else frame heads
     if rest:
         jerr = np.abs(r["pred_state"][..., rest] - r["real_state"][..., rest]).max(-1)
         out[f"joint_error_rad_h{h}"] = float(np.median(jerr[:, h - 1]))
         out["joint_source"] = "state channel" if model.state_channel is not None and model.cfg.state_rest else "frame heads"
-    out["per_window"] = {"gain": gain, "masked_gain": mgain, "motion": motion}
+    out["per_window"] = {"gain": gain, "masked_gain": mgain, "motion": motion,
+                         **{f"masked_gain_{part}": g for part, g in part_gains.items()}}
     return out
+
+
+def masked_psnr(pred: dict, real: dict, masks: dict) -> np.ndarray:
+    """Per window: the PSNR of `pred` against `real` (per camera (N, H, W, 3)) on `masks` (per camera, N bool (H, W)
+    masks), averaged over the cameras that show any masked pixel in that window (NaN where none does)."""
+    with np.errstate(all="ignore"):  # a camera may show no arm or cube in a window: NaN there, skipped
+        m = np.stack([psnr(pred[c], real[c], np.stack(masks[c])) for c in pred])
+    fin = np.isfinite(m)
+    return np.where(fin.any(0), np.where(fin, m, 0).sum(0) / np.maximum(fin.sum(0), 1), np.nan)
 
 
 def error_split(pred: dict, last: dict, real: dict, regions: dict, motion: np.ndarray, names) -> dict:

@@ -13,7 +13,7 @@ import torch
 
 from wmrl.core.features import ACTION, OBS_ENV_STATE, OBS_STATE
 from wmrl.datasets.episode_videos import write_clips
-from world_models.video.model import VideoWorldModel
+from world_models.video.model import VideoWorldModel, channel_state, scene_points
 
 
 STATE, ENV_STATE = OBS_STATE, OBS_ENV_STATE
@@ -182,6 +182,14 @@ def window_inputs(model: VideoWorldModel, held, starts: list[tuple[int, int]], h
 
 
 @torch.no_grad()
+def recorded_points(model: VideoWorldModel, real: dict) -> torch.Tensor:
+    """The recorded [hand, object] points (..., 1 + k, 3) of recorded states (`window_inputs`' third value: a window's
+    real future), as the state channel's `points` would be if it were exact."""
+    x = channel_state(model.cfg, torch.as_tensor(np.asarray(real[OBS_STATE])).float(),
+                      torch.as_tensor(np.asarray(real[OBS_ENV_STATE])).float())
+    return scene_points(x, model.cfg.n_objects)
+
+
 def rollout(model: VideoWorldModel, held, starts: list[tuple[int, int]], horizon: int, steps: int | None = None,
             shuffle_actions: bool = False, seed: int = 0, decode: bool = True) -> dict:
     """Open-loop rollouts from real context frames under recorded actions. Returns predicted and real frames per

@@ -47,7 +47,8 @@ SIZES = {"tiny": (16, 32), "small": (48, 96), "base": (128, 256), "large": (192,
 
 
 # the change mask's kind: a mask is fitted after the other phases, so models that differ only in these share weights
-CHANGE_MASK_FIELDS = ("change_mask", "change_refine", "change_warp", "change_unwarped", "change_read_pose", "change_objects")
+CHANGE_MASK_FIELDS = ("change_mask", "change_refine", "change_warp", "change_unwarped", "change_read_pose", "change_objects",
+                      "change_coords")
 
 
 @dataclass
@@ -87,6 +88,7 @@ class WorldModelConfig:
     # with the three sources and a state channel, one more per object: the start frame carried by the object's
     # predicted image displacement, near where it now is (`ChangeMask(n_objects)`; needs camera_geometry)
     change_objects: bool = False
+    change_coords: bool = False  # the mask's network reads the pixel's x and y (`ChangeMask(coords)`)
     object_radius: float = 0.02  # m: an object's half extent, which sets its window in the image
     task_vocab: list[str] = field(default_factory=list)
     # the action space: end-effector delta (scaled by ee_step, clipped to the workspace) and a gripper command
@@ -283,7 +285,8 @@ class VideoWorldModel(nn.Module):
                                                           warp_pose_dim=cfg.pose_dim if cfg.change_warp else 0,
                                                           keep_unwarped=cfg.change_unwarped,
                                                           read_pose=cfg.change_read_pose,
-                                                          n_objects=cfg.n_objects if cfg.change_objects else 0)
+                                                          n_objects=cfg.n_objects if cfg.change_objects else 0,
+                                                          coords=cfg.change_coords)
                                           for c in cfg.cameras})
                             if cfg.change_mask else None)
         if cfg.change_mask:  # saved with the weights: an unfitted mask is never applied
@@ -725,7 +728,7 @@ class VideoWorldModel(nn.Module):
                                   "state_arm_rest": False, "state_detach_hand": False, "state_arm_target": False,
                                   "frame_state": False, "frame_state_noise": 0.0,
                                   "frame_blobs": False, "blob_width": 0.15, "camera_geometry": {},
-                                  "change_objects": False, "object_radius": 0.02})
+                                  "change_objects": False, "object_radius": 0.02, "change_coords": False})
         return load_state(cls(replace(cfg, state_gate=state_gate or cfg.state_gate)), path, device)
 
 

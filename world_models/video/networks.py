@@ -176,20 +176,25 @@ class ChangeMask(nn.Module):
     hand positions, projected), each allowed only inside a window around where the object now is (its logit plus
     log(window)). A pushed cube is carried as the rigid patch it is, instead of being redrawn from a latent that
     blurs it (on held-out motion windows of the CPU model the cubes' pixels were 0.5-0.7 dB better than copy-last
-    while the arm's were 3 dB better). The network also reads each translated frame and its window."""
+    while the arm's were 3 dB better). The network also reads each translated frame and its window.
+
+    With `coords` the network also reads two planes of the pixel's x and y (CoordConv, Liu et al. 2018): what stays
+    put in a camera's image is tied to where in the image it is (the wrist camera's fingers, a fixed camera's table
+    edge), which convolutions alone can only infer from the image's borders."""
 
     def __init__(self, width: int = 16, refine: bool = False, warp_pose_dim: int = 0, keep_unwarped: bool = False,
-                 read_pose: bool = False, n_objects: int = 0):
+                 read_pose: bool = False, n_objects: int = 0, coords: bool = False):
         super().__init__()
         if (keep_unwarped or read_pose) and not warp_pose_dim:
             raise ValueError("keep_unwarped and read_pose come with the warp of the start frame: they need warp_pose_dim > 0")
         if n_objects and not keep_unwarped:
             raise ValueError("object sources join the softmax of three sources: n_objects needs keep_unwarped")
         self.refine, self.keep_unwarped, self.read_pose, self.n_objects = refine, keep_unwarped, read_pose, n_objects
+        self.coords = coords
         # inputs: the decode, the base (and the unwarped start frame), the decode's difference from each (and the
         # pose change); outputs: the blend's logit (a softmax's three with three sources), the correction's 3 channels
         n_in, n_logits = (15, 3) if keep_unwarped else (9, 1)
-        n_in += (warp_pose_dim if read_pose else 0) + 4 * n_objects
+        n_in += (warp_pose_dim if read_pose else 0) + 4 * n_objects + 2 * coords
         n_logits += n_objects
         self.n_logits = n_logits
         self.net = nn.Sequential(nn.Conv2d(n_in, width, 3, padding=1), nn.SiLU(),
@@ -250,6 +255,11 @@ class ChangeMask(nn.Module):
                 raise ValueError("this change mask carries each object's patch of the start frame: pass `objects`")
             moved, win = self.object_sources(frame0, objects)
             inputs += [moved.flatten(1, 2), win]
+        if self.coords:
+            H, W = pred.shape[-2:]
+            ys = torch.linspace(-1, 1, H, device=pred.device, dtype=pred.dtype)[:, None].expand(H, W)
+            xs = torch.linspace(-1, 1, W, device=pred.device, dtype=pred.dtype)[None].expand(H, W)
+            inputs.append(torch.stack([xs, ys])[None].expand(len(pred), -1, -1, -1))
         o = self.net(torch.cat(inputs, 1))
         if self.keep_unwarped:
             logits = o[:, : self.n_logits]

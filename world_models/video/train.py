@@ -89,6 +89,13 @@ class TrainWMConfig:
     predicted image displacement, only near where it now is (`networks.ChangeMask(n_objects)`; the cameras' geometry
     is read from the dataset's simulator task, `world_models/video/camera.py`). Off where it cannot apply (no state
     channel, no three-source mask, no simulator that gives its cameras' geometry); the model's config says."""
+    change_coords: bool = False
+    """The change mask's network also reads the pixel's x and y (`networks.ChangeMask(coords=True)`): the wrist
+    camera's fingers and a fixed camera's background stay put at fixed places in the image."""
+    change_mask_focus: float = 0.0
+    """Weight of a second term in the change mask's loss: the frames' log MSE inside windows around where the recorded
+    objects are and were (`change_mask.focus_maps`; needs the recorded object state and the cameras' geometry). The
+    whole frame's log MSE hardly sees a cube's few pixels, which a policy reads; 0: the whole frame only."""
     batch_size: int = 32
     lr: float = 3e-4
     context: int = 2
@@ -228,6 +235,7 @@ def model_config(cfg: TrainWMConfig, ds) -> WorldModelConfig:
                             change_unwarped=cfg.change_mask_steps > 0 and cfg.change_warp and cfg.change_unwarped,
                             change_read_pose=cfg.change_mask_steps > 0 and cfg.change_warp and cfg.change_read_pose,
                             change_objects=objects,
+                            change_coords=cfg.change_mask_steps > 0 and cfg.change_coords,
                             action_dim=int(ds.features[ACTION]["shape"][0]), state_dim=int(ds.features[STATE]["shape"][0]),
                             env_state_dim=int(ds.features[ENV_STATE]["shape"][0]) if ENV_STATE in ds.features else 0)
 
@@ -455,6 +463,8 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
     for name in ("ae_steps", "state_steps", "dyn_steps", "unroll_steps", "change_mask_steps", "change_mask_windows"):
         if getattr(cfg, name) < 0:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(cfg, name)}")
+    if not cfg.change_mask_focus >= 0:  # NaN fails too
+        raise ValueError(f"--change-mask-focus must be >= 0, got {cfg.change_mask_focus}")
     if not 0 <= cfg.mean_share < 1:
         raise ValueError(f"--mean-share must be in [0, 1) (1 would leave the diffusion path untrained), got {cfg.mean_share}")
     if cfg.compile not in COMPILE_MODES:
@@ -638,7 +648,8 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
         from world_models.video.change_mask import fit_change_mask
 
         bar.write(f"fitting the change mask ({cfg.change_mask_steps} steps on {cfg.change_mask_windows} windows' rollouts)")
-        minfo = fit_change_mask(model, train, cfg.change_mask_windows, cfg.change_mask_steps, seed=cfg.seed)
+        minfo = fit_change_mask(model, train, cfg.change_mask_windows, cfg.change_mask_steps, seed=cfg.seed,
+                                focus=cfg.change_mask_focus)
         tracker.log(minfo, step=step)
         last.update(minfo)
         extra["change_mask_step"] = step
