@@ -181,7 +181,6 @@ def window_inputs(model: VideoWorldModel, held, starts: list[tuple[int, int]], h
     return {"obs": start, "anchor": {c: np.stack(v) for c, v in anchor.items()}}, {ACTION: np.stack(acts)}, real
 
 
-@torch.no_grad()
 def recorded_points(model: VideoWorldModel, real: dict) -> torch.Tensor:
     """The recorded [hand, object] points (..., 1 + k, 3) of recorded states (`window_inputs`' third value: a window's
     real future), as the state channel's `points` would be if it were exact."""
@@ -190,6 +189,7 @@ def recorded_points(model: VideoWorldModel, real: dict) -> torch.Tensor:
     return scene_points(x, model.cfg.n_objects)
 
 
+@torch.no_grad()
 def rollout(model: VideoWorldModel, held, starts: list[tuple[int, int]], horizon: int, steps: int | None = None,
             shuffle_actions: bool = False, seed: int = 0, decode: bool = True) -> dict:
     """Open-loop rollouts from real context frames under recorded actions. Returns predicted and real frames per
