@@ -1623,3 +1623,39 @@ def test_init_from_a_checkpoint_saved_before_the_latent_statistics_computes_them
     wm_train.set_latent_statistics(ref, train)
     assert wm_train.latent_statistics_set(new)
     assert all(torch.allclose(getattr(new, b), getattr(ref, b), atol=1e-5) for b in ("lat_mean", "lat_std", "res_std"))
+
+
+def test_heads_refitted_on_rollouts_change_only_the_heads_and_keep_a_fitted_mask(trained, tiny_data, tmp_path, monkeypatch):
+    """train-wm --head-rollout-steps on a finished model (no other phase): the heads are fitted on the model's own
+    rollouts from each training episode's first frame, every other weight is kept (the change mask too: nothing it
+    reads changed, so it is not refitted), and the labels are the episodes' recorded ones, step by step."""
+    from world_models.video import rollout_heads
+    from world_models.video.rollout_heads import rollout_latents
+
+    _, train, _ = load_split(tiny_data, 0.25)
+    src = VideoWorldModel.load(trained / "checkpoints/last")
+    r = rollout_latents(src, train, horizon=12, episodes=3, seed=0)
+    lo, T = next(iter(train.episodes.values()))
+    assert r["latents"].shape[:2] == r["mask"].shape == (3, 12) and len(r["tasks"]) == 3
+    spans = list(train.episodes.values())
+    picked = [spans[i] for i in sorted(np.random.default_rng(0).choice(len(spans), 3, replace=False))]
+    (lo, T) = picked[0]
+    t = min(12, T - 1)
+    assert r["mask"][0].sum() == t
+    np.testing.assert_allclose(r["labels"]["success"][0, :t], train.data["next.success"][lo : lo + t])
+    np.testing.assert_allclose(r["labels"]["state"][0, :t], train.data["observation.state"][lo + 1 : lo + 1 + t])
+    calls = []
+    monkeypatch.setattr("world_models.video.change_mask.fit_change_mask", lambda *a, **k: calls.append(1) or {})
+    run = tmp_path / "heads"
+    train_world_model(tiny_wm_config(tiny_data, run, init_from=trained, ae_steps=0, state_steps=0, dyn_steps=0,
+                                     unroll_steps=0, head_rollout_steps=20, head_rollout_horizon=8,
+                                     head_rollout_episodes=4), progress=False)
+    assert not calls  # the source's fitted mask is kept as it is
+    model = VideoWorldModel.load(run / "checkpoints/last")
+    theirs, ours = src.state_dict(), model.state_dict()
+    assert all(torch.equal(v, theirs[k]) for k, v in ours.items() if not k.startswith("heads."))
+    assert not all(torch.equal(v, theirs[k]) for k, v in ours.items() if k.startswith("heads."))
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert any(row.get("rollout_heads_episodes") == 4 for row in rows)
+    with pytest.raises(ValueError, match="head-rollout-horizon"):
+        train_world_model(tiny_wm_config(tiny_data, tmp_path / "bad", head_rollout_horizon=0), progress=False)

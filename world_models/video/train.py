@@ -69,6 +69,13 @@ class TrainWMConfig:
     which keeps each decoded frame at the start frame where nothing moved (0: no mask)."""
     change_mask_windows: int = 200
     """Training windows (16 frames each) whose rollouts the change mask is fitted on."""
+    head_rollout_steps: int = 0
+    """After the last phase: Adam steps fitting the frame heads on the model's own rollouts of training episodes from
+    their first frame (`rollout_heads.py`: success read as far into a rollout as imagination reads it; 0: none)."""
+    head_rollout_horizon: int = 40
+    """Steps of each episode those rollouts run (the task's success episodes end at 13-33 steps)."""
+    head_rollout_episodes: int = 300
+    """Training episodes rolled out for the heads (a seeded choice when there are more)."""
     change_refine: bool = True
     """The change mask's network also learns a pixel correction of the blend (`networks.ChangeMask(refine=True)`):
     on the seed-3 CPU model +0.2 dB on motion windows, +0.3 masked and +0.4 Delta-t for -0.1 dB on static ones (README)."""
@@ -460,9 +467,13 @@ def unrolled_batch(model: VideoWorldModel, d: dict, H: int, gen: torch.Generator
 
 
 def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
-    for name in ("ae_steps", "state_steps", "dyn_steps", "unroll_steps", "change_mask_steps", "change_mask_windows"):
+    for name in ("ae_steps", "state_steps", "dyn_steps", "unroll_steps", "change_mask_steps", "change_mask_windows",
+                 "head_rollout_steps"):
         if getattr(cfg, name) < 0:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(cfg, name)}")
+    if cfg.head_rollout_horizon < 1 or cfg.head_rollout_episodes < 1:
+        raise ValueError(f"--head-rollout-horizon and --head-rollout-episodes must be >= 1, got "
+                         f"{cfg.head_rollout_horizon} and {cfg.head_rollout_episodes}")
     if not cfg.change_mask_focus >= 0:  # NaN fails too
         raise ValueError(f"--change-mask-focus must be >= 0, got {cfg.change_mask_focus}")
     if not 0 <= cfg.mean_share < 1:
@@ -518,6 +529,10 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
         weights = {k: v for k, v in src.state_dict().items() if mask_same or not k.startswith("change_mask")}
         if same:  # the same model: fine-tune all
             model.load_state_dict(weights, strict=mask_same)
+            if mask_same and bool(src.change_mask_fitted) and not (cfg.ae_steps or cfg.state_steps or cfg.dyn_steps
+                                                                   or cfg.unroll_steps or dagger.rounds):
+                # nothing the mask reads changes (the heads are not among it): the source's fitted mask stays
+                extra["change_mask_step"] = 0
         elif replace(src.cfg, state_rest=mcfg.state_rest, state_members=mcfg.state_members, state_pairs=mcfg.state_pairs,
                      state_hand_frame=mcfg.state_hand_frame, state_velocity=mcfg.state_velocity, state_arm_rest=mcfg.state_arm_rest,
                      state_detach_hand=mcfg.state_detach_hand, state_arm_target=mcfg.state_arm_target,
@@ -644,6 +659,17 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
         if save:
             _save_checkpoint(run, step, model, opts, {**extra, "seconds": time.time() - t0})
     bar.close()
+    if cfg.head_rollout_steps and extra.get("head_rollout_step") != step:  # after every phase that moves the latents
+        from world_models.video.rollout_heads import fit_heads_on_rollouts
+
+        bar.write(f"fitting the frame heads on rollouts ({cfg.head_rollout_steps} steps, {cfg.head_rollout_episodes} "
+                  f"episodes x {cfg.head_rollout_horizon} steps)")
+        hinfo = fit_heads_on_rollouts(model, train, cfg.head_rollout_horizon, cfg.head_rollout_steps,
+                                      cfg.head_rollout_episodes, seed=cfg.seed)
+        tracker.log(hinfo, step=step)
+        last.update(hinfo)
+        extra["head_rollout_step"] = step
+        _save_checkpoint(run, step, model, opts, {**extra, "seconds": time.time() - t0})
     if cfg.change_mask_steps and extra.get("change_mask_step") != step:  # refitted whenever the model trained on
         from world_models.video.change_mask import fit_change_mask
 
