@@ -1629,7 +1629,6 @@ def test_heads_refitted_on_rollouts_change_only_the_heads_and_keep_a_fitted_mask
     """train-wm --head-rollout-steps on a finished model (no other phase): the heads are fitted on the model's own
     rollouts from each training episode's first frame, every other weight is kept (the change mask too: nothing it
     reads changed, so it is not refitted), and the labels are the episodes' recorded ones, step by step."""
-    from world_models.video import rollout_heads
     from world_models.video.rollout_heads import rollout_latents
 
     _, train, _ = load_split(tiny_data, 0.25)

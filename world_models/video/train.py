@@ -529,8 +529,9 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
         weights = {k: v for k, v in src.state_dict().items() if mask_same or not k.startswith("change_mask")}
         if same:  # the same model: fine-tune all
             model.load_state_dict(weights, strict=mask_same)
-            if mask_same and bool(src.change_mask_fitted) and not (cfg.ae_steps or cfg.state_steps or cfg.dyn_steps
-                                                                   or cfg.unroll_steps or dagger.rounds):
+            fitted = src.change_mask is not None and bool(src.change_mask_fitted)
+            if mask_same and fitted and not (cfg.ae_steps or cfg.state_steps or cfg.dyn_steps or cfg.unroll_steps
+                                             or dagger.rounds):
                 # nothing the mask reads changes (the heads are not among it): the source's fitted mask stays
                 extra["change_mask_step"] = 0
         elif replace(src.cfg, state_rest=mcfg.state_rest, state_members=mcfg.state_members, state_pairs=mcfg.state_pairs,
