@@ -232,7 +232,7 @@ def world_model_stage(base: Path, wm_episodes: int = 300, quick: bool = False, w
                                                           perturbed=0.25, noise=0.05, seed=0, overwrite=True), progress=False))
     if not (wm_run / "checkpoints" / "last" / "model.safetensors").exists():
         tiny = dict(size="tiny", ae_steps=30, state_steps=20, dyn_steps=30, unroll_steps=6, batch_size=8, videos=0,
-                    change_mask_steps=5, change_mask_windows=2) if quick else {}
+                    change_mask_steps=5, change_mask_windows=2, head_rollout_steps=0) if quick else {}
         cfg = TrainWMConfig(data=wm_data, out=wm_run, overwrite=True, **tiny)
         stage("world_model", lambda: train_world_model(cfg, progress=False))
     return wm_data, wm_run

@@ -59,7 +59,7 @@ def prepare(task: str = "object-0", episodes: int = 60, horizon: int = 140, size
         collect(CollectConfig(task=f"libero-{task}", episodes=episodes, out=data, overwrite=True, num_envs=1,
                               max_episode_steps=horizon, post_success_steps=3, **MIX), progress=not quick)
     base = TrainWMConfig(data=data, out=run)
-    steps = (dict(ae_steps=4, dyn_steps=4, unroll_steps=2, batch_size=4, change_mask_steps=5, change_mask_windows=2) if quick else
+    steps = (dict(ae_steps=4, dyn_steps=4, unroll_steps=2, batch_size=4, change_mask_steps=5, change_mask_windows=2, head_rollout_steps=0) if quick else
              {k: int(getattr(base, k) * steps_scale) for k in ("ae_steps", "dyn_steps", "unroll_steps")})
     state = run / "checkpoints/last/train_state.json"
     budget = sum(steps[k] for k in ("ae_steps", "dyn_steps", "unroll_steps"))

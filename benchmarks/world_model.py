@@ -99,7 +99,7 @@ def main(quick: bool = False, size: str = "small", device: str = "cpu", steps_sc
     mix = dict(failures=0.3, noise=0.05, perturbed=0.25)
     base = TrainWMConfig(data=Path("."), out=Path("."))
     steps = dict(ae_steps=20, state_steps=20, dyn_steps=20, unroll_steps=10, size="tiny", batch_size=8, change_mask_steps=10,
-                 change_mask_windows=4) if quick else dict(
+                 change_mask_windows=4, head_rollout_steps=20) if quick else dict(
         size=size, device=device, batch_size=batch_size, amp=amp, compile=compile, motion_weight=float(motion_weight),
         eval_every=int(eval_every), seed=int(seed), state_unroll=int(state_unroll), state_arm_rest=state_arm_rest,
         state_detach_hand=state_detach_hand,

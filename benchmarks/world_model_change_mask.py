@@ -54,7 +54,8 @@ def main(quick: bool = False, run: str = "small-cpu-s3", windows: int = 240, fit
         folder = Path(tempfile.mkdtemp(prefix="wmrl-bench-wm-mask-"))
         collect(CollectConfig(task="push-red", episodes=10, out=folder / "data", failures=1.0, num_envs=1), progress=False)
         train_world_model(TrainWMConfig(data=folder / "data", out=folder / "model", size="tiny", ae_steps=10, state_steps=10,
-                                        dyn_steps=10, unroll_steps=0, batch_size=8, videos=0, change_mask_steps=0),
+                                        dyn_steps=10, unroll_steps=0, batch_size=8, videos=0, change_mask_steps=0,
+                                        head_rollout_steps=0),
                           progress=False)
         windows, fit_windows, fit_steps = 8, 4, 10
     else:

@@ -54,7 +54,8 @@ def main(quick: bool = False, a: str = "", b: str = "", windows: int = 240, auro
         # near-success failures run the whole 80 steps, so the held-out episode holds 16-step windows
         collect(CollectConfig(task="push-red", episodes=10, out=work / "data", failures=1.0, num_envs=1), progress=False)
         train_world_model(TrainWMConfig(data=work / "data", out=work / "model", size="tiny", ae_steps=10, state_steps=10,
-                                        dyn_steps=10, unroll_steps=0, batch_size=8, videos=0, change_mask_steps=5, change_mask_windows=2),
+                                        dyn_steps=10, unroll_steps=0, batch_size=8, videos=0, change_mask_steps=5, change_mask_windows=2,
+                                        head_rollout_steps=20),
                           progress=False)
         runs = {"a": work, "b": work}
         windows, pairs = 8, min(pairs, 4)

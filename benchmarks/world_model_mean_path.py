@@ -66,7 +66,7 @@ def main(quick: bool = False, source: str = "runs/bench-imagination/demo", windo
             budget[k] for k in ("state_steps", "dyn_steps", "unroll_steps"))
         if not done:
             train_world_model(TrainWMConfig(data=data, out=run, init_from=src, ae_steps=0, mean_share=share, videos=0,
-                                            overwrite=True, **budget, **(dict(change_mask_steps=5, change_mask_windows=2) if quick else {})),
+                                            overwrite=True, **budget, **(dict(change_mask_steps=5, change_mask_windows=2, head_rollout_steps=0) if quick else {})),
                               progress=not quick)
         model = VideoWorldModel.load(run / "checkpoints/last").eval()
         for steps in (1, 3):
@@ -100,7 +100,8 @@ def _tiny_source(work: Path) -> None:
     # mostly near-success failures: they run the full 80 steps, so the held-out episode fits 16-step windows
     collect(CollectConfig(task="push-red", episodes=10, out=work / "data", failures=0.9, num_envs=1), progress=False)
     train_world_model(TrainWMConfig(data=work / "data", out=work / "src_run", size="tiny", ae_steps=20, state_steps=4,
-                                    dyn_steps=4, unroll_steps=0, batch_size=8, videos=0, change_mask_steps=5, change_mask_windows=2),
+                                    dyn_steps=4, unroll_steps=0, batch_size=8, videos=0, change_mask_steps=5, change_mask_windows=2,
+                                    head_rollout_steps=0),
                       progress=False)
     shutil.copytree(work / "src_run" / "checkpoints" / "last", work / "source")
 

@@ -53,7 +53,8 @@ def _tiny_base(work: Path) -> Path:
 
     collect(CollectConfig(task="push-red", episodes=8, out=work / "data", failures=0.5, num_envs=1), progress=False)
     train_world_model(TrainWMConfig(data=work / "data", out=work / "model", size="tiny", ae_steps=20, state_steps=20,
-                                    dyn_steps=20, unroll_steps=0, batch_size=8, videos=0, change_mask_steps=5, change_mask_windows=2),
+                                    dyn_steps=20, unroll_steps=0, batch_size=8, videos=0, change_mask_steps=5, change_mask_windows=2,
+                                    head_rollout_steps=0),
                       progress=False)
     return work
 

@@ -73,7 +73,7 @@ def main(quick: bool = False, device: str = "cpu", size: str = "base", batch_siz
             train_world_model(TrainWMConfig(data=data, out=out, size="tiny" if quick else size, device=device,
                                             batch_size=4 if quick else b, compile=None if mode == "eager" else mode,
                                             log_every=1 if quick else 25, ckpt_every=10**9, videos=0, overwrite=True,
-                                            change_mask_steps=0,  # not a training phase: not timed
+                                            change_mask_steps=0, head_rollout_steps=0,  # not training phases: not timed
                                             **steps), progress=not quick)
             shutil.copy(out / "metrics.jsonl", log_dir / f"{name(mode, b)}.jsonl")
         import torch

@@ -180,7 +180,7 @@ def test_collect_writes_a_lerobot_dataset_and_a_world_model_imagines_it_under_7d
     assert ep["observation.images.front"].shape[1:] == (64, 64, 3) and ep["task"][0].startswith("pick up the alphabet")
     train_world_model(TrainWMConfig(data=out, out=tmp_path / "wm", size="tiny", ae_steps=2, state_steps=2,
                                     dyn_steps=2, unroll_steps=0, batch_size=2, holdout=0.34, videos=0, overwrite=True,
-                                    change_mask_steps=5, change_mask_windows=2),
+                                    change_mask_steps=5, change_mask_windows=2, head_rollout_steps=0),
                       progress=False)
     model = VideoWorldModel.load(tmp_path / "wm" / "checkpoints" / "last")
     assert model.cfg.action_dim == 7 and model.cfg.pose_dim == 7 and model.success_source == "state"

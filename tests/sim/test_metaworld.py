@@ -213,7 +213,8 @@ def test_a_world_models_state_channel_predicts_metaworlds_objects_in_its_layout(
     collect(CollectConfig(task="metaworld-push", episodes=3, out=data, num_envs=1), progress=False)
     run = tmp_path / "wm"
     train_world_model(TrainWMConfig(data=data, out=run, size="tiny", ae_steps=2, state_steps=30, dyn_steps=2,
-                                    unroll_steps=0, batch_size=4, holdout=0.0, videos=0, change_mask_steps=5, change_mask_windows=2),
+                                    unroll_steps=0, batch_size=4, holdout=0.0, videos=0, change_mask_steps=5, change_mask_windows=2,
+                                    head_rollout_steps=0),
                       progress=False)
     model = VideoWorldModel.load(run / "checkpoints/last")
     assert model.success_source == "state" and model.cfg.object_xyz == (4, 11) and model.cfg.n_objects == 2

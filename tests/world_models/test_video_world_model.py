@@ -1482,9 +1482,11 @@ def test_camera_geometry_projects_a_cube_onto_its_segmentation():
     assert np.median(errs["front"]) < 0.03 and np.median(errs["wrist"]) < 0.08
 
 
-def test_frame_blobs_draw_each_point_where_the_camera_sees_it(trained, tiny_data, tmp_path):
+def test_frame_blobs_draw_each_point_where_the_camera_sees_it(trained, tiny_data, tmp_path, monkeypatch):
     """`frame_blobs`: train-wm records the simulator's camera geometry; each input map peaks at its point's
-    projection (camera-major, then frame, then point); refusals without frame_state or a camera's geometry."""
+    projection (camera-major, then frame, then point); refusals without frame_state or a camera's geometry; the
+    option brings the frame state and is off where no camera geometry is given."""
+    import world_models.video.train as train_mod
     from world_models.video.camera import project
 
     run = tmp_path / "blobs"
@@ -1517,8 +1519,13 @@ def test_frame_blobs_draw_each_point_where_the_camera_sees_it(trained, tiny_data
         VideoWorldModel(dataclasses.replace(model.cfg, frame_state=False))
     with pytest.raises(ValueError, match="wrist"):
         VideoWorldModel(dataclasses.replace(model.cfg, camera_geometry={"front": model.cfg.camera_geometry["front"]}))
-    with pytest.raises(ValueError, match="--frame-state"):
-        train_world_model(tiny_wm_config(tiny_data, tmp_path / "no", frame_blobs=True), progress=False)
+    # the blobs bring the frame state they draw; where no simulator gives the cameras' geometry, neither applies
+    for name, geometry in (("implied", train_mod.camera_geometry), ("no-geometry", lambda ds: None)):
+        monkeypatch.setattr(train_mod, "camera_geometry", geometry)
+        train_world_model(tiny_wm_config(tiny_data, tmp_path / name, init_from=trained, frame_blobs=True, ae_steps=0,
+                                         state_steps=0, dyn_steps=1, unroll_steps=0, change_mask_steps=0), progress=False)
+        cfg = VideoWorldModel.load(tmp_path / name / "checkpoints/last").cfg
+        assert (cfg.frame_state, cfg.frame_blobs) == ((True, True) if name == "implied" else (False, False))
 
 
 def test_object_sources_carry_the_start_frames_patch_by_the_objects_shift():

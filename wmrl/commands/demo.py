@@ -117,6 +117,7 @@ def run_demo(cfg: DemoConfig, progress: bool = True) -> dict:
         dyn_steps=cfg.wm_dyn_steps, unroll_steps=max(2, cfg.wm_dyn_steps // 4),
         state_steps=max(10, cfg.wm_dyn_steps // 2), batch_size=8 if cfg.quick else 32,
         change_mask_steps=10 if cfg.quick else 800, change_mask_windows=4 if cfg.quick else 200,
+        **({"head_rollout_steps": 20} if cfg.quick else {}),
         holdout=0.1, videos=2, overwrite=True, seed=cfg.seed), progress=progress).items() if k != "videos"})
     wm_eval = stage("world_model_eval", lambda: evaluate_world_model(run, cfg))
     keep = max(1, cfg.bc_steps // 3)

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -98,21 +99,35 @@ def hallucination_rate(policy, model, task: str, n: int, seed: int = 30_000, suc
             "missed_success": float((~imagined & true).mean()), "n": n, "n_imagined_success": n_imag}
 
 
+# TrainWMConfig fields that belong to one run or machine, not to the recipe a fine-tune keeps
+RUN_FIELDS = frozenset({"data", "out", "extra_data", "init_from", "resume", "overwrite", "seed", "videos", "device",
+                        "amp", "compile", "threads", "state_dagger_rounds"})
+# recipe options whose default turned on after runs were recorded without them (those runs trained with them off)
+RECIPE_ADDED_OFF = {"frame_blobs": False, "change_objects": False, "head_rollout_steps": 0}
+
+
+def source_recipe(config: dict) -> dict:
+    """The TrainWMConfig options of a world-model run's config.yaml that its model was built with (a fine-tune with
+    other ones would retrain its frames model), without those of one run or machine; options the config predates
+    were off then."""
+    recipe = {k: config.get(k, off) for k, off in RECIPE_ADDED_OFF.items()}
+    recipe.update({f.name: config[f.name] for f in dataclasses.fields(TrainWMConfig)
+                   if f.name in config and f.name not in RUN_FIELDS})
+    return recipe
+
+
 def evolve_world_model(wm_run: Path, policy_path: Path, task: str, budget: int, out: Path, steps: int = 600,
                        seed: int = 40_000, progress: bool = True) -> Path:
     """Collect `budget` true rollouts of the evolved policy and fine-tune the world model on them plus its data."""
     import yaml
 
-
     data = collect(CollectConfig(task=task, episodes=budget, out=out / "rollouts", policy_path=policy_path, seed=seed,
                                  overwrite=True, num_envs=1, post_success_steps=3), progress=progress)
     base = yaml.safe_load((Path(wm_run) / "config.yaml").read_text())
-    cfg = TrainWMConfig(data=Path(base["data"]), extra_data=(out / "rollouts",), out=out / "world_model",
-                        size=base["size"], init_from=Path(wm_run), ae_steps=0, state_steps=steps // 2, dyn_steps=steps,
-                        unroll_steps=steps // 5,
-                        batch_size=base["batch_size"], lr=base["lr"] / 3, context=base["context"], chunk=base["chunk"],
-                        holdout=base["holdout"], videos=2, overwrite=True, seed=seed,
-                        change_mask_steps=base.get("change_mask_steps", 0), change_mask_windows=base.get("change_mask_windows", 200))
+    cfg = TrainWMConfig(**{**source_recipe(base), "data": Path(base["data"]), "extra_data": (out / "rollouts",),
+                           "out": out / "world_model", "init_from": Path(wm_run), "ae_steps": 0,
+                           "state_steps": steps // 2, "dyn_steps": steps, "unroll_steps": steps // 5,
+                           "lr": base["lr"] / 3, "videos": 2, "overwrite": True, "seed": seed})
     train_world_model(cfg, progress=progress)
     return out / "world_model"
 
