@@ -4,8 +4,10 @@
 folders `wmrl bench world-model` trains in, e.g. `small-cpu-x4` and `small-cpu-x4-ep1200`). Both models roll out
 from the same 240 held-out windows (`fixed_windows`, seed 0) under the recorded actions, at each model's default
 sampling steps and at 1 step (as imagination samples). Per window: PSNR gain over copy-last at h16 (whole frame,
-and masked to the arm and cubes, and the mask split into the arm's and the cubes' pixels), and B's minus A's, with a bootstrap 95% interval and the share of windows B wins,
-on motion and static windows. The check of the metric, in the same run: A against itself with other sampling noise
+and masked to the arm and cubes, and the mask split into the arm's and the cubes' pixels), and B's minus A's, with a
+bootstrap 95% interval and the share of windows B wins, on motion and static windows; again with whole held-out
+episodes resampled (`..._ci_episodes`, `..._b_wins_episodes`: the windows come from a dozen or so episodes, so the
+per-window interval is optimistic). The check of the metric, in the same run: A against itself with other sampling noise
 (its difference must sit near 0 and its wins near 0.5). Both runs must hold the same held-out episodes (refused
 otherwise: their frames and actions are compared). Each model's own summary says where its masked error sits: the
 arm's and the cubes' gains per camera, with a mask that has object sources also decoded from the recorded [hand, cube]
@@ -87,11 +89,14 @@ def main(quick: bool = False, a: str = "", b: str = "", windows: int = 240, auro
                               ("masked_gain_objects", "masked_psnr_objects")):
                 if key.startswith("masked_gain") and split == "static" or key not in fid["a"]:
                     continue  # few arm or cube pixels change in a static window; an env without part masks
-                p = paired(fid["a"][key], fid["b"][key], sel)
+                p = paired(fid["a"][key], fid["b"][key], sel, groups=fid["a"]["episode"])
                 c = paired(fid["a"][key], check[key], sel)
                 tag = f"{name}{what}_h16_{split}"
                 out[f"{tag}_a"], out[f"{tag}_b"] = float(np.nanmean(fid["a"][key][sel])), float(np.nanmean(fid["b"][key][sel]))
                 out[f"{tag}_b_minus_a"], out[f"{tag}_b_minus_a_ci"], out[f"{tag}_b_wins"] = p["mean"], p["ci"], p["wins"]
+                # the same with whole held-out episodes resampled (their windows are not independent)
+                out[f"{tag}_b_minus_a_ci_episodes"], out[f"{tag}_b_wins_episodes"] = p["ci_groups"], p["group_wins"]
+                out[f"{tag}_n_episodes"] = p["n_groups"]
                 out[f"{tag}_a_vs_itself"], out[f"{tag}_a_vs_itself_wins"] = c["mean"], c["wins"]
     out["n_motion_windows"] = int(motion.sum())
     if auroc:

@@ -730,6 +730,9 @@ def test_world_model_compare_pairs_windows_so_a_model_against_itself_differs_by_
         assert r[f"{name}psnr_h16_motion_b_minus_a"] == 0.0 and r[f"{name}psnr_h16_motion_b_wins"] == 0.5
         assert r[f"{name}psnr_h16_motion_a"] == r[f"{name}psnr_h16_motion_b"]
         assert np.isfinite(r[f"{name}psnr_h16_motion_a_vs_itself"])  # the same model with other sampling noise
+        # episodes resampled: a difference of exactly 0 in every draw, counted per held-out episode
+        assert r[f"{name}psnr_h16_motion_b_minus_a_ci_episodes"] == [0.0, 0.0]
+        assert r[f"{name}psnr_h16_motion_b_wins_episodes"] == 0.5 and r[f"{name}psnr_h16_motion_n_episodes"] >= 1
     # the same model on the same pairs and noise: the same AUROC, a difference of exactly 0
     assert r["n_pairs"] >= 1 and r["imagination_success_auroc_matched_state_b_minus_a"] == 0.0
     assert r["imagination_success_auroc_matched_frames_a"] == r["imagination_success_auroc_matched_frames_b"]

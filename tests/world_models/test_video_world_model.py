@@ -430,6 +430,30 @@ def test_paired_difference_is_b_minus_a_with_wins_and_an_interval():
     assert paired_difference(a, b, sel)["n"] == 2 and paired_difference(a, b, sel)["mean"] == pytest.approx(1.5)
 
 
+def test_group_bootstrap_resamples_whole_episodes():
+    # 8 episodes x 30 windows, each episode's windows sharing a large offset: 240 windows, but 8 independent draws
+    rng = np.random.default_rng(0)
+    ep = np.repeat(np.arange(8), 30)
+    x = rng.normal(0.0, 2.0, 8)[ep] + rng.normal(0.0, 0.2, 240)
+    lo, hi = bootstrap_ci(x)
+    glo, ghi = bootstrap_ci(x, groups=ep)
+    assert glo < x.mean() < ghi and (ghi - glo) > 4 * (hi - lo)
+    # one window per group is the plain bootstrap; another statistic goes through the concatenating path
+    assert bootstrap_ci(x[:50], groups=np.arange(50)) == pytest.approx(bootstrap_ci(x[:50]))
+    mlo, mhi = bootstrap_ci(x, groups=ep, stat=np.median)
+    assert mlo < np.median(x) < mhi
+    with pytest.raises(ValueError, match="groups"):
+        bootstrap_ci(x, groups=ep[:10])
+    # paired: the episode interval, the share of episodes B wins (by its mean difference) and their number
+    a, b = np.zeros(240), x
+    sel = ep < 6
+    p = paired_difference(a, b, sel, groups=ep)
+    per = np.array([x[ep == k].mean() for k in range(6)])
+    assert p["n"] == 180 and p["n_groups"] == 6 and p["group_wins"] == pytest.approx((per > 0).mean())
+    assert p["ci_groups"] == pytest.approx(list(bootstrap_ci(x[sel], groups=ep[sel])))
+    assert "ci_groups" not in paired_difference(a, b, sel)
+
+
 def test_pair_auroc_interval_resamples_whole_pairs():
     truth = np.array([True, False] * 20)
     perfect = np.where(truth, 1.0, 0.0)
@@ -1599,6 +1623,9 @@ def test_change_objects_fits_a_mask_that_reads_the_state_channels_points(trained
 
     _, _, held = load_split(tiny_data, 0.25, keep=("qpos",))
     fid = window_fidelity(model, held, "push-red", 6, 16, controllability=False)
+    assert fid["per_window"]["episode"].tolist() == [w[0] for w in fid["windows"]]
+    lo, hi = fid["motion_psnr_gain_h16_ci_episodes"]  # whole episodes resampled: the mean lies inside
+    assert fid["n_motion_episodes"] >= 1 and lo <= fid["motion_psnr_gain_h16"] <= hi
     for part in ("arm", "objects"):
         assert fid["per_window"][f"masked_gain_{part}"].shape == (fid["n_windows"],)
         for cam in ("", "_front", "_wrist"):

@@ -56,7 +56,9 @@ def window_fidelity(model, held, task: str, n_windows: int = 240, horizon: int =
                          object_xyz=model.cfg.object_xyz)
     starts = [(w["episode"], w["start"]) for w in wins]
     motion = np.array([w["motion"] for w in wins])
+    episode = np.array([w["episode"] for w in wins])  # windows of one episode are not independent: CIs over episodes too
     out: dict = {"n_windows": len(wins), "n_motion_windows": int(motion.sum()),
+                 "n_motion_episodes": len(set(episode[motion].tolist())),
                  "windows": [[w["episode"], w["start"], int(w["motion"])] for w in wins]}
     r = rollout(model, held, starts, horizon, steps=steps, seed=seed if sample_seed is None else sample_seed)
     cams = [image_key(c) for c in model.cfg.cameras]
@@ -132,9 +134,11 @@ def window_fidelity(model, held, task: str, n_windows: int = 240, horizon: int =
                     out[f"masked_psnr_gain_h{h}_{part}_{cam}_recorded_points"] = _mean((pc["recorded_points"] - pc["copy"])[motion])
     out[f"motion_psnr_gain_h{h}"] = _mean(gain[motion])
     out[f"motion_psnr_gain_h{h}_ci"] = bootstrap_ci(gain[motion])
+    out[f"motion_psnr_gain_h{h}_ci_episodes"] = bootstrap_ci(gain[motion], groups=episode[motion])
     out[f"static_psnr_gain_h{h}"] = _mean(gain[~motion])
     out[f"masked_psnr_gain_h{h}"] = _mean(mgain[motion])
     out[f"masked_psnr_gain_h{h}_ci"] = bootstrap_ci(mgain[motion])
+    out[f"masked_psnr_gain_h{h}_ci_episodes"] = bootstrap_ci(mgain[motion], groups=episode[motion])
     out["static_psnr_gap_to_ceiling"] = _mean((per["model"] - per["ceiling"])[~motion])
     out["static_psnr_gap_to_identity_ceiling"] = _mean((per["model"] - per["identity_ceiling"])[~motion])
     for k in ("model", "copy", "ceiling", "identity_ceiling"):
@@ -173,7 +177,7 @@ def window_fidelity(model, held, task: str, n_windows: int = 240, horizon: int =
         jerr = np.abs(r["pred_state"][..., rest] - r["real_state"][..., rest]).max(-1)
         out[f"joint_error_rad_h{h}"] = float(np.median(jerr[:, h - 1]))
         out["joint_source"] = "state channel" if model.state_channel is not None and model.cfg.state_rest else "frame heads"
-    out["per_window"] = {"gain": gain, "masked_gain": mgain, "motion": motion,
+    out["per_window"] = {"gain": gain, "masked_gain": mgain, "motion": motion, "episode": episode,
                          **{f"masked_gain_{part}": g for part, g in part_gains.items()}}
     return out
 

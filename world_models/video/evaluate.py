@@ -50,27 +50,61 @@ def ssim(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return s.mean(axis=(-2, -1)).reshape(lead)
 
 
-def bootstrap_ci(x: np.ndarray, n: int = 2000, seed: int = 0, stat=np.mean) -> tuple[float, float]:
-    """95% percentile-bootstrap interval of `stat` over the entries of x (NaNs dropped)."""
+def bootstrap_ci(x: np.ndarray, n: int = 2000, seed: int = 0, stat=np.mean,
+                 groups: np.ndarray | None = None) -> tuple[float, float]:
+    """95% percentile-bootstrap interval of `stat` over the entries of x (NaNs dropped).
+
+    `groups`: one label per entry (e.g. the episode a window comes from). Then whole groups are resampled (the cluster
+    bootstrap) and `stat` is taken over all entries of the drawn groups: windows cut from one episode are not
+    independent, so resampling them one by one gives intervals that are too narrow when there are few episodes."""
     x = np.asarray(x, np.float64)
+    if groups is not None:
+        groups = np.asarray(groups)
+        if groups.shape != x.shape:
+            raise ValueError(f"bootstrap_ci: groups must label every entry, got shapes {groups.shape} and {x.shape}")
+        groups = groups[np.isfinite(x)]
     x = x[np.isfinite(x)]
     if len(x) == 0:
         return float("nan"), float("nan")
     rng = np.random.default_rng(seed)
-    boots = stat(x[rng.integers(0, len(x), (n, len(x)))], axis=1)
+    if groups is None:
+        boots = stat(x[rng.integers(0, len(x), (n, len(x)))], axis=1)
+    else:
+        _, label = np.unique(groups, return_inverse=True)
+        members = [x[label == g] for g in range(label.max() + 1)]
+        draws = rng.integers(0, len(members), (n, len(members)))
+        if stat is np.mean:  # per-group sums and counts: the mean of a draw without concatenating it
+            sums, counts = np.array([m.sum() for m in members]), np.array([len(m) for m in members])
+            boots = sums[draws].sum(1) / counts[draws].sum(1)
+        else:
+            boots = np.array([stat(np.concatenate([members[g] for g in d])) for d in draws])
     return float(np.percentile(boots, 2.5)), float(np.percentile(boots, 97.5))
 
 
-def paired_difference(a: np.ndarray, b: np.ndarray, sel: np.ndarray | None = None) -> dict:
+def paired_difference(a: np.ndarray, b: np.ndarray, sel: np.ndarray | None = None,
+                      groups: np.ndarray | None = None) -> dict:
     """B minus A per item (e.g. per window, both measured on the same windows), over `sel` (all when None), NaNs
-    dropped: the mean, its bootstrap 95% interval, the share of items B wins (ties count half) and their number."""
+    dropped: the mean, its bootstrap 95% interval, the share of items B wins (ties count half) and their number.
+    `groups` (one label per item, e.g. the window's episode): also `ci_groups`, the interval with whole groups
+    resampled (`bootstrap_ci`), `group_wins` (the share of groups whose mean difference B wins) and `n_groups`."""
     d = np.asarray(b, np.float64) - np.asarray(a, np.float64)
-    d = d[sel] if sel is not None else d
-    d = d[np.isfinite(d)]
+    g = None if groups is None else np.asarray(groups)
+    if g is not None and g.shape != d.shape:
+        raise ValueError(f"paired_difference: groups must label every item, got shapes {g.shape} and {d.shape}")
+    if sel is not None:
+        d, g = d[sel], (None if g is None else g[sel])
+    keep = np.isfinite(d)
+    d, g = d[keep], (None if g is None else g[keep])
     if len(d) == 0:
-        return {"mean": float("nan"), "ci": [float("nan")] * 2, "wins": float("nan"), "n": 0}
-    return {"mean": float(d.mean()), "ci": list(bootstrap_ci(d)), "wins": float(((d > 0) + 0.5 * (d == 0)).mean()),
-            "n": int(len(d))}
+        out = {"mean": float("nan"), "ci": [float("nan")] * 2, "wins": float("nan"), "n": 0}
+        return out if g is None else {**out, "ci_groups": [float("nan")] * 2, "group_wins": float("nan"), "n_groups": 0}
+    out = {"mean": float(d.mean()), "ci": list(bootstrap_ci(d)), "wins": float(((d > 0) + 0.5 * (d == 0)).mean()),
+           "n": int(len(d))}
+    if g is not None:
+        per = np.array([d[g == k].mean() for k in np.unique(g)])
+        out.update(ci_groups=list(bootstrap_ci(d, groups=g)), group_wins=float(((per > 0) + 0.5 * (per == 0)).mean()),
+                   n_groups=int(len(per)))
+    return out
 
 
 def auroc(scores: np.ndarray, labels: np.ndarray) -> float:
