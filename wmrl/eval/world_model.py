@@ -29,7 +29,7 @@ from sim.tabletop.twin import CUBE_COLOURS
 from wmrl.core.features import ACTION, OBS_ENV_STATE, OBS_STATE, SUCCESS, TASK, image_key
 from wmrl.eval.loop import evaluate
 from world_models.env import WorldModelEnv
-from world_models.video.evaluate import (auroc, bootstrap_ci, fixed_windows, matched_max, pair_auroc_ci, psnr,
+from world_models.video.evaluate import (auroc, bootstrap_ci, first_frame_inputs, fixed_windows, matched_max, pair_auroc_ci, psnr,
                                         recorded_points, rollout, window_inputs)
 
 
@@ -259,18 +259,6 @@ def success_pairs(task: str, n_seeds: int, seed0: int = 50_000, max_episode_step
     return out
 
 
-def recorded_start(model, eps: list[dict]) -> tuple[list[int], np.ndarray, dict]:
-    """For replaying recorded episodes from their first frame: each episode's steps (T - 1), the actions padded to
-    the longest with each episode's last action (B, max, A), and the start observation `model.encode` takes."""
-    T = [len(ep[ACTION]) - 1 for ep in eps]
-    Tm = max(T)
-    acts = np.stack([np.concatenate([ep[ACTION][:t], np.repeat(ep[ACTION][t - 1 : t], Tm - t, 0)]) for ep, t in zip(eps, T)])
-    obs = {**{image_key(c): np.stack([ep[image_key(c)][0] for ep in eps]) for c in model.cfg.cameras},
-           OBS_STATE: np.stack([ep[OBS_STATE][0] for ep in eps]),
-           OBS_ENV_STATE: np.stack([ep[OBS_ENV_STATE][0] for ep in eps]), TASK: [ep[TASK][0] for ep in eps]}
-    return T, acts, obs
-
-
 @torch.no_grad()
 def imagine_recorded(model, eps: list[dict], seed: int = 0, steps: int | None = None) -> dict:
     """Every recorded episode rolled out in the model from its first frame under its recorded actions (batched,
@@ -278,7 +266,7 @@ def imagine_recorded(model, eps: list[dict], seed: int = 0, steps: int | None = 
     with a state channel, the task rules' success and shaped reward on the predicted state. `steps`: Euler steps per
     chunk (None: the model's `sampling_steps`; imagination samples with 1)."""
     Hc = model.cfg.chunk
-    T, acts, obs = recorded_start(model, eps)
+    T, acts, obs = first_frame_inputs(model, eps)
     Tm = max(T)
     state = model.encode(obs)
     g = torch.Generator().manual_seed(seed)
@@ -326,7 +314,7 @@ def replay_states(model, eps: list[dict], member: int | None = None, seed: int =
         raise ValueError(f"member: expected 0..{M - 1} or None, got {member}")
     if member is not None and consensus:
         raise ValueError("replay_states: one member or the consensus of all, not both")
-    T, acts, obs = recorded_start(model, eps)
+    T, acts, obs = first_frame_inputs(model, eps)
     Tm = max(T)
     state = model.encode(obs)
     if member is not None:

@@ -215,6 +215,24 @@ def window_inputs(model: VideoWorldModel, held, starts: list[tuple[int, int]], h
     return {"obs": start, "anchor": {c: np.stack(v) for c, v in anchor.items()}}, {ACTION: np.stack(acts)}, real
 
 
+def first_frame_inputs(model: VideoWorldModel, eps: list[dict], horizon: int | None = None) -> tuple[list[int], np.ndarray, dict]:
+    """For replaying recorded episodes from their first frame (`eps`: per episode its arrays by feature name, `task`
+    its instruction or one per step): each episode's steps, min(T - 1, horizon); the actions over them padded to the
+    longest with each episode's last one (B, max, A); and the start observation `model.encode` takes (the
+    environment state where every episode has it)."""
+    T = [len(ep[ACTION]) - 1 if horizon is None else min(horizon, len(ep[ACTION]) - 1) for ep in eps]
+    if min(T, default=0) < 1:
+        raise ValueError(f"first_frame_inputs: every episode needs a step to replay, got steps {T}")
+    Tm = max(T)
+    acts = np.stack([np.concatenate([ep[ACTION][:t], np.repeat(ep[ACTION][t - 1 : t], Tm - t, 0)]) for ep, t in zip(eps, T)])
+    obs = {**{c: np.stack([ep[c][0] for ep in eps]) for c in (f"observation.images.{k}" for k in model.cfg.cameras)},
+           STATE: np.stack([ep[STATE][0] for ep in eps]),
+           "task": [ep["task"] if isinstance(ep["task"], str) else ep["task"][0] for ep in eps]}
+    if all(ENV_STATE in ep for ep in eps):
+        obs[ENV_STATE] = np.stack([ep[ENV_STATE][0] for ep in eps])
+    return T, acts, obs
+
+
 def recorded_points(model: VideoWorldModel, real: dict) -> torch.Tensor:
     """The recorded [hand, object] points (..., 1 + k, 3) of recorded states (`window_inputs`' third value: a window's
     real future), as the state channel's `points` would be if it were exact."""

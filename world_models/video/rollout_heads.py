@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from wmrl.core.features import ACTION, OBS_ENV_STATE, OBS_STATE, REWARD, SUCCESS, TERMINATED
+from world_models.video.evaluate import first_frame_inputs
 from world_models.video.model import VideoWorldModel
 
 
@@ -37,15 +38,12 @@ def rollout_latents(model: VideoWorldModel, replay, horizon: int, episodes: int,
     spans, T = [spans[i] for i in keep], [T[i] for i in keep]
     if not spans:
         raise ValueError("rollout heads: no episode has a step to roll out")
-    L = max(T)
-    acts = np.stack([np.concatenate([d[ACTION][lo : lo + t], np.repeat(d[ACTION][lo + t - 1 : lo + t], L - t, 0)])
-                     for (lo, _), t in zip(spans, T)])
     cams = [f"observation.images.{c}" for c in model.cfg.cameras]
+    keys = [ACTION, OBS_STATE, *cams] + ([OBS_ENV_STATE] if OBS_ENV_STATE in d else [])
     tasks = [replay.vocab["task"][int(d["task"][lo])] for lo, _ in spans]
-    obs = {**{c: np.stack([d[c][lo] for lo, _ in spans]) for c in cams}, OBS_STATE: np.stack([d[OBS_STATE][lo] for lo, _ in spans]),
-           "task": tasks}
-    if OBS_ENV_STATE in d:
-        obs[OBS_ENV_STATE] = np.stack([d[OBS_ENV_STATE][lo] for lo, _ in spans])
+    eps = [{**{k: d[k][lo : lo + t + 1] for k in keys}, "task": task} for (lo, _), t, task in zip(spans, T, tasks)]
+    T, acts, obs = first_frame_inputs(model, eps)
+    L = max(T)
     state = model.encode(obs)
     g = torch.Generator(device=model.device).manual_seed(seed)
     lat = []
