@@ -42,11 +42,19 @@ def validate_action(action, shape: tuple[int, ...], field: str = "action") -> np
 def geom_masks(renderer: mujoco.Renderer, data, cameras: dict[str, str], geoms: np.ndarray) -> dict[str, np.ndarray]:
     """Per camera (ours -> MuJoCo's name), a bool (H, W) mask of the pixels showing one of `geoms`, from a renderer
     with segmentation rendering enabled."""
-    out = {}
+    return geom_mask_sets(renderer, data, cameras, {"geoms": geoms})["geoms"]
+
+
+def geom_mask_sets(renderer: mujoco.Renderer, data, cameras: dict[str, str],
+                   sets: dict[str, np.ndarray]) -> dict[str, dict[str, np.ndarray]]:
+    """`geom_masks` for several named sets of geoms from one segmentation render per camera: {set: {camera: mask}}."""
+    out: dict[str, dict[str, np.ndarray]] = {name: {} for name in sets}
     for ours, cam in cameras.items():
         renderer.update_scene(data, camera=cam)
         seg = renderer.render()
-        out[image_key(ours)] = (seg[..., 1] == mujoco.mjtObj.mjOBJ_GEOM) & np.isin(seg[..., 0], geoms)
+        is_geom = seg[..., 1] == mujoco.mjtObj.mjOBJ_GEOM
+        for name, geoms in sets.items():
+            out[name][image_key(ours)] = is_geom & np.isin(seg[..., 0], geoms)
     return out
 
 
@@ -153,15 +161,16 @@ class MujocoCell:
         """Per camera, a bool (H, W) mask of the pixels that show the arm or a cube (every geom not on the world
         body: table, floor and zones are excluded), from a MuJoCo segmentation render at `qpos`. World-model
         evaluation scores fidelity on these pixels, where the task happens."""
-        return self._geom_masks_at(qpos, np.flatnonzero(self.model.geom_bodyid != 0))
+        return self._geom_masks_at(qpos, {"moving": np.flatnonzero(self.model.geom_bodyid != 0)})["moving"]
 
-    def _geom_masks_at(self, qpos: np.ndarray, geoms: np.ndarray) -> dict[str, np.ndarray]:
-        """Per camera, the pixels showing one of `geoms` at `qpos` (segmentation render); leaves the simulator there."""
+    def _geom_masks_at(self, qpos: np.ndarray, sets: dict[str, np.ndarray]) -> dict[str, dict[str, np.ndarray]]:
+        """Per named set of geoms and camera, the pixels showing one of them at `qpos` (one segmentation render per
+        camera); leaves the simulator there."""
         self.render_at(qpos)
         if self._seg_renderer is None:
             self._seg_renderer = mujoco.Renderer(self.model, self.height, self.width)
             self._seg_renderer.enable_segmentation_rendering()
-        return geom_masks(self._seg_renderer, self.data, {c: c for c in self.cameras}, geoms)
+        return geom_mask_sets(self._seg_renderer, self.data, {c: c for c in self.cameras}, sets)
 
     def render(self):
         if self.render_mode != "rgb_array":
@@ -249,10 +258,8 @@ class TabletopEnv(MujocoCell, gym.Env):
         `moving_mask_at`). World-model evaluation reports where its masked error sits: on the arm, which the
         commanded pose fixes, or on the cubes, which only a pushed cube's predicted state can."""
         cubes = np.array(list(self._cube_geom.values()))
-        objects = self._geom_masks_at(qpos, cubes)
-        moving = geom_masks(self._seg_renderer, self.data, {c: c for c in self.cameras},
-                            np.setdiff1d(np.flatnonzero(self.model.geom_bodyid != 0), cubes))
-        return {"arm": moving, "objects": objects}
+        arm = np.setdiff1d(np.flatnonzero(self.model.geom_bodyid != 0), cubes)
+        return self._geom_masks_at(qpos, {"arm": arm, "objects": cubes})
 
     def camera_geometry(self) -> dict[str, dict]:
         """Per camera, the pinhole model a world model projects points with (`world_models.video.camera`): a camera on
