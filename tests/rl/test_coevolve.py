@@ -7,9 +7,10 @@ from policies.vla import VLAPolicy
 from sim.experts import ScriptedExpert
 from wmrl.core.checkpoint import resolve_checkpoint
 from wmrl.eval import evaluate
-from wmrl.rl.coevolve import (evolve_world_model, source_recipe, hallucination_rate, imagine_from, imagined_success_sft,
+from wmrl.rl.coevolve import (evolve_world_model, hallucination_rate, imagine_from, imagined_success_sft,
                               replay_in_true_sim, _true_starts)
 from world_models.video.model import VideoWorldModel
+from world_models.video.train import recorded_recipe
 
 
 def test_replay_in_the_true_simulator_reproduces_a_seeded_episode():
@@ -72,10 +73,10 @@ def test_evolve_world_model_fine_tunes_on_true_rollouts_of_the_policy(trained, t
 def test_a_fine_tune_keeps_its_sources_recipe_and_an_older_configs_options_stay_off():
     """The co-evolution fine-tune takes the source run's model options (today's defaults would retrain a frames model
     built without them), not its run's own (paths, device, seed), and options a config predates were off."""
-    recipe = source_recipe({"size": "tiny", "frame_blobs": False, "state_members": 3, "device": "cuda", "seed": 7,
+    recipe = recorded_recipe({"size": "tiny", "frame_blobs": False, "state_members": 3, "device": "cuda", "seed": 7,
                             "data": "d", "out": "o", "threads": 2, "not_an_option": 1})
     assert recipe["size"] == "tiny" and recipe["state_members"] == 3 and recipe["frame_blobs"] is False
     assert recipe["change_objects"] is False and recipe["head_rollout_steps"] == 0  # absent: off when recorded
     assert not {"device", "seed", "data", "out", "threads", "not_an_option"} & set(recipe)
-    assert source_recipe({"change_objects": True, "head_rollout_steps": 1500}) == {
+    assert recorded_recipe({"change_objects": True, "head_rollout_steps": 1500}) == {
         "frame_blobs": False, "change_objects": True, "head_rollout_steps": 1500}

@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +25,7 @@ from wmrl.core.features import ACTION, IS_LAST, OBS_ENV_STATE, OBS_STATE, TASK, 
 from wmrl.eval.record import CollectConfig, collect
 from wmrl.replay import EpisodeReplay
 from world_models.video.model import imagined_success
-from world_models.video.train import TrainWMConfig, train_world_model
+from world_models.video.train import TrainWMConfig, recorded_recipe, train_world_model
 
 
 def _true_starts(task: str, seeds: list[int], **env_kwargs) -> tuple[dict, list]:
@@ -100,22 +99,6 @@ def hallucination_rate(policy, model, task: str, n: int, seed: int = 30_000, suc
 
 
 # TrainWMConfig fields that belong to one run or machine, not to the recipe a fine-tune keeps
-RUN_FIELDS = frozenset({"data", "out", "extra_data", "init_from", "resume", "overwrite", "seed", "videos", "device",
-                        "amp", "compile", "threads", "state_dagger_rounds"})
-# recipe options whose default turned on after runs were recorded without them (those runs trained with them off)
-RECIPE_ADDED_OFF = {"frame_blobs": False, "change_objects": False, "head_rollout_steps": 0}
-
-
-def source_recipe(config: dict) -> dict:
-    """The TrainWMConfig options of a world-model run's config.yaml that its model was built with (a fine-tune with
-    other ones would retrain its frames model), without those of one run or machine; options the config predates
-    were off then."""
-    recipe = {k: config.get(k, off) for k, off in RECIPE_ADDED_OFF.items()}
-    recipe.update({f.name: config[f.name] for f in dataclasses.fields(TrainWMConfig)
-                   if f.name in config and f.name not in RUN_FIELDS})
-    return recipe
-
-
 def evolve_world_model(wm_run: Path, policy_path: Path, task: str, budget: int, out: Path, steps: int = 600,
                        seed: int = 40_000, progress: bool = True) -> Path:
     """Collect `budget` true rollouts of the evolved policy and fine-tune the world model on them plus its data."""
@@ -124,7 +107,7 @@ def evolve_world_model(wm_run: Path, policy_path: Path, task: str, budget: int, 
     data = collect(CollectConfig(task=task, episodes=budget, out=out / "rollouts", policy_path=policy_path, seed=seed,
                                  overwrite=True, num_envs=1, post_success_steps=3), progress=progress)
     base = yaml.safe_load((Path(wm_run) / "config.yaml").read_text())
-    cfg = TrainWMConfig(**{**source_recipe(base), "data": Path(base["data"]), "extra_data": (out / "rollouts",),
+    cfg = TrainWMConfig(**{**recorded_recipe(base), "data": Path(base["data"]), "extra_data": (out / "rollouts",),
                            "out": out / "world_model", "init_from": Path(wm_run), "ae_steps": 0,
                            "state_steps": steps // 2, "dyn_steps": steps, "unroll_steps": steps // 5,
                            "lr": base["lr"] / 3, "videos": 2, "overwrite": True, "seed": seed})

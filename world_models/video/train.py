@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Optional
 
@@ -200,6 +200,23 @@ class TrainWMConfig:
     threads: Optional[int] = None
     overwrite: bool = False
     resume: bool = False
+
+
+# options of one run or machine, not of the model's recipe
+RUN_FIELDS = frozenset({"data", "out", "extra_data", "init_from", "resume", "overwrite", "seed", "videos", "device",
+                        "amp", "compile", "threads", "state_dagger_rounds"})
+# recipe options whose default turned on after runs were recorded without them (those runs trained with them off)
+RECIPE_ADDED_OFF = {"frame_blobs": False, "change_objects": False, "head_rollout_steps": 0}
+
+
+def recorded_recipe(config: dict) -> dict:
+    """The TrainWMConfig options of a world-model run's config.yaml that its model was built with (a fine-tune with
+    other ones would retrain its frames model, e.g. co-evolution's), without those of one run or machine; options
+    the config predates were off then (`RECIPE_ADDED_OFF`: add an option there when its default turns on)."""
+    recipe = {k: config.get(k, off) for k, off in RECIPE_ADDED_OFF.items()}
+    recipe.update({f.name: config[f.name] for f in fields(TrainWMConfig)
+                   if f.name in config and f.name not in RUN_FIELDS})
+    return recipe
 
 
 def load_split(data: Path, holdout: float, seed: int = 0, extra: tuple[Path, ...] = (), keep: tuple[str, ...] = ()):
