@@ -12,8 +12,9 @@ measured against its base on the same fixed held-out windows.
   windows: `paired_wins_h32_motion`), `psnr_gain_h32_motion` (post minus base, dB, bootstrap CI), the same at h16,
   `one_chunk_psnr_change` (h4, all windows), both models' gains over copy-last, per-seed gains, and the check of
   the metric: the base against itself with other sampling seeds (its paired wins must sit near 0.5, its gain near 0).
-Options: `iterations`, `lr`, `histories` (real histories per iteration), `candidates` (rollouts per history); a
-non-default setting gets its own work folder and result file. The downstream keys (ranking, hallucinated success)
+Options: `iterations`, `lr`, `histories` (real histories per iteration), `candidates` (rollouts per history),
+`moving_weight` (the moving pixels' PSNR in the reward), `old_ema` (DiffusionNFT's soft-updated old model;
+`PostTrainWMConfig`); a non-default setting gets its own work folder and result file. The downstream keys (ranking, hallucinated success)
 are not measured by this script yet.
 """
 
@@ -30,19 +31,29 @@ from wmrl.benchutil import finish
 
 ROOT = Path(__file__).resolve().parent.parent
 H_MAX = 32  # the long horizon the keys name (h32)
+MOVING_THRESHOLD = 12  # PostTrainWMConfig.moving_threshold's default
+
 def _per_window(model, held, starts, steps: int, seeds: list[int], H: int) -> dict[str, np.ndarray]:
     """Per sampling seed and window (seeds, N): PSNR at the first chunk ("first"), H/2 ("mid") and H ("end") and
     SSIM at H, each the mean over cameras."""
     from world_models.video.evaluate import psnr, rollout, ssim
 
     at = {"first": model.cfg.chunk, "mid": H // 2, "end": H}
-    acc: dict[str, list] = {k: [] for k in (*at, "ssim_end")}
+    acc: dict[str, list] = {k: [] for k in (*at, "ssim_end", "moving_end")}
+    d = held.data
     for s in seeds:
         r = rollout(model, held, starts, H, steps=steps, seed=s)
         cams = list(r["real"])
         for k, h in at.items():
             acc[k].append(np.mean([psnr(r["pred"][c][:, h - 1], r["real"][c][:, h - 1]) for c in cams], 0))
         acc["ssim_end"].append(np.mean([ssim(r["pred"][c][:, H - 1], r["real"][c][:, H - 1]) for c in cams], 0))
+        moving = []  # on the pixels that moved by H (the post-training reward's `moving_weight` term): NaN where none
+        for c in cams:
+            start = np.stack([d[c][held.episodes[e][0] + t] for e, t in starts]).astype(np.int16)
+            mask = (np.abs(r["real"][c][:, H - 1].astype(np.int16) - start) > MOVING_THRESHOLD).any(-1)
+            moving.append(psnr(r["pred"][c][:, H - 1], r["real"][c][:, H - 1], mask))
+        with np.errstate(all="ignore"):
+            acc["moving_end"].append(np.nanmean(np.stack(moving), 0) if len(cams) > 1 else moving[0])
     return {k: np.stack(v) for k, v in acc.items()}
 
 
@@ -60,20 +71,22 @@ def _tiny_base(work: Path) -> Path:
 
 
 def main(quick: bool = False, base: str = "full", iterations: int = 40, windows: int = 120, seeds: int = 2,
-         steps: int = 1, lr: float = 3e-5, histories: int = 8, candidates: int = 4) -> dict:
+         steps: int = 1, lr: float = 3e-5, histories: int = 8, candidates: int = 4, moving_weight: float = 0.0,
+         old_ema: float = 0.0) -> dict:
     from world_models.video.evaluate import bootstrap_ci, fixed_windows, psnr
     from world_models.video.model import VideoWorldModel
     from world_models.video.post_train import PostTrainWMConfig, post_train_world_model
     from world_models.video.train import load_split
 
     iterations, windows, seeds, steps, lr = int(iterations), int(windows), int(seeds), int(steps), float(lr)  # --options: strings
-    histories, candidates = int(histories), int(candidates)
+    histories, candidates, moving_weight, old_ema = int(histories), int(candidates), float(moving_weight), float(old_ema)
     if quick:
         tmp = Path(tempfile.mkdtemp(prefix="wmrl-bench-post-"))
         src, work, iterations, windows, seeds = _tiny_base(tmp), tmp, 2, 4, 1
     else:
         tag = base + ("" if (iterations, lr) == (40, 3e-5) else f"-it{iterations}-lr{lr:g}")  # one folder per setting
         tag += "" if (histories, candidates) == (8, 4) else f"-w{histories}g{candidates}"
+        tag += (f"-mw{moving_weight:g}" if moving_weight else "") + (f"-ema{old_ema:g}" if old_ema else "")
         src, work = ROOT / "runs" / "bench-world-model" / base, ROOT / "runs" / "bench-world-model-posttrain" / tag
         if not (src / "model" / "checkpoints" / "last").exists():
             raise ValueError(f"no world-model benchmark run at {src}: run `wmrl bench world-model --json` first (it "
@@ -84,6 +97,7 @@ def main(quick: bool = False, base: str = "full", iterations: int = 40, windows:
     pcfg = PostTrainWMConfig(world_model=src / "model", data=src / "data", out=post, iterations=iterations,
                              sampling_steps=steps, horizon=8 if quick else H_MAX, min_horizon=4 if quick else 8,
                              windows=2 if quick else histories, candidates=2 if quick else candidates, lr=lr,
+                             moving_weight=moving_weight, old_ema=old_ema,
                              resume=resume, overwrite=not resume)
     done = resume and json.loads((post / "checkpoints/last/train_state.json").read_text())["step"] >= iterations
     res = {} if done else post_train_world_model(pcfg, progress=not quick)
@@ -107,7 +121,7 @@ def main(quick: bool = False, base: str = "full", iterations: int = 40, windows:
     m = lambda x: float(np.mean(x[motion]))
     hm, he = f"h{H // 2}", f"h{H}"
     out = {"base": str((src / "model").relative_to(ROOT)) if not quick else "tiny", "post_iterations": iterations,
-           "lr": lr, "histories": histories, "candidates": candidates,
+           "lr": lr, "histories": histories, "candidates": candidates, "moving_weight": moving_weight, "old_ema": old_ema,
            "sampling_steps": steps, "sampling_seeds": seeds, "horizon": H, "n_windows": len(wins),
            "n_motion_windows": int(motion.sum()),
            f"paired_wins_{he}": float(np.mean(p["end"] > b["end"])),
@@ -115,6 +129,9 @@ def main(quick: bool = False, base: str = "full", iterations: int = 40, windows:
            f"psnr_gain_{he}_motion": m(p["end"] - b["end"]),
            f"psnr_gain_{he}_motion_ci": bootstrap_ci((p["end"] - b["end"])[motion]),
            f"psnr_gain_{he}_motion_per_seed": [m(ps["end"][i] - bs["end"][i]) for i in range(seeds)],
+           # on the pixels that moved by h32 (windows where some did)
+           f"moving_psnr_gain_{he}_motion": float(np.nanmean((p["moving_end"] - b["moving_end"])[motion])),
+           f"moving_psnr_gain_{he}_motion_ci": bootstrap_ci((p["moving_end"] - b["moving_end"])[motion]),
            f"psnr_gain_{hm}_motion": m(p["mid"] - b["mid"]),
            f"psnr_gain_{hm}_motion_ci": bootstrap_ci((p["mid"] - b["mid"])[motion]),
            f"psnr_gain_{he}_all": float(np.mean(p["end"] - b["end"])),
@@ -130,4 +147,6 @@ def main(quick: bool = False, base: str = "full", iterations: int = 40, windows:
            "post_train_minutes": res["post_train_minutes"] if res else None}
     name = "world-model-posttrain" + ("" if quick or tag == "full" else f"-{tag}")
     return finish(name, out, quick, command=f"wmrl bench world-model-posttrain --json --options base={base} "
-                                           f"iterations={iterations} lr={lr:g} histories={histories} candidates={candidates}" if not quick else None)
+                                           f"iterations={iterations} lr={lr:g} histories={histories} candidates={candidates}"
+                                           + (f" moving_weight={moving_weight:g}" if moving_weight else "")
+                                           + (f" old_ema={old_ema:g}" if old_ema else "") if not quick else None)

@@ -99,8 +99,11 @@ def test_world_model_benchmark_leaves_a_finished_training_alone(tmp_path):
 
 
 def test_world_model_posttrain_benchmark_compares_base_and_post_on_the_same_windows():
-    r = _run("world_model_posttrain")
+    r = _run("world_model_posttrain", moving_weight=1.0, old_ema=0.5)  # the reward's moving pixels, the soft-updated old model
     he = f"h{r['horizon']}"
+    assert r["moving_weight"] == 1.0 and r["old_ema"] == 0.5
+    mlo, mhi = r[f"moving_psnr_gain_{he}_motion_ci"]  # on the pixels that moved: paired like the whole frame
+    assert mlo <= r[f"moving_psnr_gain_{he}_motion"] <= mhi  # the tiny data's motion windows have moving pixels
     for k in (f"paired_wins_{he}", f"paired_wins_{he}_motion", f"psnr_gain_{he}_motion", "one_chunk_psnr_change",
               f"ssim_change_{he}", f"check_base_vs_itself_wins_{he}", f"base_over_copy_{he}_motion", "post_train_minutes"):
         assert k in r and r[k] == r[k], k

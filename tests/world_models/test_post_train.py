@@ -37,6 +37,44 @@ def test_optimality_is_relative_within_each_group():
         optimality(np.zeros(6), 4)
 
 
+def test_the_moving_pixels_reward_scores_only_where_the_real_future_changes():
+    rng = np.random.default_rng(0)
+    start = rng.integers(0, 256, (2, 8, 8, 3)).astype(np.uint8)
+    real = np.repeat(start[:, None], 3, 1)  # (N=2, L=3, H, W, 3)
+    real[0, :, 2:4, 2:4] = 255 - real[0, :, 2:4, 2:4]  # in rollout 0 a 2x2 patch changes; in rollout 1 nothing moves
+    good = real.copy()
+    bad = real.copy()
+    bad[0, :, 2:4, 2:4] = real[0, :, 2:4, 2:4] // 2  # wrong on the moving patch only
+    r, s, st = {"c": real}, {"c": start}, None
+    base = pt.fidelity({"c": bad}, r)
+    w = pt.fidelity({"c": bad}, r, s, moving_weight=2.0)
+    mask = np.zeros((3, 8, 8), bool)
+    mask[:, 2:4, 2:4] = True
+    from world_models.video.evaluate import psnr
+
+    by_hand = np.nanmean(psnr(bad[0], real[0], mask)) / 10.0
+    assert w[0] == pytest.approx(base[0] + 2.0 * by_hand) and w[1] == pytest.approx(base[1])  # nothing moved: + 0
+    # an exact prediction of the patch gets the capped PSNR there; the wrong one far less
+    assert pt.fidelity({"c": good}, r, s, 1.0)[0] - pt.fidelity({"c": good}, r)[0] > w[0] - base[0]
+    assert np.array_equal(pt.fidelity({"c": bad}, r, s, 0.0), base)  # weight 0: the whole-frame reward alone
+    with pytest.raises(ValueError, match="start frames"):
+        pt.fidelity({"c": bad}, r, st, moving_weight=1.0)
+
+
+def test_a_soft_updated_old_model_moves_by_one_minus_eta_toward_the_trained_one(trained, tiny_data, tmp_path):
+    from wmrl.core.checkpoint import resolve_checkpoint
+    from world_models.video.model import VideoWorldModel
+
+    post_train_world_model(_cfg(trained, tiny_data, tmp_path / "p", iterations=1, old_ema=0.75), progress=False)
+    ck = tmp_path / "p" / "checkpoints" / "last"
+    base, post, old = (VideoWorldModel.load(x) for x in (resolve_checkpoint(trained), ck, ck / "old"))
+    moved = 0
+    for pb, pp, po in zip(*(pt.denoiser_parameters(m) for m in (base, post, old))):
+        torch.testing.assert_close(po, 0.75 * pb + 0.25 * pp, rtol=1e-5, atol=1e-6)
+        moved += int(not torch.equal(pb, pp))
+    assert moved > 0  # the trained model moved, so the check above is not 0 = 0
+
+
 def _cfg(trained, tiny_data, out, **kw):
     base = dict(world_model=trained, data=tiny_data, out=out, iterations=2, windows=2, candidates=2, horizon=8,
                 min_horizon=4, minibatch=4, lr=1e-3, ckpt_every=1, overwrite=True)
@@ -51,9 +89,9 @@ def test_rewards_score_each_rollout_against_the_real_future_of_its_own_window(tr
         seen["d"], seen["images"] = (d := real_sample(self, *a, **kw)), self.images
         return d
 
-    def fidelity(pred, real):
+    def fidelity(pred, real, *a, **kw):
         seen.setdefault("calls", []).append((pred, real, seen["d"]))
-        return real_fidelity(pred, real)
+        return real_fidelity(pred, real, *a, **kw)
 
     monkeypatch.setattr(pt.WindowSampler, "sample", sample)
     monkeypatch.setattr(pt, "fidelity", fidelity)
@@ -88,10 +126,12 @@ def test_only_the_denoiser_moves_and_the_base_stays_as_it_was(trained, tiny_data
     assert r["iterations"] == 2 and np.isfinite(r["loss"])
 
 
-def test_resume_reproduces_the_next_iteration(trained, tiny_data, tmp_path):
-    post_train_world_model(_cfg(trained, tiny_data, tmp_path / "a", iterations=3), progress=False)
-    post_train_world_model(_cfg(trained, tiny_data, tmp_path / "b", iterations=2), progress=False)
-    post_train_world_model(_cfg(trained, tiny_data, tmp_path / "b", iterations=3, resume=True, overwrite=False),
+@pytest.mark.parametrize("old_ema", [0.0, 0.5])
+def test_resume_reproduces_the_next_iteration(trained, tiny_data, tmp_path, old_ema):
+    kw = dict(old_ema=old_ema, moving_weight=1.0) if old_ema else {}  # with a soft-updated old model, kept in the checkpoint
+    post_train_world_model(_cfg(trained, tiny_data, tmp_path / "a", iterations=3, **kw), progress=False)
+    post_train_world_model(_cfg(trained, tiny_data, tmp_path / "b", iterations=2, **kw), progress=False)
+    post_train_world_model(_cfg(trained, tiny_data, tmp_path / "b", iterations=3, resume=True, overwrite=False, **kw),
                            progress=False)
     rec = lambda run: [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines() if '"iteration"' in l]
     a, b = rec(tmp_path / "a"), rec(tmp_path / "b")
@@ -101,7 +141,8 @@ def test_resume_reproduces_the_next_iteration(trained, tiny_data, tmp_path):
 
 def test_bad_configurations_are_refused_before_a_run_folder_exists(trained, tiny_data, tmp_path):
     for kw, msg in (({"candidates": 1}, "candidates must be >= 2"), ({"horizon": 6}, "multiples of the model's chunk"),
-                    ({"min_horizon": 12}, "min-horizon <= --horizon"), ({"beta": 0.0}, "beta > 0")):
+                    ({"min_horizon": 12}, "min-horizon <= --horizon"), ({"beta": 0.0}, "beta > 0"),
+                    ({"old_ema": 1.0}, "old-ema < 1"), ({"moving_weight": -1.0}, "moving-weight >= 0")):
         with pytest.raises(ValueError, match=msg):
             post_train_world_model(_cfg(trained, tiny_data, tmp_path / "x", **kw), progress=False)
         assert not (tmp_path / "x").exists()

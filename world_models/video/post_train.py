@@ -8,9 +8,11 @@ outputs. Post-training closes that gap with reinforcement learning on the model 
    iteration (drawn from [min_horizon, horizon]), under the recorded actions, sampled as imagination samples them
    (`sampling_steps`, the context noise it is told).
 2. Reward per rollout: image fidelity against the real future of the same window, decoded as policies see the
-   frames (the pixel identity path on the real start frame): mean over frames and cameras of PSNR / 10 dB + SSIM.
-   LPIPS needs downloaded weights and is not used. The state channel is deterministic given the actions, so all G
-   candidates share its error: it cannot rank them and is left out.
+   frames (the pixel identity path on the real start frame): mean over frames and cameras of PSNR / 10 dB + SSIM,
+   plus, with `moving_weight`, the PSNR on the pixels that move in the real future (where the recorded frame differs
+   from the start frame): on these 64 px views the background dominates the whole-frame score, and candidates of
+   one history differ little there. LPIPS needs downloaded weights and is not used. The state channel is
+   deterministic given the actions, so all G candidates share its error: it cannot rank them and is left out.
 3. Optimality r in [0, 1] per rollout from its advantage within its group (GRPO-style standardisation):
    r = 0.5 + 0.5 clip(A / 2, -1, 1).
 4. DiffusionNFT's loss on every generated chunk x0 (the model's own sample, standardised change), no backprop
@@ -22,6 +24,10 @@ outputs. Post-training closes that gap with reinforcement learning on the model 
    direction, DiffusionNFT eq. 5-7 written for EDM's x0-prediction instead of a flow's velocity).
 5. A trust region: `ref_coef` lambda(sigma) ||D - D_ref||^2 to the frozen base model on the same inputs, so that
    one-chunk prediction does not degrade.
+6. The old model: by default a snapshot of the trained model at each iteration's start (it also samples the
+   rollouts); with `old_ema` eta, DiffusionNFT's soft update instead: the old model samples and gives the targets,
+   and after each iteration theta_old <- eta theta_old + (1 - eta) theta (kept in the checkpoint, so a run resumes
+   exactly).
 
 Only the denoiser is trained (U-Net and conditioning); the autoencoder, heads and state channel stay as they are.
 """
@@ -70,6 +76,14 @@ class PostTrainWMConfig:
     ref_coef: float = 1.0
     """Weight of the trust region to the frozen base model."""
     lr: float = 3e-5
+    moving_weight: float = 0.0
+    """Weight of the moving pixels' PSNR / 10 dB in the reward (0: the whole frames only; see `fidelity`)."""
+    moving_threshold: int = 12
+    """A pixel moves at a frame where a channel of the recorded frame differs from the start frame by more than this
+    (of 255)."""
+    old_ema: float = 0.0
+    """0: the old model is the trained model's snapshot at each iteration. In (0, 1): an EMA of it with this decay
+    (DiffusionNFT's soft update), which also samples the rollouts."""
     minibatch: int = 32
     """Generated chunks per gradient step (each iteration takes one pass over all of them)."""
     holdout: float = 0.1
@@ -108,11 +122,27 @@ def optimality(rewards: np.ndarray, group: int) -> np.ndarray:
     return (0.5 + 0.5 * np.clip(a / 2, -1, 1)).reshape(-1)
 
 
-def fidelity(pred: dict[str, np.ndarray], real: dict[str, np.ndarray]) -> np.ndarray:
+def fidelity(pred: dict[str, np.ndarray], real: dict[str, np.ndarray], start: dict[str, np.ndarray] | None = None,
+             moving_weight: float = 0.0, threshold: int = 12) -> np.ndarray:
     """Rollout reward (N,): the mean over frames and cameras of PSNR / 10 dB + SSIM (1 dB weighs as 0.1 SSIM);
-    frames per camera uint8 (N, L, H, W, 3)."""
+    frames per camera uint8 (N, L, H, W, 3). With `moving_weight` w and the start frames `start` (per camera
+    (N, H, W, 3)), plus w times the PSNR / 10 dB on the pixels that move: where a channel of the real frame differs
+    from the start frame by more than `threshold`, averaged over the frames and cameras that have such pixels (0 for
+    a rollout in which nothing moves, the same for every candidate of its history)."""
     per_cam = [psnr(pred[c], real[c]) / 10.0 + ssim(pred[c], real[c]) for c in real]
-    return np.mean(per_cam, axis=0).mean(axis=1)
+    score = np.mean(per_cam, axis=0).mean(axis=1)
+    if moving_weight:
+        if start is None:
+            raise ValueError("fidelity: the moving pixels' PSNR needs the start frames")
+        moved = []
+        for c in real:
+            mask = (np.abs(real[c].astype(np.int16) - start[c][:, None].astype(np.int16)) > threshold).any(-1)
+            moved.append(psnr(pred[c], real[c], mask) / 10.0)  # NaN where a frame has no moving pixel
+        moved = np.stack(moved, -1).reshape(len(score), -1)
+        seen = np.isfinite(moved)
+        n = seen.sum(1)
+        score = score + moving_weight * np.where(n > 0, np.where(seen, moved, 0.0).sum(1) / np.maximum(n, 1), 0.0)
+    return score
 
 
 def denoiser_parameters(model: VideoWorldModel) -> list[torch.nn.Parameter]:
@@ -122,9 +152,10 @@ def denoiser_parameters(model: VideoWorldModel) -> list[torch.nn.Parameter]:
 
 @torch.no_grad()
 def rollouts(model: VideoWorldModel, sampler: WindowSampler, W: int, G: int, L: int, steps: int,
-             gen: torch.Generator) -> tuple[list[dict], np.ndarray]:
+             gen: torch.Generator, moving_weight: float = 0.0, threshold: int = 12) -> tuple[list[dict], np.ndarray]:
     """G autoregressive rollouts of L control steps from each of W real histories under the recorded actions.
-    Returns the generated chunks (inputs and sample, per chunk, rollouts along the batch) and the rewards (W*G,)."""
+    Returns the generated chunks (inputs and sample, per chunk, rollouts along the batch) and the rewards (W*G,),
+    `fidelity` with `moving_weight` and `threshold`."""
     K, H = model.cfg.context, model.cfg.chunk
     d = sampler.sample(W, K, L, gen, min_future=L, reset_prob=0.0)
     rep = lambda t: t.repeat_interleave(G, 0)
@@ -153,7 +184,7 @@ def rollouts(model: VideoWorldModel, sampler: WindowSampler, W: int, G: int, L: 
     N = W * G
     pred = {k: v.reshape(N, L, *v.shape[1:]).cpu().numpy() for k, v in pred.items()}
     real = {k: v[fut].repeat_interleave(G, 0).cpu().numpy() for k, v in images.items()}
-    return chunks, fidelity(pred, real)
+    return chunks, fidelity(pred, real, frames0, moving_weight, threshold)
 
 
 def nft_step(model, old, ref, batch: dict, r: torch.Tensor, cfg: PostTrainWMConfig, gen: torch.Generator) -> tuple[torch.Tensor, dict]:
@@ -186,6 +217,9 @@ def post_train_world_model(cfg: PostTrainWMConfig, progress: bool = True) -> dic
         raise ValueError(f"need 0 < --min-horizon <= --horizon, got {cfg.min_horizon} and {cfg.horizon}")
     if cfg.beta <= 0 or cfg.ref_coef < 0 or cfg.lr <= 0:
         raise ValueError(f"need --beta > 0, --ref-coef >= 0, --lr > 0; got {cfg.beta}, {cfg.ref_coef}, {cfg.lr}")
+    if not 0 <= cfg.old_ema < 1 or cfg.moving_weight < 0 or not 0 <= cfg.moving_threshold < 255:
+        raise ValueError(f"need 0 <= --old-ema < 1, --moving-weight >= 0, 0 <= --moving-threshold < 255; got "
+                         f"{cfg.old_ema}, {cfg.moving_weight}, {cfg.moving_threshold}")
     base_ck = resolve_checkpoint(cfg.world_model)
     ref = VideoWorldModel.load(base_ck, device=cfg.device).eval()
     H = ref.cfg.chunk
@@ -204,19 +238,33 @@ def post_train_world_model(cfg: PostTrainWMConfig, progress: bool = True) -> dic
         p.requires_grad_(False)
     opt = torch.optim.AdamW(denoiser_parameters(model), cfg.lr, weight_decay=0.0)
     start = load_train_state(ck, {"denoiser": opt}, cfg.device)["step"] if ck is not None else 0
+    ema = None  # DiffusionNFT's soft-updated old model (resumed from the checkpoint, which keeps it)
+    if cfg.old_ema:
+        ema = (VideoWorldModel.load(ck / "old", expect=ref.cfg, device=cfg.device) if ck is not None
+               else copy.deepcopy(model)).eval()
+        for p in ema.parameters():
+            p.requires_grad_(False)
     sampler = WindowSampler(train, cfg.device, model.cfg, lat=encode_all(model, train))
     lengths = np.arange(cfg.min_horizon, cfg.horizon + 1, H)
     tracker = Tracker(run)
     t0 = time.time()
     log: dict = {}
+
+    def save(path: Path, step: int) -> None:
+        model.save(path)
+        save_train_state(path, step, {"denoiser": opt})
+        if ema is not None:
+            ema.save(path / "old")
+
     for it in tqdm(range(start, cfg.iterations), initial=start, total=cfg.iterations, desc="post-train-wm",
                    disable=not progress):
         gen = torch.Generator(device=cfg.device).manual_seed(cfg.seed * 1_000_003 + it)  # resumes exactly
         L = int(lengths[torch.randint(len(lengths), (1,), generator=gen, device=cfg.device).item()])
         model.eval()
-        chunks, reward = rollouts(model, sampler, cfg.windows, cfg.candidates, L, cfg.sampling_steps, gen)
+        old = ema if ema is not None else copy.deepcopy(model).eval()  # the model that generates these samples
+        chunks, reward = rollouts(old, sampler, cfg.windows, cfg.candidates, L, cfg.sampling_steps, gen,
+                                  cfg.moving_weight, cfg.moving_threshold)
         r = torch.as_tensor(optimality(reward, cfg.candidates), dtype=torch.float32, device=cfg.device)
-        old = copy.deepcopy(model).eval()  # the model that generated these samples
         batch = {k: torch.cat([c[k] for c in chunks]) for k in chunks[0]}
         rr = r.repeat(len(chunks))  # every chunk of a rollout carries its rollout's optimality
         perm = torch.randperm(len(rr), generator=gen, device=cfg.device)
@@ -233,12 +281,15 @@ def post_train_world_model(cfg: PostTrainWMConfig, progress: bool = True) -> dic
             torch.nn.utils.clip_grad_norm_(denoiser_parameters(model), 1.0)
             opt.step()
             losses.append({"loss": loss.item(), **info})
+        if ema is not None:
+            with torch.no_grad():
+                for po, p in zip(denoiser_parameters(ema), denoiser_parameters(model)):
+                    po.lerp_(p, 1.0 - cfg.old_ema)
         log = {"iteration": it + 1, "horizon": L, "reward_mean": float(reward.mean()),
                "reward_group_std": float(reward.reshape(-1, cfg.candidates).std(1).mean()),
                **{k: float(np.mean([x[k] for x in losses])) for k in losses[0]}, "seconds": time.time() - t0}
         tracker.log(log, step=it + 1)
         if (it + 1) % cfg.ckpt_every == 0 or it + 1 == cfg.iterations:
-            commit_checkpoint(run / "checkpoints", it + 1,
-                              lambda p, s=it + 1: (model.save(p), save_train_state(p, s, {"denoiser": opt})))
+            commit_checkpoint(run / "checkpoints", it + 1, lambda p, s=it + 1: save(p, s))
     tracker.close()
     return {"run_dir": str(run), "iterations": cfg.iterations, "post_train_minutes": (time.time() - t0) / 60, **log}
