@@ -31,12 +31,14 @@ from wmrl.benchutil import finish
 
 ROOT = Path(__file__).resolve().parent.parent
 H_MAX = 32  # the long horizon the keys name (h32)
-MOVING_THRESHOLD = 12  # PostTrainWMConfig.moving_threshold's default
 
 def _per_window(model, held, starts, steps: int, seeds: list[int], H: int) -> dict[str, np.ndarray]:
     """Per sampling seed and window (seeds, N): PSNR at the first chunk ("first"), H/2 ("mid") and H ("end") and
     SSIM at H, each the mean over cameras."""
     from world_models.video.evaluate import psnr, rollout, ssim
+    from world_models.video.post_train import PostTrainWMConfig, moving_mask
+
+    threshold = PostTrainWMConfig.moving_threshold
 
     at = {"first": model.cfg.chunk, "mid": H // 2, "end": H}
     acc: dict[str, list] = {k: [] for k in (*at, "ssim_end", "moving_end")}
@@ -49,11 +51,11 @@ def _per_window(model, held, starts, steps: int, seeds: list[int], H: int) -> di
         acc["ssim_end"].append(np.mean([ssim(r["pred"][c][:, H - 1], r["real"][c][:, H - 1]) for c in cams], 0))
         moving = []  # on the pixels that moved by H (the post-training reward's `moving_weight` term): NaN where none
         for c in cams:
-            start = np.stack([d[c][held.episodes[e][0] + t] for e, t in starts]).astype(np.int16)
-            mask = (np.abs(r["real"][c][:, H - 1].astype(np.int16) - start) > MOVING_THRESHOLD).any(-1)
+            start = np.stack([d[c][held.episodes[e][0] + t] for e, t in starts])
+            mask = moving_mask(r["real"][c][:, H - 1], start, threshold)
             moving.append(psnr(r["pred"][c][:, H - 1], r["real"][c][:, H - 1], mask))
         with np.errstate(all="ignore"):
-            acc["moving_end"].append(np.nanmean(np.stack(moving), 0) if len(cams) > 1 else moving[0])
+            acc["moving_end"].append(np.nanmean(np.stack(moving), 0))
     return {k: np.stack(v) for k, v in acc.items()}
 
 

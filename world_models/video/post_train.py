@@ -122,6 +122,12 @@ def optimality(rewards: np.ndarray, group: int) -> np.ndarray:
     return (0.5 + 0.5 * np.clip(a / 2, -1, 1)).reshape(-1)
 
 
+def moving_mask(real: np.ndarray, start: np.ndarray, threshold: int = 12) -> np.ndarray:
+    """Pixels that move in the real future: where a channel of a real frame (..., H, W, 3) differs from its start
+    frame (broadcast against it) by more than `threshold` (uint8 levels). Boolean (..., H, W)."""
+    return (np.abs(real.astype(np.int16) - start.astype(np.int16)) > threshold).any(-1)
+
+
 def fidelity(pred: dict[str, np.ndarray], real: dict[str, np.ndarray], start: dict[str, np.ndarray] | None = None,
              moving_weight: float = 0.0, threshold: int = 12) -> np.ndarray:
     """Rollout reward (N,): the mean over frames and cameras of PSNR / 10 dB + SSIM (1 dB weighs as 0.1 SSIM);
@@ -136,8 +142,7 @@ def fidelity(pred: dict[str, np.ndarray], real: dict[str, np.ndarray], start: di
             raise ValueError("fidelity: the moving pixels' PSNR needs the start frames")
         moved = []
         for c in real:
-            mask = (np.abs(real[c].astype(np.int16) - start[c][:, None].astype(np.int16)) > threshold).any(-1)
-            moved.append(psnr(pred[c], real[c], mask) / 10.0)  # NaN where a frame has no moving pixel
+            moved.append(psnr(pred[c], real[c], moving_mask(real[c], start[c][:, None], threshold)) / 10.0)  # NaN where a frame has no moving pixel
         moved = np.stack(moved, -1).reshape(len(score), -1)
         seen = np.isfinite(moved)
         n = seen.sum(1)
