@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from wmrl.benchutil import finish
+from wmrl.benchutil import finish, tiny_world_model
 
 ROOT = Path(__file__).resolve().parent.parent
 H_MAX = 32  # the long horizon the keys name (h32)
@@ -59,19 +59,6 @@ def _per_window(model, held, starts, steps: int, seeds: list[int], H: int) -> di
     return {k: np.stack(v) for k, v in acc.items()}
 
 
-def _tiny_base(work: Path) -> Path:
-    """Quick mode: a tiny dataset and world model in `work` (a smoke test of the pipeline, not a result)."""
-    from wmrl.commands.collect import CollectConfig, collect
-    from world_models.video.train import TrainWMConfig, train_world_model
-
-    collect(CollectConfig(task="push-red", episodes=8, out=work / "data", failures=0.5, num_envs=1), progress=False)
-    train_world_model(TrainWMConfig(data=work / "data", out=work / "model", size="tiny", ae_steps=20, state_steps=20,
-                                    dyn_steps=20, unroll_steps=0, batch_size=8, videos=0, change_mask_steps=5, change_mask_windows=2,
-                                    head_rollout_steps=0),
-                      progress=False)
-    return work
-
-
 def main(quick: bool = False, base: str = "full", iterations: int = 40, windows: int = 120, seeds: int = 2,
          steps: int = 1, lr: float = 3e-5, histories: int = 8, candidates: int = 4, moving_weight: float = 0.0,
          old_ema: float = 0.0) -> dict:
@@ -84,7 +71,7 @@ def main(quick: bool = False, base: str = "full", iterations: int = 40, windows:
     histories, candidates, moving_weight, old_ema = int(histories), int(candidates), float(moving_weight), float(old_ema)
     if quick:
         tmp = Path(tempfile.mkdtemp(prefix="wmrl-bench-post-"))
-        src, work, iterations, windows, seeds = _tiny_base(tmp), tmp, 2, 4, 1
+        src, work, iterations, windows, seeds = tiny_world_model(tmp), tmp, 2, 4, 1
     else:
         tag = base + ("" if (iterations, lr) == (40, 3e-5) else f"-it{iterations}-lr{lr:g}")  # one folder per setting
         tag += "" if (histories, candidates) == (8, 4) else f"-w{histories}g{candidates}"

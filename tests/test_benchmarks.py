@@ -113,6 +113,18 @@ def test_world_model_posttrain_benchmark_compares_base_and_post_on_the_same_wind
     assert len(r[f"psnr_gain_{he}_motion_per_seed"]) == r["sampling_seeds"]
 
 
+def test_world_model_frame_head_benchmark_scores_every_refit_on_the_same_rollouts():
+    r = _run("world_model_frame_head")
+    assert set(r["variants"]) == {"trained", "refit_again", "pos_weight_1", "horizon_80", "fresh"}
+    frames = [v["frames"] for v in r["variants"].values()]
+    assert r["spread"] == pytest.approx(max(frames) - min(frames))
+    for v in r["variants"].values():
+        lo, hi = v["frames_ci"]
+        assert lo <= v["frames"] <= hi
+    assert r["variants"]["trained"]["frames"] == pytest.approx(r["check_rollout_head_frames"])  # latents kept in step
+    assert r["n_pairs"] >= 1 and r["random_scorer_auroc_matched"] == r["random_scorer_auroc_matched"]
+
+
 def test_world_model_speed_rates_are_per_phase_medians_without_warm_up():
     rates = runpy.run_path(str(BENCH / "world_model_speed.py"), run_name="bench")["phase_rates"]
     # ae: intervals of 10 steps in 1 s (warm-up, left out), 0.1 s, 0.2 s, 0.1 s; dyn: 1 s (left out), 0.5, 0.5

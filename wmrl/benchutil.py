@@ -118,6 +118,19 @@ def finish(name: str, result: dict, quick: bool, command: str | None = None) -> 
 
 
 
+def tiny_world_model(work: Path) -> Path:
+    """Quick mode of the world-model benchmarks: a tiny push-red dataset (`work/data`) and world model (`work/model`),
+    a smoke test of a pipeline, not a result. Returns `work`."""
+    from wmrl.commands.collect import CollectConfig, collect
+    from world_models.video.train import TrainWMConfig, train_world_model
+
+    collect(CollectConfig(task="push-red", episodes=8, out=work / "data", failures=0.5, num_envs=1), progress=False)
+    train_world_model(TrainWMConfig(data=work / "data", out=work / "model", size="tiny", ae_steps=20, state_steps=20,
+                                    dyn_steps=20, unroll_steps=0, batch_size=8, videos=0, change_mask_steps=5,
+                                    change_mask_windows=2, head_rollout_steps=0), progress=False)
+    return work
+
+
 def success_over_seeds(policy, env, episodes: int, seeds: int = 3) -> dict:
     """True success of `policy` in `env` over `seeds` evaluation seeds (10000 + 100000 k; the policy benchmarks'
     shared layouts), pooled with a 95% Wilson interval, per seed, and the share of *stalled* episodes: failed with

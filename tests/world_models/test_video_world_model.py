@@ -1692,3 +1692,7 @@ def test_heads_refitted_on_rollouts_change_only_the_heads_and_keep_a_fitted_mask
     assert any(row.get("rollout_heads_episodes") == 4 for row in rows)
     with pytest.raises(ValueError, match="head-rollout-horizon"):
         train_world_model(tiny_wm_config(tiny_data, tmp_path / "bad", head_rollout_horizon=0), progress=False)
+    from world_models.video.rollout_heads import fit_heads_on_rollouts
+
+    with pytest.raises(ValueError, match="pos_weight"):  # a given positive weight must be a weight
+        fit_heads_on_rollouts(src, train, horizon=8, steps=2, episodes=2, pos_weight=0.0)

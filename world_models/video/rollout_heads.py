@@ -64,13 +64,13 @@ def rollout_latents(model: VideoWorldModel, replay, horizon: int, episodes: int,
 
 
 def fit_heads_on_rollouts(model: VideoWorldModel, replay, horizon: int = 40, steps: int = 1500, episodes: int = 300,
-                          batch: int = 256, lr: float = 3e-4, seed: int = 0) -> dict:
-    """Fit `model.heads` on `rollout_latents` for `steps` Adam steps (`VideoWorldModel.heads_loss`, the success term's
-    positive weight from the rollouts' own labels, as in training). Returns the first and last minibatches' success
-    loss and the rollouts' size."""
-    if steps <= 0 or horizon <= 0 or episodes <= 0 or batch <= 0:
-        raise ValueError(f"rollout heads: steps, horizon, episodes and batch must be > 0, got {steps}, {horizon}, "
-                         f"{episodes}, {batch}")
+                          batch: int = 256, lr: float = 3e-4, seed: int = 0, pos_weight: float | None = None) -> dict:
+    """Fit `model.heads` on `rollout_latents` for `steps` Adam steps (`VideoWorldModel.heads_loss`; the success term's
+    positive weight `pos_weight`, None: from the rollouts' own labels, as in training). Returns the first and last
+    minibatches' success loss and the rollouts' size."""
+    if steps <= 0 or horizon <= 0 or episodes <= 0 or batch <= 0 or (pos_weight is not None and not pos_weight > 0):
+        raise ValueError(f"rollout heads: steps, horizon, episodes, batch and pos_weight must be > 0, got {steps}, "
+                         f"{horizon}, {episodes}, {batch}, {pos_weight}")
     r = rollout_latents(model, replay, horizon, episodes, seed)
     N, L = r["mask"].shape
     z = r["latents"].flatten(0, 1).float()
@@ -78,7 +78,9 @@ def fit_heads_on_rollouts(model: VideoWorldModel, replay, horizon: int = 40, ste
     valid = torch.nonzero(r["mask"].flatten() > 0)[:, 0]
     tokens = model.task.token_ids(r["tasks"]).repeat_interleave(L, 0)
     n_pos = float(labels["success"][valid].sum())
-    pos_weight = torch.tensor(min(20.0, max(1.0, (len(valid) - n_pos) / max(n_pos, 1.0))), device=model.device)
+    if pos_weight is None:
+        pos_weight = min(20.0, max(1.0, (len(valid) - n_pos) / max(n_pos, 1.0)))
+    pos_weight = torch.tensor(float(pos_weight), device=model.device)
     gen = torch.Generator().manual_seed(seed)
     opt = torch.optim.Adam(model.heads.parameters(), lr)
     was = model.training
