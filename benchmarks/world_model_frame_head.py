@@ -19,7 +19,7 @@ The check of the metric: a random scorer on the same pairs (`random_scorer_auroc
 largest minus the smallest variant's frames AUROC; when it is well inside one variant's interval, the head's fitting
 is not the lever.
 
-    wmrl bench world-model-frame-head --json --options run=runs/demo
+    wmrl bench world-model-frame-head --json --options run=runs/demo    # -> results/world-model-frame-head-demo.json
 """
 
 from __future__ import annotations
@@ -104,6 +104,6 @@ def main(quick: bool = False, run: str = "runs/demo", pairs: int = 100, seed: in
            "check_rollout_head_frames": auroc(matched_max(im["head"], matched), truth),
            "trained_ci_width": float(np.diff(variants["trained"]["frames_ci"])[0]),
            "minutes": (time.time() - t0) / 60}
-    return finish("world-model-frame-head", out, quick,
+    return finish(f"world-model-frame-head-{Path(run).name}", out, quick,  # one result file per run measured
                   command=f"wmrl bench world-model-frame-head --json --options run={run} pairs={pairs} seed={seed}"
                   if not quick else None)
