@@ -19,6 +19,11 @@ The check of the metric: a random scorer on the same pairs (`random_scorer_auroc
 largest minus the smallest variant's frames AUROC; when it is well inside one variant's interval, the head's fitting
 is not the lever.
 
+`holds`: each variant's scores read as a frames-path `WorldModelEnv(success_hold=k)` thresholds them, the max of the
+level the head holds for k generated frames in a row (`held_level`; k=1 is the peak, the `frames` above), on the
+generated and the real latents, with a random scorer under the same readout; `hold_gain` is the trained heads' k=2
+and k=3 AUROC minus their k=1, with a bootstrap interval over the same pairs.
+
     wmrl bench world-model-frame-head --json --options run=runs/demo    # -> results/world-model-frame-head-demo.json
 """
 
@@ -34,6 +39,7 @@ import numpy as np
 from wmrl.benchutil import finish, tiny_world_model
 
 ROOT = Path(__file__).resolve().parent.parent
+HOLDS = (1, 2, 3, 4)
 VARIANTS = {"trained": None, "refit_again": {}, "pos_weight_1": {"pos_weight": 1.0}, "horizon_80": {"horizon": 80},
             "fresh": {"fresh": True}}
 
@@ -50,7 +56,7 @@ def main(quick: bool = False, run: str = "runs/demo", pairs: int = 100, seed: in
     from wmrl.core.checkpoint import resolve_checkpoint
     from wmrl.core.features import TASK, image_key
     from wmrl.eval.world_model import imagine_recorded, pair_lengths, success_pairs
-    from world_models.video.evaluate import auroc, matched_max, pair_auroc_ci
+    from world_models.video.evaluate import auroc, matched_max, pair_auroc_ci, pair_auroc_difference
     from world_models.video.model import VideoWorldModel
     from world_models.video.rollout_heads import fit_heads_on_rollouts
     from world_models.video.train import load_split
@@ -77,10 +83,15 @@ def main(quick: bool = False, run: str = "runs/demo", pairs: int = 100, seed: in
     tasks = [ep[TASK][0] for ep in eps]
 
     @torch.no_grad()
-    def scores(latents: list) -> np.ndarray:
-        per_step = [torch.sigmoid(model.heads(z, model.task([t] * len(z)))["success_logit"]).numpy()
-                    for z, t in zip(latents, tasks)]
-        return matched_max(per_step, matched)
+    def probabilities(latents: list) -> list[np.ndarray]:
+        return [torch.sigmoid(model.heads(z, model.task([t] * len(z)))["success_logit"]).numpy()
+                for z, t in zip(latents, tasks)]
+
+    def scores(latents: list, hold: int = 1) -> np.ndarray:
+        return matched_max(probabilities(latents), matched, hold)
+
+    rng = np.random.default_rng(seed)
+    rand = [rng.random(len(z)) for z in gen]
 
     trained = copy.deepcopy(model.heads.state_dict())
     variants = {}
@@ -95,11 +106,21 @@ def main(quick: bool = False, run: str = "runs/demo", pairs: int = 100, seed: in
             model.eval()
         s = scores(gen)
         variants[name] = {"frames": auroc(s, truth), "frames_ci": pair_auroc_ci(s, truth),
-                          "real": auroc(scores(real), truth), "minutes": (time.time() - t) / 60}
+                          "real": auroc(scores(real), truth), "minutes": (time.time() - t) / 60, "holds": {}}
+        gen_p, real_p = probabilities(gen), probabilities(real)
+        for k in HOLDS:
+            g = matched_max(gen_p, matched, k)
+            variants[name]["holds"][str(k)] = {"frames": auroc(g, truth), "frames_ci": pair_auroc_ci(g, truth),
+                                          "real": auroc(matched_max(real_p, matched, k), truth)}
+        if name == "trained":
+            peak = matched_max(gen_p, matched)
+            hold_gain = {str(k): pair_auroc_difference(peak, matched_max(gen_p, matched, k), truth) for k in HOLDS[1:3]}
     frames = [v["frames"] for v in variants.values()]
     out = {"run": run if not quick else "tiny", "n_pairs": int(truth.sum()), "sampling_steps": 1,
            "random_scorer_auroc_matched": checks["random_scorer_auroc_matched"], "variants": variants,
-           "spread": float(max(frames) - min(frames)),
+           "spread": float(max(frames) - min(frames)), "hold_gain": hold_gain,
+           "random_scorer_auroc_matched_hold": {str(k): auroc(matched_max(rand, matched, k), truth) for k in HOLDS},
+           "best_hold_frames": {name: max(HOLDS, key=lambda k: v["holds"][str(k)]["frames"]) for name, v in variants.items()},
            # the kept latents are the rollout's: `trained` scored on them equals the rollout's own success head
            "check_rollout_head_frames": auroc(matched_max(im["head"], matched), truth),
            "trained_ci_width": float(np.diff(variants["trained"]["frames_ci"])[0]),

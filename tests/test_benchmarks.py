@@ -123,6 +123,13 @@ def test_world_model_frame_head_benchmark_scores_every_refit_on_the_same_rollout
         assert lo <= v["frames"] <= hi
     assert r["variants"]["trained"]["frames"] == pytest.approx(r["check_rollout_head_frames"])  # latents kept in step
     assert r["n_pairs"] >= 1 and r["random_scorer_auroc_matched"] == r["random_scorer_auroc_matched"]
+    for v in r["variants"].values():  # hold 1 is the peak readout itself; the best hold is one of those measured
+        assert v["holds"]["1"]["frames"] == pytest.approx(v["frames"]) and v["holds"]["1"]["real"] == pytest.approx(v["real"])
+    for name, k in r["best_hold_frames"].items():
+        assert all(r["variants"][name]["holds"][str(k)]["frames"] >= h["frames"] for h in r["variants"][name]["holds"].values())
+    trained = r["variants"]["trained"]["holds"]
+    for k in ("2", "3"):
+        assert r["hold_gain"][k]["mean"] == pytest.approx(trained[k]["frames"] - trained["1"]["frames"])
 
 
 def test_world_model_speed_rates_are_per_phase_medians_without_warm_up():

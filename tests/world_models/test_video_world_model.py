@@ -19,7 +19,7 @@ from wmrl.eval.world_model import error_split
 from world_models.edm import edm_coefficients
 from world_models.env import WorldModelEnv, WorldModelSingleEnv
 from world_models.video import train as wm_train
-from world_models.video.evaluate import auroc, bootstrap_ci, fixed_windows, matched_max, pair_auroc_ci, pair_auroc_difference, paired_difference
+from world_models.video.evaluate import auroc, held_level, bootstrap_ci, fixed_windows, matched_max, pair_auroc_ci, pair_auroc_difference, paired_difference
 from world_models.video.model import VideoWorldModel, WorldModelConfig, commanded_pose, integrate_poses
 from world_models.video.state_channel import StateChannel, StateChannelConfig
 from world_models.video.train import TrainWMConfig, WindowSampler, load_split, train_world_model, unrolled_batch
@@ -385,13 +385,29 @@ def test_matched_length_auroc_is_one_half_for_a_random_scorer_on_expert_pairs():
     assert truth[0::2].mean() > 0.8 and not truth[1::2].any()
     matched = np.repeat(np.minimum(lens[0::2], lens[1::2]), 2)
     rng = np.random.default_rng(0)
-    m, w = [], []
+    m, w, held = [], [], []
     for _ in range(200):
         rand = [rng.random(n) for n in lens]
         m.append(auroc(matched_max(rand, matched), truth))
         w.append(auroc(matched_max(rand, lens), truth))
+        held.append(auroc(matched_max(rand, matched, hold=3), truth))
     assert abs(np.mean(m) - 0.5) < 0.1
+    assert abs(np.mean(held) - 0.5) < 0.1  # the held readout too
     assert np.mean(w) < 0.35  # the old, length-reading metric
+
+
+def test_held_level_is_the_running_minimum_over_the_last_hold_steps():
+    p = np.array([[0.2, 0.95, 0.3, 0.96, 0.97, 0.99]])
+    assert np.array_equal(held_level(p, 1), p)
+    assert np.allclose(held_level(p, 2), [[0.0, 0.2, 0.3, 0.3, 0.96, 0.97]])  # an episode's start cannot hold
+    assert np.allclose(held_level(p, 3), [[0.0, 0.0, 0.2, 0.3, 0.3, 0.96]])
+    # a one-step spike scores its peak with hold 1 and nothing with hold 2; a held success keeps its level
+    spike, kept = np.array([0.1, 0.99, 0.1, 0.1]), np.array([0.1, 0.1, 0.93, 0.95])
+    assert np.allclose(matched_max([spike, kept], [4, 4]), [0.99, 0.95])
+    assert np.allclose(matched_max([spike, kept], [4, 4], hold=2), [0.1, 0.93])
+    for bad in (0, 1.5, -1):
+        with pytest.raises(ValueError, match="hold"):
+            held_level(p, bad)
 
 
 def test_fixed_windows_are_identical_across_runs_and_split_by_motion(tiny_data):

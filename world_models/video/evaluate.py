@@ -146,11 +146,26 @@ def pair_auroc_difference(scores_a: np.ndarray, scores_b: np.ndarray, labels: np
     return {"mean": float(auroc(b, labels) - auroc(a, labels)), "ci": ci}
 
 
-def matched_max(per_step: list[np.ndarray], n_steps) -> np.ndarray:
+def held_level(p: np.ndarray, hold: int) -> np.ndarray:
+    """Per-step probabilities (B, h) -> the level each step's last `hold` steps all reach (their minimum): a score
+    that a one-step spike of the success head cannot raise. An episode's first hold - 1 steps cannot hold (0).
+    hold=1 is `p` itself. Measured as a frames-path success readout (`wmrl bench world-model-frame-head`): on the
+    demo's model it lowers the AUROC at every hold, so success stays read from the peak (hold 1)."""
+    if int(hold) != hold or hold < 1:
+        raise ValueError(f"hold: expected an integer >= 1, got {hold!r}")
+    p = np.asarray(p, np.float64)
+    if hold == 1:
+        return p
+    padded = np.concatenate([np.zeros((p.shape[0], int(hold) - 1)), p], 1)
+    return np.lib.stride_tricks.sliding_window_view(padded, int(hold), axis=1).min(-1)
+
+
+def matched_max(per_step: list[np.ndarray], n_steps, hold: int = 1) -> np.ndarray:
     """Each episode's score: the max of its per-step scores over its first n_steps[i] steps. Scoring both episodes
     of a success / near-success pair on the same number of steps keeps the score from reading episode length
-    (success episodes end early; with whole-episode maxima a scorer of pure noise gets an AUROC well below 0.5)."""
-    return np.array([np.max(x[:n]) for x, n in zip(per_step, n_steps)])
+    (success episodes end early; with whole-episode maxima a scorer of pure noise gets an AUROC well below 0.5).
+    `hold`: the max of the level held for that many steps in a row (`held_level`)."""
+    return np.array([np.max(held_level(np.asarray(x[:n])[None], hold)[0]) for x, n in zip(per_step, n_steps)])
 
 
 def fixed_windows(held, n: int, length: int, K: int, seed: int = 0, motion_cm: float = 2.0,
