@@ -24,6 +24,11 @@ level the head holds for k generated frames in a row (`held_level`; k=1 is the p
 generated and the real latents, with a random scorer under the same readout; `hold_gain` is the trained heads' k=2
 and k=3 AUROC minus their k=1, with a bootstrap interval over the same pairs.
 
+`pixels`: is the resolution the limit, or the head on 16x16 latents? A small CNN (`pixel_classifier`) on the real
+64x64 frames of both cameras of the same training episodes, with the same labels, scores the pairs' real frames and
+the same rollouts' generated frames decoded as policies see them (`pixels_minus_trained`: its generated-frame AUROC
+minus the trained latent head's, on the same pairs).
+
     wmrl bench world-model-frame-head --json --options run=runs/demo    # -> results/world-model-frame-head-demo.json
 """
 
@@ -44,24 +49,66 @@ VARIANTS = {"trained": None, "refit_again": {}, "pos_weight_1": {"pos_weight": 1
             "fresh": {"fresh": True}}
 
 
+def pixel_classifier(train, cams: list[str], steps: int, seed: int = 0, batch: int = 64):
+    """A success classifier on pixels: the frames of all `cams` after each action (channels stacked, uint8 -> [-1, 1])
+    -> logit of that step's `next.success`; +-2 px shifts; the rare successes up-weighted as the frame heads do."""
+    import torch
+    from torch import nn
+
+    from wmrl.core.features import SUCCESS
+
+    x, y = [], []
+    for lo, T in train.episodes.values():  # frame t + 1 is what step t's success describes
+        x.append(np.concatenate([train.data[c][lo + 1 : lo + T] for c in cams], -1))
+        y.append(train.data[SUCCESS][lo : lo + T - 1])
+    x = torch.from_numpy(np.concatenate(x)).permute(0, 3, 1, 2).contiguous()
+    y = torch.from_numpy(np.concatenate(y).astype(np.float32))
+    torch.manual_seed(seed)
+    net = nn.Sequential(nn.Conv2d(x.shape[1], 16, 3, padding=1), nn.SiLU(), nn.MaxPool2d(2),
+                        nn.Conv2d(16, 32, 3, padding=1), nn.SiLU(), nn.MaxPool2d(2),
+                        nn.Conv2d(32, 64, 3, padding=1), nn.SiLU(), nn.MaxPool2d(2), nn.Flatten(),
+                        nn.LazyLinear(128), nn.SiLU(), nn.Linear(128, 1))
+    net(x[:1].float())  # materialises the lazy layer before the optimiser sees it
+    opt = torch.optim.Adam(net.parameters(), 3e-4)
+    pos_weight = torch.tensor(min(20.0, max(1.0, float((len(y) - y.sum()) / max(float(y.sum()), 1.0)))))
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        b = torch.randint(len(x), (batch,), generator=g)
+        dx, dy = torch.randint(-2, 3, (2,), generator=g).tolist()
+        logit = net(torch.roll(x[b].float() / 127.5 - 1, (dx, dy), (2, 3)))[:, 0]
+        loss = nn.functional.binary_cross_entropy_with_logits(logit, y[b], pos_weight=pos_weight)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    net.eval()
+
+    @torch.no_grad()
+    def probabilities(frames: dict) -> np.ndarray:  # {camera key: uint8 (T, H, W, 3)} -> (T,)
+        f = torch.from_numpy(np.concatenate([frames[c] for c in cams], -1)).permute(0, 3, 1, 2).float() / 127.5 - 1
+        return torch.sigmoid(torch.cat([net(f[i : i + 512])[:, 0] for i in range(0, len(f), 512)])).numpy()
+
+    return probabilities, {"train_frames": len(y), "positives": int(y.sum()), "steps": steps}
+
+
 def reset_heads(heads) -> None:
     for m in heads.modules():
         if m is not heads and hasattr(m, "reset_parameters"):
             m.reset_parameters()
 
 
-def main(quick: bool = False, run: str = "runs/demo", pairs: int = 100, seed: int = 0, task: str = "push-red") -> dict:
+def main(quick: bool = False, run: str = "runs/demo", pairs: int = 100, seed: int = 0, task: str = "push-red",
+         pixel_steps: int = 2500) -> dict:
     import torch
 
     from wmrl.core.checkpoint import resolve_checkpoint
-    from wmrl.core.features import TASK, image_key
+    from wmrl.core.features import ACTION, TASK, image_key
     from wmrl.eval.world_model import imagine_recorded, pair_lengths, success_pairs
     from world_models.video.evaluate import auroc, matched_max, pair_auroc_ci, pair_auroc_difference
     from world_models.video.model import VideoWorldModel
     from world_models.video.rollout_heads import fit_heads_on_rollouts
     from world_models.video.train import load_split
 
-    pairs, seed = int(pairs), int(seed)  # --options: strings
+    pairs, seed, pixel_steps = int(pairs), int(seed), int(pixel_steps)  # --options: strings
     if quick:
         work = tiny_world_model(Path(tempfile.mkdtemp(prefix="wmrl-bench-head-")))
         model_dir, data, pairs, fit = work / "model", work / "data", 3, {"steps": 20, "episodes": 4}
@@ -75,7 +122,7 @@ def main(quick: bool = False, run: str = "runs/demo", pairs: int = 100, seed: in
     eps = success_pairs(task, pairs, seed0=60_000 + seed)
     truth, _, matched, checks = pair_lengths(eps, seed)
     t0 = time.time()
-    im = imagine_recorded(model, eps, seed, steps=1, keep_latents=True)
+    im = imagine_recorded(model, eps, seed, steps=1, keep_latents=True, keep_frames=True)
     gen = im["latents"]
     cams = [image_key(c) for c in model.cfg.cameras]
     with torch.no_grad():
@@ -115,10 +162,18 @@ def main(quick: bool = False, run: str = "runs/demo", pairs: int = 100, seed: in
         if name == "trained":
             peak = matched_max(gen_p, matched)
             hold_gain = {str(k): pair_auroc_difference(peak, matched_max(gen_p, matched, k), truth) for k in HOLDS[1:3]}
+    t = time.time()
+    pixel_p, pixels = pixel_classifier(train, cams, 20 if quick else pixel_steps, seed)
+    pix_gen = matched_max([pixel_p(f) for f in im["frames"]], matched)
+    pix_real = matched_max([pixel_p({c: ep[c][1 : len(ep[ACTION])] for c in cams}) for ep in eps], matched)
+    pixels.update({"frames": auroc(pix_gen, truth), "frames_ci": pair_auroc_ci(pix_gen, truth),
+                   "real": auroc(pix_real, truth), "real_ci": pair_auroc_ci(pix_real, truth),
+                   "minutes": (time.time() - t) / 60})
     frames = [v["frames"] for v in variants.values()]
     out = {"run": run if not quick else "tiny", "n_pairs": int(truth.sum()), "sampling_steps": 1,
            "random_scorer_auroc_matched": checks["random_scorer_auroc_matched"], "variants": variants,
-           "spread": float(max(frames) - min(frames)), "hold_gain": hold_gain,
+           "spread": float(max(frames) - min(frames)), "hold_gain": hold_gain, "pixels": pixels,
+           "pixels_minus_trained": pair_auroc_difference(peak, pix_gen, truth),
            "random_scorer_auroc_matched_hold": {str(k): auroc(matched_max(rand, matched, k), truth) for k in HOLDS},
            "best_hold_frames": {name: max(HOLDS, key=lambda k: v["holds"][str(k)]["frames"]) for name, v in variants.items()},
            # the kept latents are the rollout's: `trained` scored on them equals the rollout's own success head
@@ -126,5 +181,6 @@ def main(quick: bool = False, run: str = "runs/demo", pairs: int = 100, seed: in
            "trained_ci_width": float(np.diff(variants["trained"]["frames_ci"])[0]),
            "minutes": (time.time() - t0) / 60}
     return finish(f"world-model-frame-head-{Path(run).name}", out, quick,  # one result file per run measured
-                  command=f"wmrl bench world-model-frame-head --json --options run={run} pairs={pairs} seed={seed}"
+                  command=f"wmrl bench world-model-frame-head --json --options run={run} pairs={pairs} seed={seed} "
+                          f"pixel_steps={pixel_steps}"
                   if not quick else None)

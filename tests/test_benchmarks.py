@@ -130,6 +130,11 @@ def test_world_model_frame_head_benchmark_scores_every_refit_on_the_same_rollout
     trained = r["variants"]["trained"]["holds"]
     for k in ("2", "3"):
         assert r["hold_gain"][k]["mean"] == pytest.approx(trained[k]["frames"] - trained["1"]["frames"])
+    # the pixel classifier scores the same pairs, real and decoded generated frames, against the trained head
+    px = r["pixels"]
+    assert px["steps"] == 20 and 0 < px["positives"] < px["train_frames"]
+    assert px["frames_ci"][0] <= px["frames"] <= px["frames_ci"][1] and px["real_ci"][0] <= px["real"] <= px["real_ci"][1]
+    assert r["pixels_minus_trained"]["mean"] == pytest.approx(px["frames"] - r["variants"]["trained"]["frames"])
 
 
 def test_world_model_speed_rates_are_per_phase_medians_without_warm_up():

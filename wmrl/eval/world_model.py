@@ -260,23 +260,27 @@ def success_pairs(task: str, n_seeds: int, seed0: int = 50_000, max_episode_step
 
 
 @torch.no_grad()
-def imagine_recorded(model, eps: list[dict], seed: int = 0, steps: int | None = None, keep_latents: bool = False) -> dict:
+def imagine_recorded(model, eps: list[dict], seed: int = 0, steps: int | None = None, keep_latents: bool = False,
+                     keep_frames: bool = False) -> dict:
     """Every recorded episode rolled out in the model from its first frame under its recorded actions (batched,
     padded to the longest). Per episode and step: the success head's probability on the generated latents and,
     with a state channel, the task rules' success and shaped reward on the predicted state. `steps`: Euler steps per
     chunk (None: the model's `sampling_steps`; imagination samples with 1). `keep_latents`: also the generated
-    latents (`latents`, per episode (T, C, S, S)), to score other heads on the same rollouts."""
+    latents (`latents`, per episode (T, C, S, S)), to score other heads on the same rollouts. `keep_frames`: also the
+    frames decoded as policies see them (`frames`, per episode {camera key: uint8 (T, H, W, 3)}), for scorers of pixels."""
     Hc = model.cfg.chunk
     T, acts, obs = first_frame_inputs(model, eps)
     Tm = max(T)
     state = model.encode(obs)
     g = torch.Generator().manual_seed(seed)
-    head, ee, op, env, lat = [], [], [], [], []
+    head, ee, op, env, lat, frames = [], [], [], [], [], []
     for i in range(0, Tm, Hc):
         state, p = model.step(state, torch.as_tensor(acts[:, i : i + Hc]), steps=steps, generator=g)
         head.append(p["success"].numpy())
         if keep_latents:
             lat.append(p["latents"])
+        if keep_frames:
+            frames.append(model.decode(p["latents"], state, p["pose"], p["points"] if "points" in p else None))
         if "ee" in p:
             ee.append(p["ee"].numpy())
             op.append(p["gripper_opening"].numpy())
@@ -286,6 +290,9 @@ def imagine_recorded(model, eps: list[dict], seed: int = 0, steps: int | None = 
     if keep_latents:
         lat = torch.cat(lat, 1)
         out["latents"] = [lat[i, :t] for i, t in enumerate(T)]
+    if keep_frames:
+        frames = {k: np.concatenate([f[k] for f in frames], 1) for k in frames[0]}
+        out["frames"] = [{k: v[i, :t] for k, v in frames.items()} for i, t in enumerate(T)]
     if ee:
         ee, op, env = np.concatenate(ee, 1), np.concatenate(op, 1), np.concatenate(env, 1)
         rs = [success_and_reward(obs[TASK][i], ee[i, :t], op[i, :t], env[i, :t]) for i, t in enumerate(T)]
