@@ -29,6 +29,12 @@ and k=3 AUROC minus their k=1, with a bootstrap interval over the same pairs.
 the same rollouts' generated frames decoded as policies see them (`pixels_minus_trained`: its generated-frame AUROC
 minus the trained latent head's, on the same pairs).
 
+`pixel_ladder`: where between the real and the generated frames the pixel classifier loses success, on the same
+pairs: `real`; `reconstructed`, the real frames' latents decoded through the identity path (the start frame plus
+the decoded change, no mask: what the latent space keeps of the cube); `generated_exact_points`, the generated
+latents decoded with each object's patch placed at its recorded position (the state channel's points made exact at
+the decode only, where the mask has object sources); `generated`, as policies see them.
+
     wmrl bench world-model-frame-head --json --options run=runs/demo    # -> results/world-model-frame-head-demo.json
 """
 
@@ -122,7 +128,8 @@ def main(quick: bool = False, run: str = "runs/demo", pairs: int = 100, seed: in
     eps = success_pairs(task, pairs, seed0=60_000 + seed)
     truth, _, matched, checks = pair_lengths(eps, seed)
     t0 = time.time()
-    im = imagine_recorded(model, eps, seed, steps=1, keep_latents=True, keep_frames=True)
+    exact = bool(model.cfg.change_objects)
+    im = imagine_recorded(model, eps, seed, steps=1, keep_latents=True, keep_frames=True, exact_points=exact)
     gen = im["latents"]
     cams = [image_key(c) for c in model.cfg.cameras]
     with torch.no_grad():
@@ -169,10 +176,21 @@ def main(quick: bool = False, run: str = "runs/demo", pairs: int = 100, seed: in
     pixels.update({"frames": auroc(pix_gen, truth), "frames_ci": pair_auroc_ci(pix_gen, truth),
                    "real": auroc(pix_real, truth), "real_ci": pair_auroc_ci(pix_real, truth),
                    "minutes": (time.time() - t) / 60})
+    with torch.no_grad():  # the real latents through the identity path, anchored on each episode's real first frame
+        recon = [model.decode_frames(z, (model.encode_frames({c: ep[c][:1] for c in cams}), {c: ep[c][:1] for c in cams}),
+                                     mask=False) for z, ep in zip(real, eps)]
+    rungs = {"real": pix_real, "reconstructed": matched_max([pixel_p({c: f[c].numpy() for c in cams}) for f in recon], matched)}
+    if exact:
+        rungs["generated_exact_points"] = matched_max([pixel_p(f) for f in im["frames_recorded_points"]], matched)
+    rungs["generated"] = pix_gen
+    ladder = {k: {"auroc": auroc(v, truth), "ci": pair_auroc_ci(v, truth)} for k, v in rungs.items()}
+    names = list(rungs)
+    for a, b in zip(names, names[1:]):  # each step down the ladder, paired over the same pairs
+        ladder[f"{b}_minus_{a}"] = pair_auroc_difference(rungs[a], rungs[b], truth)
     frames = [v["frames"] for v in variants.values()]
     out = {"run": run if not quick else "tiny", "n_pairs": int(truth.sum()), "sampling_steps": 1,
            "random_scorer_auroc_matched": checks["random_scorer_auroc_matched"], "variants": variants,
-           "spread": float(max(frames) - min(frames)), "hold_gain": hold_gain, "pixels": pixels,
+           "spread": float(max(frames) - min(frames)), "hold_gain": hold_gain, "pixels": pixels, "pixel_ladder": ladder,
            "pixels_minus_trained": pair_auroc_difference(peak, pix_gen, truth),
            "random_scorer_auroc_matched_hold": {str(k): auroc(matched_max(rand, matched, k), truth) for k in HOLDS},
            "best_hold_frames": {name: max(HOLDS, key=lambda k: v["holds"][str(k)]["frames"]) for name, v in variants.items()},

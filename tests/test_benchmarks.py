@@ -135,6 +135,12 @@ def test_world_model_frame_head_benchmark_scores_every_refit_on_the_same_rollout
     assert px["steps"] == 20 and 0 < px["positives"] < px["train_frames"]
     assert px["frames_ci"][0] <= px["frames"] <= px["frames_ci"][1] and px["real_ci"][0] <= px["real"] <= px["real_ci"][1]
     assert r["pixels_minus_trained"]["mean"] == pytest.approx(px["frames"] - r["variants"]["trained"]["frames"])
+    # the ladder's ends are the pixel classifier's own real and generated scores; each step is a paired difference
+    lad = r["pixel_ladder"]
+    assert lad["real"]["auroc"] == pytest.approx(px["real"]) and lad["generated"]["auroc"] == pytest.approx(px["frames"])
+    assert lad["generated_minus_generated_exact_points"]["mean"] == pytest.approx(
+        lad["generated"]["auroc"] - lad["generated_exact_points"]["auroc"])
+    assert lad["reconstructed_minus_real"]["mean"] == pytest.approx(lad["reconstructed"]["auroc"] - lad["real"]["auroc"])
 
 
 def test_world_model_speed_rates_are_per_phase_medians_without_warm_up():

@@ -31,3 +31,32 @@ def test_state_only_replay_follows_the_frame_path_and_reads_one_member(trained):
     assert not np.allclose(cons["ee"][0][1:], alone["ee"][0][1:], atol=1e-6)
     with pytest.raises(ValueError, match="not both"):
         replay_states(model, eps, member=0, consensus=True)
+
+
+def test_imagine_recorded_keeps_the_frames_and_decodes_them_again_at_the_recorded_points(trained, tiny_data, tmp_path):
+    """`keep_frames` returns each episode's decoded frames, one per step and camera; `exact_points` decodes the same
+    latents with the object patches at the recorded points, which differ from the state channel's (a tiny model's
+    predictions are far off), so some pixels change; a model without object sources refuses it."""
+    from tests.helpers import tiny_wm_config
+    from world_models.factory import make_world_model
+    from world_models.video.train import load_split, train_world_model, world_model_data
+    from wmrl.eval.world_model import held_episodes, imagine_recorded
+
+    run = tmp_path / "objects"  # the trained model with a mask with object sources fitted (no other phase)
+    train_world_model(tiny_wm_config(tiny_data, run, init_from=trained, change_objects=True, ae_steps=0, state_steps=0,
+                                     dyn_steps=0, unroll_steps=0, change_mask_steps=5), progress=False)
+    model = make_world_model("video", run)
+    assert model.cfg.change_objects and bool(model.change_mask_fitted)
+    _, _, held = load_split(world_model_data(trained), 0.1)
+    cams = [image_key(c) for c in model.cfg.cameras]
+    eps = held_episodes(held, cams)[:2]
+    for ep, (lo, T) in zip(eps, list(held.episodes.values())[:2]):  # held_episodes keeps the first frame only
+        for c in cams:
+            ep[c] = np.asarray(held.data[c][lo : lo + T])
+    out = imagine_recorded(model, eps, keep_frames=True, exact_points=True)
+    for ep, f, g in zip(eps, out["frames"], out["frames_recorded_points"]):
+        for c in cams:
+            assert f[c].shape == g[c].shape == (len(ep["action"]) - 1, *ep[c].shape[1:]) and f[c].dtype == np.uint8
+    assert any((f[c] != g[c]).any() for f, g in zip(out["frames"], out["frames_recorded_points"]) for c in cams)
+    with pytest.raises(ValueError, match="change_objects"):
+        imagine_recorded(make_world_model("video", trained), eps, keep_frames=True, exact_points=True)

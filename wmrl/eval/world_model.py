@@ -261,19 +261,29 @@ def success_pairs(task: str, n_seeds: int, seed0: int = 50_000, max_episode_step
 
 @torch.no_grad()
 def imagine_recorded(model, eps: list[dict], seed: int = 0, steps: int | None = None, keep_latents: bool = False,
-                     keep_frames: bool = False) -> dict:
+                     keep_frames: bool = False, exact_points: bool = False) -> dict:
     """Every recorded episode rolled out in the model from its first frame under its recorded actions (batched,
     padded to the longest). Per episode and step: the success head's probability on the generated latents and,
     with a state channel, the task rules' success and shaped reward on the predicted state. `steps`: Euler steps per
     chunk (None: the model's `sampling_steps`; imagination samples with 1). `keep_latents`: also the generated
     latents (`latents`, per episode (T, C, S, S)), to score other heads on the same rollouts. `keep_frames`: also the
-    frames decoded as policies see them (`frames`, per episode {camera key: uint8 (T, H, W, 3)}), for scorers of pixels."""
+    frames decoded as policies see them (`frames`, per episode {camera key: uint8 (T, H, W, 3)}), for scorers of pixels.
+    `exact_points` (with `keep_frames` and a mask with object sources): also the same latents decoded with each
+    object's patch placed where the simulator put it (`frames_recorded_points`), the state channel's points made exact
+    at the decode only."""
     Hc = model.cfg.chunk
     T, acts, obs = first_frame_inputs(model, eps)
     Tm = max(T)
     state = model.encode(obs)
     g = torch.Generator().manual_seed(seed)
-    head, ee, op, env, lat, frames = [], [], [], [], [], []
+    head, ee, op, env, lat, frames, exact = [], [], [], [], [], [], []
+    if exact_points:
+        if not (keep_frames and model.cfg.change_objects):
+            raise ValueError("exact_points decodes the object patches at the recorded points: it needs keep_frames "
+                             "and a world model whose change mask has object sources (change_objects)")
+        q = [recorded_points(model, {k: ep[k][1 : t + 1] for k in (OBS_STATE, OBS_ENV_STATE)}) for ep, t in zip(eps, T)]
+        n = -(-Tm // Hc) * Hc  # padded with each episode's last point to whole chunks
+        q = torch.stack([torch.cat([x, x[-1:].expand(n - len(x), *x.shape[1:])]) for x in q])
     for i in range(0, Tm, Hc):
         state, p = model.step(state, torch.as_tensor(acts[:, i : i + Hc]), steps=steps, generator=g)
         head.append(p["success"].numpy())
@@ -281,6 +291,8 @@ def imagine_recorded(model, eps: list[dict], seed: int = 0, steps: int | None = 
             lat.append(p["latents"])
         if keep_frames:
             frames.append(model.decode(p["latents"], state, p["pose"], p["points"] if "points" in p else None))
+            if exact_points:
+                exact.append(model.decode(p["latents"], state, p["pose"], q[:, i : i + p["latents"].shape[1]]))
         if "ee" in p:
             ee.append(p["ee"].numpy())
             op.append(p["gripper_opening"].numpy())
@@ -293,6 +305,9 @@ def imagine_recorded(model, eps: list[dict], seed: int = 0, steps: int | None = 
     if keep_frames:
         frames = {k: np.concatenate([f[k] for f in frames], 1) for k in frames[0]}
         out["frames"] = [{k: v[i, :t] for k, v in frames.items()} for i, t in enumerate(T)]
+    if exact:
+        exact = {k: np.concatenate([f[k] for f in exact], 1) for k in exact[0]}
+        out["frames_recorded_points"] = [{k: v[i, :t] for k, v in exact.items()} for i, t in enumerate(T)]
     if ee:
         ee, op, env = np.concatenate(ee, 1), np.concatenate(op, 1), np.concatenate(env, 1)
         rs = [success_and_reward(obs[TASK][i], ee[i, :t], op[i, :t], env[i, :t]) for i, t in enumerate(T)]
