@@ -35,6 +35,11 @@ the decoded change, no mask: what the latent space keeps of the cube); `generate
 latents decoded with each object's patch placed at its recorded position (the state channel's points made exact at
 the decode only, where the mask has object sources); `generated`, as policies see them.
 
+`pixels_trained_on_rollouts`: World-VLA-Loop's reward head on decoded frames, the same classifier fitted on the
+model's own rollouts of the training episodes (from each first frame, under the recorded actions, 1 Euler step;
+labels as recorded), alone (`rollouts`) and with the real frames (`rollouts_and_real`); `frames_minus_real_trained`
+is its generated-frame AUROC minus the real-frame classifier's, on the same pairs.
+
     wmrl bench world-model-frame-head --json --options run=runs/demo    # -> results/world-model-frame-head-demo.json
 """
 
@@ -55,20 +60,31 @@ VARIANTS = {"trained": None, "refit_again": {}, "pos_weight_1": {"pos_weight": 1
             "fresh": {"fresh": True}}
 
 
-def pixel_classifier(train, cams: list[str], steps: int, seed: int = 0, batch: int = 64):
-    """A success classifier on pixels: the frames of all `cams` after each action (channels stacked, uint8 -> [-1, 1])
-    -> logit of that step's `next.success`; +-2 px shifts; the rare successes up-weighted as the frame heads do."""
+def recorded_frames(replay, cams: list[str]) -> tuple[list[dict], list[np.ndarray]]:
+    """Per episode of `replay`: its frames after each action {camera key: uint8 (T - 1, H, W, 3)} and each step's
+    `next.success` (T - 1,): frame t + 1 is what step t's success describes."""
+    from wmrl.core.features import SUCCESS
+
+    frames, labels = [], []
+    for lo, T in replay.episodes.values():
+        frames.append({c: np.asarray(replay.data[c][lo + 1 : lo + T]) for c in cams})
+        labels.append(np.asarray(replay.data[SUCCESS][lo : lo + T - 1], np.float32))
+    return frames, labels
+
+
+def pixel_classifier(frames: list[dict], labels: list[np.ndarray], cams: list[str], steps: int, seed: int = 0,
+                     batch: int = 64):
+    """A success classifier on pixels: per episode its frames {camera key: uint8 (T, H, W, 3)} and labels (T,); all
+    `cams` stacked as channels, uint8 -> [-1, 1] -> logit; +-2 px shifts; the rare successes up-weighted as the frame
+    heads do."""
     import torch
     from torch import nn
 
-    from wmrl.core.features import SUCCESS
-
-    x, y = [], []
-    for lo, T in train.episodes.values():  # frame t + 1 is what step t's success describes
-        x.append(np.concatenate([train.data[c][lo + 1 : lo + T] for c in cams], -1))
-        y.append(train.data[SUCCESS][lo : lo + T - 1])
-    x = torch.from_numpy(np.concatenate(x)).permute(0, 3, 1, 2).contiguous()
-    y = torch.from_numpy(np.concatenate(y).astype(np.float32))
+    x = torch.from_numpy(np.concatenate([np.concatenate([f[c] for c in cams], -1) for f in frames]))
+    x = x.permute(0, 3, 1, 2).contiguous()
+    y = torch.from_numpy(np.concatenate(labels).astype(np.float32))
+    if len(x) != len(y):
+        raise ValueError(f"pixel_classifier: {len(x)} frames but {len(y)} labels")
     torch.manual_seed(seed)
     net = nn.Sequential(nn.Conv2d(x.shape[1], 16, 3, padding=1), nn.SiLU(), nn.MaxPool2d(2),
                         nn.Conv2d(16, 32, 3, padding=1), nn.SiLU(), nn.MaxPool2d(2),
@@ -108,7 +124,7 @@ def main(quick: bool = False, run: str = "runs/demo", pairs: int = 100, seed: in
 
     from wmrl.core.checkpoint import resolve_checkpoint
     from wmrl.core.features import ACTION, TASK, image_key
-    from wmrl.eval.world_model import imagine_recorded, pair_lengths, success_pairs
+    from wmrl.eval.world_model import held_episodes, imagine_recorded, pair_lengths, success_pairs
     from world_models.video.evaluate import auroc, matched_max, pair_auroc_ci, pair_auroc_difference
     from world_models.video.model import VideoWorldModel
     from world_models.video.rollout_heads import fit_heads_on_rollouts
@@ -170,9 +186,12 @@ def main(quick: bool = False, run: str = "runs/demo", pairs: int = 100, seed: in
             peak = matched_max(gen_p, matched)
             hold_gain = {str(k): pair_auroc_difference(peak, matched_max(gen_p, matched, k), truth) for k in HOLDS[1:3]}
     t = time.time()
-    pixel_p, pixels = pixel_classifier(train, cams, 20 if quick else pixel_steps, seed)
+    px_steps = 20 if quick else pixel_steps
+    real_frames, real_labels = recorded_frames(train, cams)
+    pixel_p, pixels = pixel_classifier(real_frames, real_labels, cams, px_steps, seed)
     pix_gen = matched_max([pixel_p(f) for f in im["frames"]], matched)
-    pix_real = matched_max([pixel_p({c: ep[c][1 : len(ep[ACTION])] for c in cams}) for ep in eps], matched)
+    real_frames_pairs = [{c: ep[c][1 : len(ep[ACTION])] for c in cams} for ep in eps]
+    pix_real = matched_max([pixel_p(f) for f in real_frames_pairs], matched)
     pixels.update({"frames": auroc(pix_gen, truth), "frames_ci": pair_auroc_ci(pix_gen, truth),
                    "real": auroc(pix_real, truth), "real_ci": pair_auroc_ci(pix_real, truth),
                    "minutes": (time.time() - t) / 60})
@@ -184,6 +203,19 @@ def main(quick: bool = False, run: str = "runs/demo", pairs: int = 100, seed: in
         rungs["generated_exact_points"] = matched_max([pixel_p(f) for f in im["frames_recorded_points"]], matched)
     rungs["generated"] = pix_gen
     ladder = {k: {"auroc": auroc(v, truth), "ci": pair_auroc_ci(v, truth)} for k, v in rungs.items()}
+    # World-VLA-Loop's reward head on decoded frames: the classifier fitted on the model's own rollouts of the
+    # training episodes (1 Euler step, as imagination samples), alone and with the real frames
+    t = time.time()
+    roll = imagine_recorded(model, held_episodes(train, cams), seed, steps=1, keep_frames=True)["frames"]
+    rollout_minutes = (time.time() - t) / 60
+    on_rollouts = {}
+    for name, (fr, lb) in {"rollouts": (roll, real_labels), "rollouts_and_real": (roll + real_frames, real_labels * 2)}.items():
+        t = time.time()
+        p, info = pixel_classifier(fr, lb, cams, px_steps, seed)
+        g, r = matched_max([p(f) for f in im["frames"]], matched), matched_max([p(f) for f in real_frames_pairs], matched)
+        on_rollouts[name] = {**info, "frames": auroc(g, truth), "frames_ci": pair_auroc_ci(g, truth), "real": auroc(r, truth),
+                             "frames_minus_real_trained": pair_auroc_difference(pix_gen, g, truth),
+                             "minutes": (time.time() - t) / 60 + rollout_minutes}
     names = list(rungs)
     for a, b in zip(names, names[1:]):  # each step down the ladder, paired over the same pairs
         ladder[f"{b}_minus_{a}"] = pair_auroc_difference(rungs[a], rungs[b], truth)
@@ -191,6 +223,7 @@ def main(quick: bool = False, run: str = "runs/demo", pairs: int = 100, seed: in
     out = {"run": run if not quick else "tiny", "n_pairs": int(truth.sum()), "sampling_steps": 1,
            "random_scorer_auroc_matched": checks["random_scorer_auroc_matched"], "variants": variants,
            "spread": float(max(frames) - min(frames)), "hold_gain": hold_gain, "pixels": pixels, "pixel_ladder": ladder,
+           "pixels_trained_on_rollouts": on_rollouts,
            "pixels_minus_trained": pair_auroc_difference(peak, pix_gen, truth),
            "random_scorer_auroc_matched_hold": {str(k): auroc(matched_max(rand, matched, k), truth) for k in HOLDS},
            "best_hold_frames": {name: max(HOLDS, key=lambda k: v["holds"][str(k)]["frames"]) for name, v in variants.items()},

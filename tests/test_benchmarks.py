@@ -141,6 +141,10 @@ def test_world_model_frame_head_benchmark_scores_every_refit_on_the_same_rollout
     assert lad["generated_minus_generated_exact_points"]["mean"] == pytest.approx(
         lad["generated"]["auroc"] - lad["generated_exact_points"]["auroc"])
     assert lad["reconstructed_minus_real"]["mean"] == pytest.approx(lad["reconstructed"]["auroc"] - lad["real"]["auroc"])
+    # the classifier fitted on the model's own rollouts of the training episodes: as many frames as the real ones
+    on = r["pixels_trained_on_rollouts"]
+    assert on["rollouts"]["train_frames"] == px["train_frames"] and on["rollouts_and_real"]["train_frames"] == 2 * px["train_frames"]
+    assert on["rollouts"]["frames_minus_real_trained"]["mean"] == pytest.approx(on["rollouts"]["frames"] - px["frames"])
 
 
 def test_world_model_speed_rates_are_per_phase_medians_without_warm_up():
