@@ -112,6 +112,31 @@ def pixel_classifier(frames: list[dict], labels: list[np.ndarray], cams: list[st
     return probabilities, {"train_frames": len(y), "positives": int(y.sum()), "steps": steps}
 
 
+def paste_objects(model, frames: dict, frame0: dict, points0, points) -> dict:
+    """A rigid object layer over decoded frames: in each camera, each object's patch of the start frame `frame0`
+    ({camera key: uint8 (H, W, 3)}) pasted, translated, where `points` (T, 1 + k, 3) put it (`camera.object_moves`
+    from `points0` (1 + k, 3); the change mask's own object sources, kept wherever the object's window reaches
+    one standard deviation instead of blended). {camera key: uint8 (T, H, W, 3)}."""
+    import torch
+
+    from world_models.video.camera import object_moves
+
+    out = {}
+    for key, f in frames.items():
+        cam = key.split(".")[-1]
+        q = torch.as_tensor(points, dtype=torch.float32)
+        moves = object_moves(torch.as_tensor(points0, dtype=torch.float32).expand(len(q), -1, -1), q,
+                             model.cfg.camera_geometry[cam], model.cfg.object_radius)
+        f0 = torch.as_tensor(np.asarray(frame0[key])).permute(2, 0, 1).float()[None].expand(len(q), -1, -1, -1)
+        moved, win = model.change_mask[cam].object_sources(f0.contiguous(), moves)
+        x = torch.as_tensor(np.asarray(f)).permute(0, 3, 1, 2).float()
+        for j in range(moved.shape[1]):
+            a = (win[:, j : j + 1] > np.exp(-0.5)).float()
+            x = x * (1 - a) + moved[:, j] * a
+        out[key] = x.round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).numpy()
+    return out
+
+
 def reset_heads(heads) -> None:
     for m in heads.modules():
         if m is not heads and hasattr(m, "reset_parameters"):
@@ -119,18 +144,19 @@ def reset_heads(heads) -> None:
 
 
 def main(quick: bool = False, run: str = "runs/demo", pairs: int = 100, seed: int = 0, task: str = "push-red",
-         pixel_steps: int = 2500) -> dict:
+         pixel_steps: int = 2500, heads: int = 1, rollout_pixels: int = 1) -> dict:
     import torch
 
     from wmrl.core.checkpoint import resolve_checkpoint
-    from wmrl.core.features import ACTION, TASK, image_key
+    from wmrl.core.features import ACTION, OBS_ENV_STATE, OBS_STATE, TASK, image_key
     from wmrl.eval.world_model import held_episodes, imagine_recorded, pair_lengths, success_pairs
-    from world_models.video.evaluate import auroc, matched_max, pair_auroc_ci, pair_auroc_difference
+    from world_models.video.evaluate import auroc, matched_max, recorded_points, pair_auroc_ci, pair_auroc_difference
     from world_models.video.model import VideoWorldModel
     from world_models.video.rollout_heads import fit_heads_on_rollouts
     from world_models.video.train import load_split
 
     pairs, seed, pixel_steps = int(pairs), int(seed), int(pixel_steps)  # --options: strings
+    heads, rollout_pixels = int(heads), int(rollout_pixels)  # 0: only the trained heads / no rollout-fitted pixels
     if quick:
         work = tiny_world_model(Path(tempfile.mkdtemp(prefix="wmrl-bench-head-")))
         model_dir, data, pairs, fit = work / "model", work / "data", 3, {"steps": 20, "episodes": 4}
@@ -165,7 +191,7 @@ def main(quick: bool = False, run: str = "runs/demo", pairs: int = 100, seed: in
 
     trained = copy.deepcopy(model.heads.state_dict())
     variants = {}
-    for name, kw in VARIANTS.items():
+    for name, kw in (VARIANTS if heads else {"trained": None}).items():
         t = time.time()
         model.heads.load_state_dict(trained)
         if kw is not None:
@@ -202,14 +228,21 @@ def main(quick: bool = False, run: str = "runs/demo", pairs: int = 100, seed: in
     if exact:
         rungs["generated_exact_points"] = matched_max([pixel_p(f) for f in im["frames_recorded_points"]], matched)
     rungs["generated"] = pix_gen
+    if exact:  # the rigid object layer over the generated frames, at the state channel's points and the recorded ones
+        f0s = [{c: ep[c][0] for c in cams} for ep in eps]
+        rec = [recorded_points(model, {k: ep[k][: len(f) + 1] for k in (OBS_STATE, OBS_ENV_STATE)})
+               for ep, f in zip(eps, im["points"])]
+        for name, pts in {"rigid_objects": im["points"], "rigid_objects_exact_points": [r[1:] for r in rec]}.items():
+            rungs[name] = matched_max([pixel_p(paste_objects(model, f, f0, r[0], q)) for f, f0, r, q
+                                       in zip(im["frames"], f0s, rec, pts)], matched)
     ladder = {k: {"auroc": auroc(v, truth), "ci": pair_auroc_ci(v, truth)} for k, v in rungs.items()}
     # World-VLA-Loop's reward head on decoded frames: the classifier fitted on the model's own rollouts of the
     # training episodes (1 Euler step, as imagination samples), alone and with the real frames
-    t = time.time()
-    roll = imagine_recorded(model, held_episodes(train, cams), seed, steps=1, keep_frames=True)["frames"]
-    rollout_minutes = (time.time() - t) / 60
     on_rollouts = {}
-    for name, (fr, lb) in {"rollouts": (roll, real_labels), "rollouts_and_real": (roll + real_frames, real_labels * 2)}.items():
+    t = time.time()
+    roll = [] if not rollout_pixels else imagine_recorded(model, held_episodes(train, cams), seed, steps=1, keep_frames=True)["frames"]
+    rollout_minutes = (time.time() - t) / 60
+    for name, (fr, lb) in {} if not rollout_pixels else {"rollouts": (roll, real_labels), "rollouts_and_real": (roll + real_frames, real_labels * 2)}.items():
         t = time.time()
         p, info = pixel_classifier(fr, lb, cams, px_steps, seed)
         g, r = matched_max([p(f) for f in im["frames"]], matched), matched_max([p(f) for f in real_frames_pairs], matched)
@@ -217,8 +250,11 @@ def main(quick: bool = False, run: str = "runs/demo", pairs: int = 100, seed: in
                              "frames_minus_real_trained": pair_auroc_difference(pix_gen, g, truth),
                              "minutes": (time.time() - t) / 60 + rollout_minutes}
     names = list(rungs)
-    for a, b in zip(names, names[1:]):  # each step down the ladder, paired over the same pairs
+    chain = [n for n in names if not n.startswith("rigid")]
+    for a, b in zip(chain, chain[1:]):  # each step down the ladder, paired over the same pairs
         ladder[f"{b}_minus_{a}"] = pair_auroc_difference(rungs[a], rungs[b], truth)
+    for b in names[len(chain):]:
+        ladder[f"{b}_minus_generated"] = pair_auroc_difference(rungs["generated"], rungs[b], truth)
     frames = [v["frames"] for v in variants.values()]
     out = {"run": run if not quick else "tiny", "n_pairs": int(truth.sum()), "sampling_steps": 1,
            "random_scorer_auroc_matched": checks["random_scorer_auroc_matched"], "variants": variants,
@@ -231,7 +267,8 @@ def main(quick: bool = False, run: str = "runs/demo", pairs: int = 100, seed: in
            "check_rollout_head_frames": auroc(matched_max(im["head"], matched), truth),
            "trained_ci_width": float(np.diff(variants["trained"]["frames_ci"])[0]),
            "minutes": (time.time() - t0) / 60}
-    return finish(f"world-model-frame-head-{Path(run).name}", out, quick,  # one result file per run measured
+    part = "" if heads and rollout_pixels else "-part"  # a partial run does not replace the run's full result
+    return finish(f"world-model-frame-head-{Path(run).name}{part}", out, quick,  # one result file per run measured
                   command=f"wmrl bench world-model-frame-head --json --options run={run} pairs={pairs} seed={seed} "
-                          f"pixel_steps={pixel_steps}"
+                          f"pixel_steps={pixel_steps}" + (f" heads={heads} rollout_pixels={rollout_pixels}" if part else "")
                   if not quick else None)

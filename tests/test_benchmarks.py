@@ -141,6 +141,10 @@ def test_world_model_frame_head_benchmark_scores_every_refit_on_the_same_rollout
     assert lad["generated_minus_generated_exact_points"]["mean"] == pytest.approx(
         lad["generated"]["auroc"] - lad["generated_exact_points"]["auroc"])
     assert lad["reconstructed_minus_real"]["mean"] == pytest.approx(lad["reconstructed"]["auroc"] - lad["real"]["auroc"])
+    # the rigid object layer at the recorded points, compared with the generated frames on the same pairs
+    assert lad["rigid_objects_exact_points_minus_generated"]["mean"] == pytest.approx(
+        lad["rigid_objects_exact_points"]["auroc"] - lad["generated"]["auroc"])
+    assert "rigid_objects" in lad
     # the classifier fitted on the model's own rollouts of the training episodes: as many frames as the real ones
     on = r["pixels_trained_on_rollouts"]
     assert on["rollouts"]["train_frames"] == px["train_frames"] and on["rollouts_and_real"]["train_frames"] == 2 * px["train_frames"]

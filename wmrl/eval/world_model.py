@@ -270,13 +270,14 @@ def imagine_recorded(model, eps: list[dict], seed: int = 0, steps: int | None = 
     frames decoded as policies see them (`frames`, per episode {camera key: uint8 (T, H, W, 3)}), for scorers of pixels.
     `exact_points` (with `keep_frames` and a mask with object sources): also the same latents decoded with each
     object's patch placed where the simulator put it (`frames_recorded_points`), the state channel's points made exact
-    at the decode only."""
+    at the decode only. With a state channel `keep_frames` also returns the points the frames were decoded with
+    (`points`, per episode (T, 1 + n_objects, 3), and the start frame's `points0`)."""
     Hc = model.cfg.chunk
     T, acts, obs = first_frame_inputs(model, eps)
     Tm = max(T)
     state = model.encode(obs)
     g = torch.Generator().manual_seed(seed)
-    head, ee, op, env, lat, frames, exact = [], [], [], [], [], [], []
+    head, ee, op, env, lat, frames, exact, pts = [], [], [], [], [], [], [], []
     if exact_points:
         if not (keep_frames and model.cfg.change_objects):
             raise ValueError("exact_points decodes the object patches at the recorded points: it needs keep_frames "
@@ -291,6 +292,8 @@ def imagine_recorded(model, eps: list[dict], seed: int = 0, steps: int | None = 
             lat.append(p["latents"])
         if keep_frames:
             frames.append(model.decode(p["latents"], state, p["pose"], p["points"] if "points" in p else None))
+            if "points" in p:
+                pts.append(torch.as_tensor(p["points"]))
             if exact_points:
                 exact.append(model.decode(p["latents"], state, p["pose"], q[:, i : i + p["latents"].shape[1]]))
         if "ee" in p:
@@ -305,6 +308,9 @@ def imagine_recorded(model, eps: list[dict], seed: int = 0, steps: int | None = 
     if keep_frames:
         frames = {k: np.concatenate([f[k] for f in frames], 1) for k in frames[0]}
         out["frames"] = [{k: v[i, :t] for k, v in frames.items()} for i, t in enumerate(T)]
+    if pts:
+        pts = torch.cat(pts, 1)
+        out["points0"], out["points"] = list(state["points0"]), [pts[i, :t] for i, t in enumerate(T)]
     if exact:
         exact = {k: np.concatenate([f[k] for f in exact], 1) for k in exact[0]}
         out["frames_recorded_points"] = [{k: v[i, :t] for k, v in exact.items()} for i, t in enumerate(T)]
