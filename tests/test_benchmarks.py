@@ -151,6 +151,28 @@ def test_world_model_frame_head_benchmark_scores_every_refit_on_the_same_rollout
     assert on["rollouts"]["frames_minus_real_trained"]["mean"] == pytest.approx(on["rollouts"]["frames"] - px["frames"])
 
 
+def test_rigid_object_layer_pastes_the_start_frames_patch_where_the_object_now_is():
+    """`paste_objects` on a camera looking straight down from 1 m (f = 1): an object moved 0.2 m along x shows its start
+    frame's patch 0.2 image units (6.4 px) further right; pixels away from it keep the decoded frame."""
+    from types import SimpleNamespace
+
+    from world_models.video.networks import ChangeMask
+
+    paste = runpy.run_path(str(BENCH / "world_model_frame_head.py"), run_name="bench")["paste_objects"]
+    g = {"mount": "world", "R": np.eye(3).tolist(), "t": [0.0, 0.0, 1.0], "f": 1.0}
+    model = SimpleNamespace(cfg=SimpleNamespace(camera_geometry={"front": g}, object_radius=0.05),
+                            change_mask={"front": ChangeMask(warp_pose_dim=4, keep_unwarped=True, n_objects=1)})
+    f0 = np.zeros((64, 64, 3), np.uint8)
+    f0[29:35, 29:35] = 200  # the object at the image's centre at the start
+    frames = {"observation.images.front": np.full((2, 64, 64, 3), 7, np.uint8)}
+    p0 = torch.tensor([[0.3, 0.3, 0.5], [0.0, 0.0, 0.0]])  # [hand, object]
+    points = torch.stack([p0, torch.tensor([[0.3, 0.3, 0.5], [0.2, 0.0, 0.0]])])  # still, then moved 0.2 m in x
+    out = paste(model, frames, {"observation.images.front": f0}, p0, points)["observation.images.front"]
+    assert out[0, 32, 32].tolist() == [200] * 3 and out[0, 32, 39].tolist() == [7] * 3
+    assert out[1, 32, 38].tolist() == [200] * 3 and out[1, 32, 31].tolist() == [7] * 3
+    assert (out[:, :20] == 7).all() and (out[:, :, :20] == 7).all()
+
+
 def test_world_model_speed_rates_are_per_phase_medians_without_warm_up():
     rates = runpy.run_path(str(BENCH / "world_model_speed.py"), run_name="bench")["phase_rates"]
     # ae: intervals of 10 steps in 1 s (warm-up, left out), 0.1 s, 0.2 s, 0.1 s; dyn: 1 s (left out), 0.5, 0.5
