@@ -112,31 +112,6 @@ def pixel_classifier(frames: list[dict], labels: list[np.ndarray], cams: list[st
     return probabilities, {"train_frames": len(y), "positives": int(y.sum()), "steps": steps}
 
 
-def paste_objects(model, frames: dict, frame0: dict, points0, points) -> dict:
-    """A rigid object layer over decoded frames: in each camera, each object's patch of the start frame `frame0`
-    ({camera key: uint8 (H, W, 3)}) pasted, translated, where `points` (T, 1 + k, 3) put it (`camera.object_moves`
-    from `points0` (1 + k, 3); the change mask's own object sources, kept wherever the object's window reaches
-    one standard deviation instead of blended). {camera key: uint8 (T, H, W, 3)}."""
-    import torch
-
-    from world_models.video.camera import object_moves
-
-    out = {}
-    for key, f in frames.items():
-        cam = key.split(".")[-1]
-        q = torch.as_tensor(points, dtype=torch.float32)
-        moves = object_moves(torch.as_tensor(points0, dtype=torch.float32).expand(len(q), -1, -1), q,
-                             model.cfg.camera_geometry[cam], model.cfg.object_radius)
-        f0 = torch.as_tensor(np.asarray(frame0[key])).permute(2, 0, 1).float()[None].expand(len(q), -1, -1, -1)
-        moved, win = model.change_mask[cam].object_sources(f0.contiguous(), moves)
-        x = torch.as_tensor(np.asarray(f)).permute(0, 3, 1, 2).float()
-        for j in range(moved.shape[1]):
-            a = (win[:, j : j + 1] > np.exp(-0.5)).float()
-            x = x * (1 - a) + moved[:, j] * a
-        out[key] = x.round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).numpy()
-    return out
-
-
 def reset_heads(heads) -> None:
     for m in heads.modules():
         if m is not heads and hasattr(m, "reset_parameters"):
@@ -150,6 +125,7 @@ def main(quick: bool = False, run: str = "runs/demo", pairs: int = 100, seed: in
     from wmrl.core.checkpoint import resolve_checkpoint
     from wmrl.core.features import ACTION, OBS_ENV_STATE, OBS_STATE, TASK, image_key
     from wmrl.eval.world_model import held_episodes, imagine_recorded, pair_lengths, success_pairs
+    from world_models.video.change_mask import paste_objects
     from world_models.video.evaluate import auroc, matched_max, recorded_points, pair_auroc_ci, pair_auroc_difference
     from world_models.video.model import VideoWorldModel
     from world_models.video.rollout_heads import fit_heads_on_rollouts

@@ -158,7 +158,7 @@ def test_rigid_object_layer_pastes_the_start_frames_patch_where_the_object_now_i
 
     from world_models.video.networks import ChangeMask
 
-    paste = runpy.run_path(str(BENCH / "world_model_frame_head.py"), run_name="bench")["paste_objects"]
+    from world_models.video.change_mask import paste_objects as paste
     g = {"mount": "world", "R": np.eye(3).tolist(), "t": [0.0, 0.0, 1.0], "f": 1.0}
     model = SimpleNamespace(cfg=SimpleNamespace(camera_geometry={"front": g}, object_radius=0.05),
                             change_mask={"front": ChangeMask(warp_pose_dim=4, keep_unwarped=True, n_objects=1)})

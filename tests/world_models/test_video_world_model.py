@@ -1645,7 +1645,8 @@ def test_change_objects_fits_a_mask_that_reads_the_state_channels_points(trained
     for part in ("arm", "objects"):
         assert fid["per_window"][f"masked_gain_{part}"].shape == (fid["n_windows"],)
         for cam in ("", "_front", "_wrist"):
-            assert f"masked_psnr_gain_h16_{part}{cam}_recorded_points" in fid
+            for n in ("recorded_points", "rigid_objects", "rigid_objects_recorded_points"):
+                assert f"masked_psnr_gain_h16_{part}{cam}_{n}" in fid
     wins = fixed_windows(held, 6, 16, model.cfg.context, ee_index=model.cfg.ee_index, object_xyz=model.cfg.object_xyz)
     _, _, real = window_inputs(model, held, [(w["episode"], w["start"]) for w in wins], 16)
     pts = recorded_points(model, real).numpy()

@@ -29,6 +29,7 @@ from sim.tabletop.twin import CUBE_COLOURS
 from wmrl.core.features import ACTION, OBS_ENV_STATE, OBS_STATE, SUCCESS, TASK, image_key
 from wmrl.eval.loop import evaluate
 from world_models.env import WorldModelEnv
+from world_models.video.change_mask import paste_objects
 from world_models.video.evaluate import (auroc, bootstrap_ci, first_frame_inputs, fixed_windows, matched_max, pair_auroc_ci, psnr,
                                         recorded_points, rollout, window_inputs)
 
@@ -119,19 +120,24 @@ def window_fidelity(model, held, task: str, n_windows: int = 240, horizon: int =
             dec = model.decode(r["latents"][:, h - 1 : h], model.encode(start["obs"], anchor=start["anchor"]),
                                r["pose"][:, h - 1 : h], real_pts)
             preds["recorded_points"] = {c: dec[c][:, 0] for c in cams}
+            # a rigid object layer over the model's frames (`change_mask.paste_objects`): each cube's start-frame
+            # patch pasted where the state channel puts it, and where it really is
+            preds["rigid_objects"] = paste_objects(model, preds["model"], last, r["points0"], r["points"][:, h - 1])
+            preds["rigid_objects_recorded_points"] = paste_objects(model, preds["model"], last, r["points0"], real_pts[:, 0])
         real_h = {c: real[c][:, h - 1] for c in cams}
         for part, pm in parts.items():
             pp = {name: masked_psnr(pred, real_h, pm) for name, pred in preds.items()}
             part_gains[part] = pp["model"] - pp["copy"]
             out[f"masked_psnr_gain_h{h}_{part}"] = _mean((pp["model"] - pp["copy"])[motion])
             out[f"masked_psnr_gain_h{h}_{part}_ci"] = bootstrap_ci((pp["model"] - pp["copy"])[motion])
-            if "recorded_points" in pp:
-                out[f"masked_psnr_gain_h{h}_{part}_recorded_points"] = _mean((pp["recorded_points"] - pp["copy"])[motion])
+            others = [n for n in pp if n not in ("model", "copy")]
+            for n in others:
+                out[f"masked_psnr_gain_h{h}_{part}_{n}"] = _mean((pp[n] - pp["copy"])[motion])
             for c, cam in zip(cams, model.cfg.cameras):  # per camera (the wrist sees the cubes large and moving)
                 pc = {name: masked_psnr({c: pred[c]}, {c: real_h[c]}, {c: pm[c]}) for name, pred in preds.items()}
                 out[f"masked_psnr_gain_h{h}_{part}_{cam}"] = _mean((pc["model"] - pc["copy"])[motion])
-                if "recorded_points" in pc:
-                    out[f"masked_psnr_gain_h{h}_{part}_{cam}_recorded_points"] = _mean((pc["recorded_points"] - pc["copy"])[motion])
+                for n in others:
+                    out[f"masked_psnr_gain_h{h}_{part}_{cam}_{n}"] = _mean((pc[n] - pc["copy"])[motion])
     out[f"motion_psnr_gain_h{h}"] = _mean(gain[motion])
     out[f"motion_psnr_gain_h{h}_ci"] = bootstrap_ci(gain[motion])
     out[f"motion_psnr_gain_h{h}_ci_episodes"] = bootstrap_ci(gain[motion], groups=episode[motion])

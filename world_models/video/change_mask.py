@@ -62,6 +62,29 @@ def focus_log_mse(x: torch.Tensor, real: torch.Tensor, focus: torch.Tensor) -> t
     return torch.log((se * focus).sum((1, 2)) / focus.sum((1, 2)).clamp(min=1e-6) + LOG_EPS).mean()
 
 
+def paste_objects(model: VideoWorldModel, frames: dict, frame0: dict, points0, points) -> dict:
+    """A rigid object layer over decoded frames: in each camera, each object's patch of the start frame pasted,
+    translated, where `points` (N, 1 + k, 3) put it (`camera.object_moves` from `points0`, (1 + k, 3) or (N, 1 + k, 3)):
+    the change mask's own object sources, kept wherever the object's window reaches one standard deviation instead of
+    blended. `frames` {camera key: uint8 (N, H, W, 3)}, `frame0` the start frame(s) {camera key: uint8 (H, W, 3) or
+    (N, H, W, 3)} -> {camera key: uint8 (N, H, W, 3)}. A diagnostic of how much of a cube the blend leaves unused."""
+    out = {}
+    for key, f in frames.items():
+        cam = key.split(".")[-1]
+        q = torch.as_tensor(np.asarray(points), dtype=torch.float32)
+        q0 = torch.as_tensor(np.asarray(points0), dtype=torch.float32).expand(len(q), -1, -1)
+        moves = object_moves(q0, q, model.cfg.camera_geometry[cam], model.cfg.object_radius)
+        f0 = torch.as_tensor(np.asarray(frame0[key])).float()
+        f0 = f0.permute(*range(f0.dim() - 3), -1, -3, -2).expand(len(q), -1, -1, -1).contiguous()
+        moved, win = model.change_mask[cam].object_sources(f0, moves)
+        x = torch.as_tensor(np.asarray(f)).permute(0, 3, 1, 2).float()
+        for j in range(moved.shape[1]):
+            a = (win[:, j : j + 1] > np.exp(-0.5)).float()
+            x = x * (1 - a) + moved[:, j] * a
+        out[key] = x.round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1).numpy()
+    return out
+
+
 def mask_pairs(model: VideoWorldModel, replay, windows: int, seed: int = 0) -> dict:
     """Per camera key: (pred, frame0, real, pose, pose0, moves, real_moves): float pixels (N * horizon, 3, H, W) of the
     model's own rollouts (unmasked decode) from `windows` windows of `replay`, each frame's start frame and real frame,
