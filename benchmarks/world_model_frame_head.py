@@ -214,22 +214,23 @@ def main(quick: bool = False, run: str = "runs/demo", pairs: int = 100, seed: in
     ladder = {k: {"auroc": auroc(v, truth), "ci": pair_auroc_ci(v, truth)} for k, v in rungs.items()}
     # World-VLA-Loop's reward head on decoded frames: the classifier fitted on the model's own rollouts of the
     # training episodes (1 Euler step, as imagination samples), alone and with the real frames
+    # (each variant's minutes include the one shared rollout's)
     on_rollouts = {}
-    t = time.time()
-    roll = [] if not rollout_pixels else imagine_recorded(model, held_episodes(train, cams), seed, steps=1, keep_frames=True)["frames"]
-    rollout_minutes = (time.time() - t) / 60
-    for name, (fr, lb) in {} if not rollout_pixels else {"rollouts": (roll, real_labels), "rollouts_and_real": (roll + real_frames, real_labels * 2)}.items():
+    if rollout_pixels:
         t = time.time()
-        p, info = pixel_classifier(fr, lb, cams, px_steps, seed)
-        g, r = matched_max([p(f) for f in im["frames"]], matched), matched_max([p(f) for f in real_frames_pairs], matched)
-        on_rollouts[name] = {**info, "frames": auroc(g, truth), "frames_ci": pair_auroc_ci(g, truth), "real": auroc(r, truth),
-                             "frames_minus_real_trained": pair_auroc_difference(pix_gen, g, truth),
-                             "minutes": (time.time() - t) / 60 + rollout_minutes}
-    names = list(rungs)
-    chain = [n for n in names if not n.startswith("rigid")]
+        roll = imagine_recorded(model, held_episodes(train, cams), seed, steps=1, keep_frames=True)["frames"]
+        rollout_minutes = (time.time() - t) / 60
+        for name, (fr, lb) in {"rollouts": (roll, real_labels), "rollouts_and_real": (roll + real_frames, real_labels * 2)}.items():
+            t = time.time()
+            p, info = pixel_classifier(fr, lb, cams, px_steps, seed)
+            g, r = matched_max([p(f) for f in im["frames"]], matched), matched_max([p(f) for f in real_frames_pairs], matched)
+            on_rollouts[name] = {**info, "frames": auroc(g, truth), "frames_ci": pair_auroc_ci(g, truth), "real": auroc(r, truth),
+                                 "frames_minus_real_trained": pair_auroc_difference(pix_gen, g, truth),
+                                 "minutes": (time.time() - t) / 60 + rollout_minutes}
+    chain = [n for n in rungs if not n.startswith("rigid")]
     for a, b in zip(chain, chain[1:]):  # each step down the ladder, paired over the same pairs
         ladder[f"{b}_minus_{a}"] = pair_auroc_difference(rungs[a], rungs[b], truth)
-    for b in names[len(chain):]:
+    for b in (n for n in rungs if n.startswith("rigid")):  # the rigid layers against the frames they are pasted on
         ladder[f"{b}_minus_generated"] = pair_auroc_difference(rungs["generated"], rungs[b], truth)
     frames = [v["frames"] for v in variants.values()]
     out = {"run": run if not quick else "tiny", "n_pairs": int(truth.sum()), "sampling_steps": 1,
