@@ -195,6 +195,14 @@ def closed_loop_fidelity(policy, model_run: Path, n: int = 48, seed0: int = 60_0
             "agreement_true_rerun": float((t == t2).mean()), "state_rest": bool(model.cfg.state_rest)}
 
 
+def start_actor(bc_dir: Path, residual: int = 0):
+    """The behaviour-cloned start, with a zero-initialised residual actor of width `residual` on top (0: none)."""
+    from policies.estimated_state import EstimatedStatePolicy
+
+    policy = EstimatedStatePolicy.load(bc_dir)
+    return policy.add_residual(residual) if residual else policy
+
+
 def bc_stage(base: Path, cams: tuple[str, ...], bc_episodes: int = 200, bc_steps: int = 4000, estimator_steps: int = 3000,
              min_std: float = 0.0, stage=lambda key, fn: fn(), actor_state_dims: tuple[int, ...] = ()) -> Path:
     """Stage 2 (cached under `base`): the BC data and the starting actor; returns the actor's folder."""
@@ -243,7 +251,7 @@ def main(quick: bool = False, cameras: str = "none", wm_episodes: int = 300, bc_
          group_size: int = 8, lr: float = 3e-5, eval_episodes: int = 300, work: str = "", ceiling: str = "false",
          min_std: float = 0.0, threads: int = 2, algo: str = "grpo", actor_state_dims: str = "",
          world_model: str = "", fidelity: int = 48, seed: int = 0, readout: str = "mean", workers: int = 0,
-         train_only: str = "false", gate: str = "", checkpoints: str = "false") -> dict:
+         train_only: str = "false", gate: str = "", checkpoints: str = "false", residual: int = 0) -> dict:
     """`ceiling`: false, true (also the perfect-model run) or only (the perfect-model run alone). `min_std`: a floor
     on the actor's sigma (0: the residual's RMS as fitted). `actor_state_dims`: e.g. 4,5,6,7 (the proprioception the
     world model's state channel predicts; default: all of observation.state). `world_model`: a trained world-model
@@ -257,7 +265,8 @@ def main(quick: bool = False, cameras: str = "none", wm_episodes: int = 300, bc_
     are split into 8 minibatches (at least 2 x group_size rollouts each), so a larger batch takes larger, not more,
     steps. `workers`: processes that step the perfect-model ceiling's true envs (0: this one). `train_only`: train
     (the ceiling's RL with `ceiling=only`, checkpointed and resumable under the work folder) and measure nothing, for
-    a lent device; the same command without it evaluates what was trained."""
+    a lent device; the same command without it evaluates what was trained. `residual`: RL trains a residual actor of
+    this width on the frozen start (ResiP; 0: the whole actor), in imagination and in the ceiling alike."""
     import torch
 
     from policies.estimated_state import EstimatedStatePolicy
@@ -294,7 +303,8 @@ def main(quick: bool = False, cameras: str = "none", wm_episodes: int = 300, bc_
                      + [f"-state{''.join(map(str, dims))}"] * bool(dims)
                      + [f"-wm-{Path(world_model).name}"] * bool(world_model) + [f"-seed{seed}"] * (int(seed) != 0)
                      + [f"-g{groups}x{group_size}"] * ((groups, group_size) != (16, 8)) + [f"-{readout}"] * (readout != "mean")
-                     + [f"-gate-{gate}"] * bool(gate) + ["-ceiling"] * (ceiling == "only"))
+                     + [f"-gate-{gate}"] * bool(gate) + [f"-residual{int(residual)}"] * bool(int(residual))
+                     + ["-ceiling"] * (ceiling == "only"))
     name = "imagination-estimated-state" + suffix
     base = Path(work) if work else (Path(tempfile.mkdtemp(prefix="wmrl-bench-ies-")) if quick
                                     else ROOT / "runs" / "bench-imagination-estimated-state")
@@ -303,9 +313,9 @@ def main(quick: bool = False, cameras: str = "none", wm_episodes: int = 300, bc_
     wm_data, wm_run = world_model_stage(base, wm_episodes, quick, world_model, stage) if ceiling != "only" else (None, None)
     bc_dir = bc_stage(base, cams, bc_episodes, bc_steps, estimator_steps, min_std, stage, dims)
     ceiling_dir = base / (f"ceiling-{bc_dir.name[3:]}-it{iterations}-g{groups}x{group_size}-lr{lr:g}" + ("" if algo == "grpo" else f"-{algo}")
-                          + (f"-seed{seed}" if int(seed) else ""))
+                          + (f"-seed{seed}" if int(seed) else "") + (f"-residual{int(residual)}" if int(residual) else ""))
     if train_only:
-        curve = stage("ceiling_rl", lambda: rl_in_true_simulator(EstimatedStatePolicy.load(bc_dir), iterations, groups,
+        curve = stage("ceiling_rl", lambda: rl_in_true_simulator(start_actor(bc_dir, int(residual)), iterations, groups,
                                                                  group_size, lr, algo, int(seed), ceiling_dir, int(workers)))
         return {"trained": str(ceiling_dir), "iterations_done": len(curve), "minutes": minutes}
     record = json.loads((bc_dir / "record.json").read_text())
@@ -313,7 +323,8 @@ def main(quick: bool = False, cameras: str = "none", wm_episodes: int = 300, bc_
     before = stage("eval_before", lambda: success_in_task(start, "push-red", eval_episodes, cams))
     rl_dir = base / (f"rl-{bc_dir.name[3:]}-it{iterations}-g{groups}x{group_size}-lr{lr:g}" + ("" if algo == "grpo" else f"-{algo}")
                      + (f"-wm-{wm_run.name}" if world_model else "") + (f"-seed{seed}" if int(seed) else "")
-                     + (f"-{readout}" if readout != "mean" else "") + (f"-gate-{gate}" if gate else ""))
+                     + (f"-{readout}" if readout != "mean" else "") + (f"-gate-{gate}" if gate else "")
+                     + (f"-residual{int(residual)}" if int(residual) else ""))
     out = {"task": "push-red", "cameras": list(cams) or "none (the object channel)",
            "success_rl_start": before["success"], "success_rl_start_ci": before["ci"],
            "success_rl_start_per_seed": before["per_seed"], "stalled_before": before["stalled"],
@@ -324,7 +335,7 @@ def main(quick: bool = False, cameras: str = "none", wm_episodes: int = 300, bc_
                        "estimator_steps": estimator_steps if cams else 0, "iterations": iterations, "groups": groups,
                        "group_size": group_size, "lr": lr, "algo": algo, "training_seeds": 1,
                        "actor_state_dims": list(dims) or "all", "rl_seed": int(seed), "readout": readout,
-                       "gate": gate or "the model's own"},
+                       "gate": gate or "the model's own", "residual": int(residual)},
            "world_model": str(wm_run) if wm_run else None}
     if int(fidelity) and ceiling != "only":
         out["closed_loop_fidelity"] = stage("fidelity", lambda: closed_loop_fidelity(
@@ -336,7 +347,7 @@ def main(quick: bool = False, cameras: str = "none", wm_episodes: int = 300, bc_
             rl = stage("rl", lambda: imagine(ImagineConfig(
                 policy=bc_dir, policy_type="estimated-state", world_model=wm_run, data=wm_data, out=rl_dir,
                 iterations=iterations, groups=groups, group_size=group_size, lr=lr, algo=algo, state_readout=readout, state_gate=gate,
-                minibatch_rollouts=ppo_minibatch(groups, group_size),
+                minibatch_rollouts=ppo_minibatch(groups, group_size), residual_hidden=int(residual),
                 ckpt_every=max(1, iterations // 3), seed=int(seed), overwrite=True), progress=False))
             (rl_dir / "result.json").write_text(json.dumps(rl))
         trained = in_true_world(EstimatedStatePolicy.load(rl_dir / "checkpoints" / "last"))
@@ -367,7 +378,7 @@ def main(quick: bool = False, cameras: str = "none", wm_episodes: int = 300, bc_
     if ceiling != "false":  # the same GRPO from the same start, the true simulator as a perfect model
         if cams:
             raise ValueError("the perfect-model ceiling is measured for cameras=none (the actor on the object channel)")
-        perfect = EstimatedStatePolicy.load(bc_dir)  # no cameras: it reads the object channel; resumed if trained before
+        perfect = start_actor(bc_dir, int(residual))  # no cameras: it reads the object channel; resumed if trained before
         true_curve = stage("ceiling_rl", lambda: rl_in_true_simulator(perfect, iterations, groups, group_size, lr, algo,
                                                                       int(seed), ceiling_dir, int(workers)))
         r = stage("ceiling_eval", lambda: success_in_task(in_true_world(perfect), "push-red", eval_episodes, cams))
@@ -384,6 +395,6 @@ def main(quick: bool = False, cameras: str = "none", wm_episodes: int = 300, bc_
             + [f"groups={groups}"] * (groups != 16) + [f"group_size={group_size}"] * (group_size != 8)
             + [f"readout={readout}"] * (readout != "mean") + [f"gate={gate}"] * bool(gate) + [f"work={work}"] * bool(work) + [f"threads={threads}"] * (int(threads) != 2)
             + [f"fidelity={fidelity}"] * (int(fidelity) != 48) + [f"workers={workers}"] * bool(int(workers))
-            + ["checkpoints=true"] * checkpoints)
+            + ["checkpoints=true"] * checkpoints + [f"residual={residual}"] * bool(int(residual)))
     return finish(name, out, quick, command="wmrl bench imagination-estimated-state --json" + (" --quick" if quick else "")
                   + (" --options " + " ".join(opts) if opts else ""))

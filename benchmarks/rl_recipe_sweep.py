@@ -8,7 +8,8 @@ its work folder), each in its own process on one thread, with the true simulator
 gain over the start, for the actor's mean and for its sampled (stochastic) actions.
 
 Variants (`VARIANTS`): GRPO and PPO (`wmrl.rl.imagine.update`, as `wmrl imagine` runs them) with a binary or a
-potential-shaped reward, a separate critic learning rate and critic warm-up (actor frozen for the first iterations),
+potential-shaped reward, a separate critic learning rate and critic warm-up (actor frozen for the first iterations), a residual actor on
+the frozen behaviour-cloned one (ResiP, Ankile et al., 2024: `EstimatedStatePolicy.add_residual`),
 a floor or a fixed value for sigma, approx-KL early stopping (`target_kl`), more epochs; and success-filtered BC
 (expert iteration / reward-weighted regression with a 0/1 reward: sample, keep the successful episodes, regress the
 actor's mean onto their actions).
@@ -52,6 +53,9 @@ VARIANTS: dict[str, dict] = {
     "grpo-lr3e-5-minstd0.05": dict(algo="grpo", lr=3e-5, min_std=0.05),
     "grpo-minstd0.05-tkl": dict(algo="grpo", min_std=0.05, target_kl=0.02),
     "grpo-lr1e-5-ep4": dict(algo="grpo", lr=1e-5, min_std=0.05, epochs=4),
+    "ppo-residual": dict(residual=256, lr=3e-4),
+    "ppo-residual-lr1e-3": dict(residual=256, lr=1e-3),
+    "ppo-residual-lr1e-3-critic-warmup": dict(residual=256, lr=1e-3, critic_lr=1e-3, warmup=5),
     "filtered-bc": dict(algo="filtered-bc", steps=300),
     "filtered-bc-lr3e-4-refit": dict(algo="filtered-bc", lr=3e-4, steps=500, refit_std=True),
 }
@@ -89,7 +93,8 @@ def filtered_bc_round(policy, opt, ro, memory: list, steps: int, batch: int = 25
 def run_variant(start: str, budget_s: float, iterations: int = 1000, algo: str = "ppo", lr: float = 1e-4,
                 critic_lr: float = 0.0, warmup: int = 0, reward: str = "success", epochs: int = 2, min_std: float = 0.0,
                 fix_std: float = 0.0, target_kl: float | None = None, steps: int = 300, refit_std: bool = False,
-                groups: int = 16, group_size: int = 8, seed: int = 0) -> tuple:
+                groups: int = 16, group_size: int = 8, seed: int = 0, residual: int = 0,
+                residual_scale: float = 0.1) -> tuple:
     """Train one variant from the actor at `start` until `iterations` or `budget_s` seconds; returns the trained
     policy and the per-iteration record."""
     import torch
@@ -99,6 +104,8 @@ def run_variant(start: str, budget_s: float, iterations: int = 1000, algo: str =
     from wmrl.rl.rollouts import collect_rollouts
 
     policy = EstimatedStatePolicy.load(start)
+    if residual:  # ResiP: the behaviour-cloned actor frozen, a zero-initialised residual learns
+        policy.add_residual(residual, residual_scale)
     with torch.no_grad():
         if min_std:
             policy.cfg.log_std_min = float(np.log(min_std))
@@ -107,7 +114,7 @@ def run_variant(start: str, budget_s: float, iterations: int = 1000, algo: str =
             policy.log_std.fill_(float(np.log(fix_std)))
     cfg = ImagineConfig(groups=groups, group_size=group_size, lr=lr, minibatch_rollouts=group_size * 2, seed=seed,
                         algo="ppo" if algo == "filtered-bc" else algo, epochs=epochs, target_kl=target_kl)
-    actor = [p for n, p in policy.named_parameters() if not n.startswith("critic.")]
+    actor = [p for n, p in policy.named_parameters() if not n.startswith("critic.") and p.requires_grad]
     opt = (torch.optim.Adam(policy.actor.parameters(), lr) if algo == "filtered-bc" else
            torch.optim.AdamW([{"params": actor, "lr": lr}, {"params": policy.critic.parameters(), "lr": critic_lr or lr}],
                              weight_decay=0.0))
@@ -220,10 +227,11 @@ def run_jobs(jobs: list[dict], workers: int) -> dict:
 
 
 def main(quick: bool = False, variants: str = "all", budget_s: float = 380.0, eval_episodes: int = 300,
-         workers: int = 2, work: str = "", layouts: int = 48) -> dict:
+         workers: int = 2, work: str = "", layouts: int = 48, tag: str = "") -> dict:
     """`variants`: comma-separated names of `VARIANTS`, all, or none (the start and the layout diagnostic only,
     written to rl-recipe-sweep-layouts.json); `work`: the imagination benchmark's work folder (its `bc-objects`
-    stage is the starting actor); `layouts`: layouts of `per_layout_success` (0: off)."""
+    stage is the starting actor); `layouts`: layouts of `per_layout_success` (0: off); `tag`: a suffix of the result
+    file's name, so a sweep of a few variants does not replace the committed one."""
     bc_stage, paired_gain = SIBLING["bc_stage"], SIBLING["paired_gain"]
     names = list(VARIANTS) if variants == "all" else [] if variants == "none" else [v for v in str(variants).split(",") if v]
     unknown = [v for v in names if v not in VARIANTS]
@@ -257,8 +265,8 @@ def main(quick: bool = False, variants: str = "all", budget_s: float = 380.0, ev
     out["best_paired_gain_mean"] = max(((v["mean"]["paired"]["gain"], n) for n, v in out["variants"].items()), default=None)
     out["minutes"] = (time.time() - t0) / 60
     opts = ([f"budget_s={budget_s:g}", f"workers={workers}"] + [f"variants={variants}"] * (variants != "all")
-            + [f"work={work}"] * bool(work) + [f"layouts={layouts}"] * (int(layouts) != 48))
-    return finish("rl-recipe-sweep" + "-layouts" * (not names), out, quick, command="wmrl bench rl-recipe-sweep --json" + (" --quick" if quick else "")
+            + [f"work={work}"] * bool(work) + [f"layouts={layouts}"] * (int(layouts) != 48) + [f"tag={tag}"] * bool(tag))
+    return finish("rl-recipe-sweep" + "-layouts" * (not names) + f"-{tag}" * bool(tag), out, quick, command="wmrl bench rl-recipe-sweep --json" + (" --quick" if quick else "")
                   + " --options " + " ".join(opts))
 
 

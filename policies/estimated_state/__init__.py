@@ -1,5 +1,5 @@
 """`estimated-state`: a two-stage pixel policy (object positions estimated from the cameras, then an MLP actor)."""
 
-from policies.estimated_state.modeling import EstimatedStateConfig, EstimatedStatePolicy, StateEstimator
+from policies.estimated_state.modeling import EstimatedStateConfig, EstimatedStatePolicy, ResidualActor, StateEstimator
 
-__all__ = ["EstimatedStateConfig", "EstimatedStatePolicy", "StateEstimator"]
+__all__ = ["EstimatedStateConfig", "EstimatedStatePolicy", "ResidualActor", "StateEstimator"]

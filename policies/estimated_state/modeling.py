@@ -67,6 +67,11 @@ class EstimatedStateConfig:
     world model's state channel predicts the end-effector and gripper, while other proprioception (the tabletop's
     joint angles, dims 0-3) is read back from generated frames, and an actor that reads them acts on their error
     (the issue notes of 2026-11-25 measure what that does to imagined success)."""
+    residual_hidden: int = 0
+    """Width of a residual actor on top of the behaviour-cloned one (0: none). RL fine-tunes the residual with the
+    base actor frozen (`add_residual`; Ankile et al., 2024, ResiP)."""
+    residual_scale: float = 0.1
+    """The residual's output scale (action units): mu = mu_base + residual_scale * r."""
     estimate_noise: list[float] = field(default_factory=list)
     """Scale of the estimator's held-out error per object-channel dimension (metres; `train.robust_std`, a
     median-absolute-deviation std since policies trained after 2026-11-26, the plain std before): the noise the
@@ -87,6 +92,8 @@ class EstimatedStateConfig:
         bad = [d for d in self.actor_state_dims if not 0 <= d < self.state_dim]
         if bad:
             raise ValueError(f"actor_state_dims: {bad} outside observation.state's {self.state_dim} dimensions")
+        if self.residual_hidden < 0 or not self.residual_scale > 0:
+            raise ValueError(f"residual: hidden must be >= 0 and scale > 0, got {self.residual_hidden}, {self.residual_scale}")
         if not self.log_std_min < self.log_std_max:
             raise ValueError(f"log_std_min ({self.log_std_min}) must be below log_std_max ({self.log_std_max})")
 
@@ -140,6 +147,23 @@ class StateEstimator(nn.Module):
         return np.concatenate(out) if out else np.zeros((0, len(self.env_mean)), np.float32)
 
 
+class ResidualActor(nn.Module):
+    """r(x, mu_base) -> a correction added to a frozen base actor's mean (ResiP: Ankile et al., 2024, "From Imitation
+    to Refinement"). The last layer starts at zero, so the policy starts exactly as the base; its input is the base
+    actor's normalised input and the base action, as ResiP's residual reads the observation and the base action."""
+
+    def __init__(self, in_dim: int, act_dim: int, hidden: int, scale: float):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(in_dim + act_dim, hidden), nn.SiLU(), nn.Linear(hidden, hidden), nn.SiLU(),
+                                 nn.Linear(hidden, act_dim))
+        nn.init.zeros_(self.net[-1].weight)
+        nn.init.zeros_(self.net[-1].bias)
+        self.scale = scale
+
+    def forward(self, x_norm: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
+        return self.scale * self.net(torch.cat([x_norm, base], -1))
+
+
 class EstimatedStatePolicy(nn.Module):
     """`Policy` (reset / select_action) from cameras and proprioception: estimator, then actor. Also GRPO's
     interface (`sample`, `log_prob`, `features`, `dist`) over one-action chunks (B, 1, A)."""
@@ -155,11 +179,14 @@ class EstimatedStatePolicy(nn.Module):
         if cfg.env_state_mean:
             self.estimator.env_mean.copy_(torch.tensor(cfg.env_state_mean))
             self.estimator.env_std.copy_(torch.tensor(cfg.env_state_std))
-        self.actor = DeterministicActor(cfg.state_dim + cfg.env_state_dim + len(cfg.task_vocab), cfg.action_dim,
-                                        cfg.hidden, cfg.layers)
+        D = cfg.state_dim + cfg.env_state_dim + len(cfg.task_vocab)  # the actor's input
+        self.actor = DeterministicActor(D, cfg.action_dim, cfg.hidden, cfg.layers)
         self.log_std = nn.Parameter(torch.full((cfg.action_dim,), -1.0))
+        self.residual = None
+        if cfg.residual_hidden:
+            self.residual = ResidualActor(D, cfg.action_dim, cfg.residual_hidden, cfg.residual_scale)
+            self.actor.requires_grad_(False)
         # V(s) for PPO's GAE (`wmrl imagine --algo ppo`): the actor's normalised input, its own MLP
-        D = cfg.state_dim + cfg.env_state_dim + len(cfg.task_vocab)
         self.critic = nn.Sequential(nn.Linear(D, 256), nn.Tanh(), nn.Linear(256, 256), nn.Tanh(), nn.Linear(256, 1))
         self.read_object_channel = not cfg.cameras
         self.stochastic = False
@@ -201,10 +228,28 @@ class EstimatedStatePolicy(nn.Module):
             parts.append(word_presence(tasks, self.cfg.task_vocab).reshape(len(state), -1))
         return np.concatenate(parts, 1)
 
+    def add_residual(self, hidden: int = 256, scale: float = 0.1) -> "EstimatedStatePolicy":
+        """Put a zero-initialised residual actor on top of this (behaviour-cloned) one and freeze the base, so that RL
+        trains the residual, sigma and the critic only (in place; kept in the config, so checkpoints load with it)."""
+        if self.residual is not None:
+            raise ValueError("this policy already has a residual actor")
+        self.cfg = dataclasses.replace(self.cfg, residual_hidden=int(hidden), residual_scale=float(scale))
+        self.cfg.validate()
+        self.residual = ResidualActor(self.actor.obs_dim, self.cfg.action_dim, hidden, scale).to(self.device)
+        self.actor.requires_grad_(False)
+        return self
+
+    def mu(self, feats: torch.Tensor) -> torch.Tensor:
+        """The acting mean: the base actor's, plus the residual's correction when there is one."""
+        base = self.actor.mu(feats)
+        if self.residual is None:
+            return base
+        return base + self.residual((feats - self.actor.obs_mean) / self.actor.obs_std, base.detach())
+
     def act_from_estimate(self, state: np.ndarray, env_estimate: np.ndarray, tasks) -> np.ndarray:
         x = torch.as_tensor(self.actor_input(state, env_estimate, tasks), device=self.device)
         with torch.no_grad():
-            return self.actor.mu(x).cpu().numpy()
+            return self.mu(x).cpu().numpy()
 
     def predict_action_chunk(self, obs: dict) -> np.ndarray:
         """(B, 1, A): it plans one step at a time."""
@@ -245,7 +290,7 @@ class EstimatedStatePolicy(nn.Module):
     def dist(self, feats: torch.Tensor) -> torch.distributions.Normal:
         """pi(a | o) as a one-action chunk (B, 1, A)."""
         std = self.log_std.clamp(self.cfg.log_std_min, self.cfg.log_std_max).exp()
-        mu = self.actor.mu(feats)[:, None]
+        mu = self.mu(feats)[:, None]
         return torch.distributions.Normal(mu, std.expand_as(mu))
 
     def sample(self, obs: dict) -> tuple[torch.Tensor, torch.Tensor]:
@@ -272,7 +317,7 @@ class EstimatedStatePolicy(nn.Module):
         `stochastic`, plus `action_noise` on the translational dims. Reads the object channel only without cameras or when
         `read_object_channel` is set."""
         feats = self.features(obs)
-        a = self._sample(feats)[0][:, 0] if self.stochastic else self.actor.mu(feats)
+        a = self._sample(feats)[0][:, 0] if self.stochastic else self.mu(feats)
         return add_translation_noise(a, self.action_noise, self.generator).cpu().numpy()
 
     def save(self, path: str | Path) -> Path:
@@ -288,4 +333,4 @@ class EstimatedStatePolicy(nn.Module):
                           device).eval()
 
 
-__all__ = ["EstimatedStateConfig", "EstimatedStatePolicy", "StateEstimator"]
+__all__ = ["EstimatedStateConfig", "EstimatedStatePolicy", "ResidualActor", "StateEstimator"]

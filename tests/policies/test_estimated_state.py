@@ -146,6 +146,42 @@ def test_gaussian_actor_sigma_is_the_residual_rms_and_log_prob_is_exact():
     assert all(p.grad is None for p in policy.actor.parameters())
 
 
+def test_residual_actor_starts_as_the_base_learns_alone_and_round_trips(tmp_path):
+    """ResiP's residual: zero-initialised, so the policy acts exactly as before; RL steps move the residual (and
+    sigma) toward better actions while the behaviour-cloned base stays bit for bit; the checkpoint keeps it."""
+    torch.manual_seed(0)
+    policy = EstimatedStatePolicy(EstimatedStateConfig(cameras=(), hidden=32, layers=2))
+    rng = np.random.default_rng(0)
+    obs = {"observation.state": rng.normal(size=(64, 8)).astype(np.float32),
+           "observation.environment_state": rng.normal(size=(64, 13)).astype(np.float32)}
+    before = policy.select_action(obs)
+    base = {k: v.clone() for k, v in policy.actor.state_dict().items()}
+    policy.add_residual(hidden=16, scale=0.2)
+    np.testing.assert_array_equal(policy.select_action(obs), before)
+    with pytest.raises(ValueError, match="already has a residual"):
+        policy.add_residual()
+    # policy-gradient-like steps toward a target action: only the residual and sigma learn
+    target = torch.as_tensor(before + np.array([0.1, -0.1, 0.05, 0.0], np.float32))[:, None]
+    opt = torch.optim.Adam([p for p in policy.parameters() if p.requires_grad], 1e-2)
+    for _ in range(200):
+        loss = -policy.log_prob(obs, target).mean()
+        opt.zero_grad()
+        loss.backward()
+        assert all(p.grad is None for p in policy.actor.parameters())
+        opt.step()
+    for k, v in policy.actor.state_dict().items():
+        torch.testing.assert_close(v, base[k], rtol=0, atol=0)
+    moved = policy.select_action(obs) - before
+    np.testing.assert_allclose(moved.mean(0), [0.1, -0.1, 0.05, 0.0], atol=0.02)
+    policy.save(tmp_path / "res")
+    again = EstimatedStatePolicy.load(tmp_path / "res")
+    assert again.cfg.residual_hidden == 16 and again.cfg.residual_scale == 0.2
+    np.testing.assert_array_equal(again.select_action(obs), policy.select_action(obs))
+    assert not any(p.requires_grad for p in again.actor.parameters())  # loaded for more RL: the base stays frozen
+    with pytest.raises(ValueError, match="residual"):
+        EstimatedStatePolicy(EstimatedStateConfig(cameras=(), residual_hidden=8, residual_scale=0.0))
+
+
 def test_what_the_actor_reads_without_cameras_and_in_imagination():
     """No cameras: the actor reads the object channel. A camera policy reads its cameras, unless set to act in
     imagination (`read_object_channel`), where it reads the world model's object channel and needs no images."""

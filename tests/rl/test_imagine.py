@@ -309,6 +309,19 @@ def test_imagine_trains_an_estimated_state_actor_on_the_state_channel(trained, t
         imagine(ImagineConfig(policy=tmp_path / "pol", policy_type="act", world_model=trained, out=tmp_path / "x"),
                 progress=False)
     assert not (tmp_path / "x").exists()
+    # ResiP: RL trains a zero-initialised residual on the frozen start; the checkpoint carries both
+    imagine(ImagineConfig(policy=tmp_path / "pol", policy_type="estimated-state", world_model=trained, data=tiny_data,
+                          out=tmp_path / "res", iterations=1, groups=2, group_size=2, max_steps=4, minibatch_rollouts=2,
+                          epochs=1, lr=1e-2, algo="ppo", residual_hidden=8), progress=False)
+    start, res = EstimatedStatePolicy.load(tmp_path / "pol"), EstimatedStatePolicy.load(tmp_path / "res" / "checkpoints" / "last")
+    assert res.cfg.residual_hidden == 8 and start.cfg.residual_hidden == 0
+    for k, v in start.actor.state_dict().items():
+        torch.testing.assert_close(res.actor.state_dict()[k], v, rtol=0, atol=0)
+    assert res.residual.net[-1].weight.abs().sum() > 0  # the residual learned
+    with pytest.raises(ValueError, match="residual_hidden"):
+        imagine(ImagineConfig(policy=tmp_path / "pol", world_model=trained, out=tmp_path / "z", residual_hidden=8),
+                progress=False)
+    assert not (tmp_path / "z").exists()
     with pytest.raises(ValueError, match="state_readout"):  # the readout reaches the imagination env
         imagine(ImagineConfig(policy=tmp_path / "pol", policy_type="estimated-state", world_model=trained, data=tiny_data,
                               out=tmp_path / "y", state_readout="median", groups=1, group_size=2), progress=False)

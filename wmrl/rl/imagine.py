@@ -98,6 +98,11 @@ class ImagineConfig:
     """Stop an iteration's updates once a minibatch's approx-KL to the rollout policy exceeds 1.5x this (the
     early stop of Stable-Baselines3's PPO): one Adam step moves every weight by about lr, which can shift a small
     sigma's log-probability by tens of nats. None: off."""
+    residual_hidden: int = 0
+    """estimated-state only: RL trains a zero-initialised residual actor of this width on top of the frozen
+    behaviour-cloned one (ResiP, Ankile et al., 2024; 0: the whole actor learns)."""
+    residual_scale: float = 0.1
+    """The residual's output scale in action units."""
     gamma: float = 0.99
     gae_lambda: float = 0.95
     vf_coef: float = 0.5
@@ -199,6 +204,8 @@ def imagine(cfg: ImagineConfig, progress: bool = True) -> dict:
         raise ValueError(f"reward: expected one of {grpo.REWARDS}, got {cfg.reward!r}")
     if cfg.target_kl is not None and not cfg.target_kl > 0:
         raise ValueError(f"target_kl must be positive (or unset: no early stop), got {cfg.target_kl}")
+    if cfg.residual_hidden and cfg.policy_type != "estimated-state":
+        raise ValueError(f"residual_hidden: a residual actor is built for the estimated-state policy, not {cfg.policy_type!r}")
     if cfg.max_steps is not None and cfg.max_steps <= 0:
         raise ValueError(f"max_steps must be positive (or unset: the task's episode length), got {cfg.max_steps}")
     kind = lerobot_policy_type(cfg.policy)
@@ -211,6 +218,8 @@ def imagine(cfg: ImagineConfig, progress: bool = True) -> dict:
     ck, _ = resume_checkpoint(run / "checkpoints") if cfg.resume else (None, 0)
     resuming = ck is not None
     policy = load_rl_policy(cfg.policy_type, ck if resuming else resolve_checkpoint(cfg.policy), cfg.device)
+    if cfg.residual_hidden and not resuming:  # a resumed run's checkpoint carries its residual
+        policy.add_residual(cfg.residual_hidden, cfg.residual_scale)
     model = make_world_model("video", str(cfg.world_model), device=cfg.device, state_gate=cfg.state_gate or None)
     data = cfg.data or world_model_data(cfg.world_model)
     check_world_model_task(cfg.world_model, data, policy.cfg.tasks, f"policy {cfg.policy}")
