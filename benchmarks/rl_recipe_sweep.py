@@ -10,9 +10,10 @@ gain over the start, for the actor's mean and for its sampled (stochastic) actio
 Variants (`VARIANTS`): GRPO and PPO (`wmrl.rl.imagine.update`, as `wmrl imagine` runs them) with a binary or a
 potential-shaped reward, a separate critic learning rate and critic warm-up (actor frozen for the first iterations), a residual actor on
 the frozen behaviour-cloned one (ResiP, Ankile et al., 2024: `EstimatedStatePolicy.add_residual`),
-a floor or a fixed value for sigma, approx-KL early stopping (`target_kl`), more epochs; and success-filtered BC
+a floor or a fixed value for sigma, approx-KL early stopping (`target_kl`), more epochs; success-filtered BC
 (expert iteration / reward-weighted regression with a 0/1 reward: sample, keep the successful episodes, regress the
-actor's mean onto their actions).
+actor's mean onto their actions); and rollout policy improvement (`wmrl.rl.rollout_improvement`: perturbed actions
+tried at the states of failed episodes, the simulator restored there, the actor regressed onto those that succeed).
 
     wmrl bench rl-recipe-sweep --json --options budget_s=380 workers=16
 """
@@ -56,6 +57,10 @@ VARIANTS: dict[str, dict] = {
     "ppo-residual": dict(residual=256, lr=3e-4),
     "ppo-residual-lr1e-3": dict(residual=256, lr=1e-3),
     "ppo-residual-lr1e-3-critic-warmup": dict(residual=256, lr=1e-3, critic_lr=1e-3, warmup=5),
+    "rollout-pi": dict(algo="rollout-pi"),
+    "rollout-pi-light": dict(algo="rollout-pi", rpi=dict(anchor_share=0.9, steps=100)),
+    "rollout-pi-noisy": dict(algo="rollout-pi", rpi=dict(starts=12, candidates=3, stride=16, continuations=4,
+                                                         continuation_noise=0.1, margin=2, anchor_share=0.9, steps=100)),
     "filtered-bc": dict(algo="filtered-bc", steps=300),
     "filtered-bc-lr3e-4-refit": dict(algo="filtered-bc", lr=3e-4, steps=500, refit_std=True),
 }
@@ -94,7 +99,7 @@ def run_variant(start: str, budget_s: float, iterations: int = 1000, algo: str =
                 critic_lr: float = 0.0, warmup: int = 0, reward: str = "success", epochs: int = 2, min_std: float = 0.0,
                 fix_std: float = 0.0, target_kl: float | None = None, steps: int = 300, refit_std: bool = False,
                 groups: int = 16, group_size: int = 8, seed: int = 0, residual: int = 0,
-                residual_scale: float = 0.1) -> tuple:
+                residual_scale: float = 0.1, rpi: dict | None = None) -> tuple:
     """Train one variant from the actor at `start` until `iterations` or `budget_s` seconds; returns the trained
     policy and the per-iteration record."""
     import torch
@@ -118,6 +123,8 @@ def run_variant(start: str, budget_s: float, iterations: int = 1000, algo: str =
     opt = (torch.optim.Adam(policy.actor.parameters(), lr) if algo == "filtered-bc" else
            torch.optim.AdamW([{"params": actor, "lr": lr}, {"params": policy.critic.parameters(), "lr": critic_lr or lr}],
                              weight_decay=0.0))
+    if algo == "rollout-pi":
+        return rollout_pi_variant(policy, budget_s, iterations, lr, seed, rpi or {})
     env = SIBLING["TrueGroupEnv"]("push-red", groups * group_size, reward=reward, gamma=cfg.gamma)
     torch.manual_seed(seed)
     curve, memory, t0 = [], [], time.time()
@@ -138,6 +145,37 @@ def run_variant(start: str, budget_s: float, iterations: int = 1000, algo: str =
                                                                                "updates", "frames")}})
     env.close()
     return policy, curve
+
+
+def rollout_pi_variant(policy, budget_s: float, iterations: int, lr: float, seed: int, rpi: dict) -> tuple:
+    """Rollout policy improvement (`wmrl.rl.rollout_improvement`) with the true simulator restored at the probed
+    states: rounds of probing and regression until `iterations` or `budget_s`."""
+    import torch
+
+    import sim
+    from wmrl.rl.rollout_improvement import RolloutImprovementConfig, improved_labels, merge, regress
+
+    cfg = RolloutImprovementConfig(**rpi)
+    envs = [sim.make_env("push-red", cameras=()).unwrapped for _ in range(1 + cfg.probe_envs)]
+    opt = torch.optim.Adam(policy.actor.parameters(), lr)
+    rng, gen = np.random.default_rng(seed), torch.Generator().manual_seed(seed)
+    memory, curve, t0 = None, [], time.time()
+    try:
+        for it in range(iterations):
+            if time.time() - t0 > budget_s:
+                break
+            policy.eval()
+            new = improved_labels(policy, envs, [500_000 + seed * 100_000 + it * cfg.starts + i for i in range(cfg.starts)],
+                                  cfg, rng)
+            memory = merge(memory, new)
+            loss = regress(policy, opt, memory, cfg, gen)
+            curve.append({"iteration": it + 1, "success": new["success"], "probed": new["probed"],
+                          "improved": new["improved"], "labels": len(memory["x"]), "anchors": len(memory["x_anchor"]),
+                          "loss": loss, "seconds": time.time() - t0})
+    finally:
+        for e in envs:
+            e.close()
+    return policy.eval(), curve
 
 
 def evaluate_both(policy, episodes: int) -> dict:

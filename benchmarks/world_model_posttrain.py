@@ -14,7 +14,8 @@ measured against its base on the same fixed held-out windows.
   the metric: the base against itself with other sampling seeds (its paired wins must sit near 0.5, its gain near 0).
 Options: `iterations`, `lr`, `histories` (real histories per iteration), `candidates` (rollouts per history),
 `moving_weight` (the moving pixels' PSNR in the reward), `old_ema` (DiffusionNFT's soft-updated old model;
-`PostTrainWMConfig`); a non-default setting gets its own work folder and result file. The downstream keys (ranking, hallucinated success)
+`PostTrainWMConfig`), `candidate_steps` (Euler steps when sampling the candidates, default `steps`: a 1-step sample
+sits near the conditional mean, so one history's candidates hardly differ; the comparison still samples at `steps`); a non-default setting gets its own work folder and result file. The downstream keys (ranking, hallucinated success)
 are not measured by this script yet.
 """
 
@@ -61,7 +62,7 @@ def _per_window(model, held, starts, steps: int, seeds: list[int], H: int) -> di
 
 def main(quick: bool = False, base: str = "full", iterations: int = 40, windows: int = 120, seeds: int = 2,
          steps: int = 1, lr: float = 3e-5, histories: int = 8, candidates: int = 4, moving_weight: float = 0.0,
-         old_ema: float = 0.0) -> dict:
+         old_ema: float = 0.0, candidate_steps: int = 0) -> dict:
     from world_models.video.evaluate import bootstrap_ci, fixed_windows, psnr
     from world_models.video.model import VideoWorldModel
     from world_models.video.post_train import PostTrainWMConfig, post_train_world_model
@@ -69,6 +70,7 @@ def main(quick: bool = False, base: str = "full", iterations: int = 40, windows:
 
     iterations, windows, seeds, steps, lr = int(iterations), int(windows), int(seeds), int(steps), float(lr)  # --options: strings
     histories, candidates, moving_weight, old_ema = int(histories), int(candidates), float(moving_weight), float(old_ema)
+    candidate_steps = int(candidate_steps) or steps  # Euler steps of the candidates; the comparison samples at `steps`
     if quick:
         tmp = Path(tempfile.mkdtemp(prefix="wmrl-bench-post-"))
         src, work, iterations, windows, seeds = tiny_world_model(tmp), tmp, 2, 4, 1
@@ -76,6 +78,7 @@ def main(quick: bool = False, base: str = "full", iterations: int = 40, windows:
         tag = base + ("" if (iterations, lr) == (40, 3e-5) else f"-it{iterations}-lr{lr:g}")  # one folder per setting
         tag += "" if (histories, candidates) == (8, 4) else f"-w{histories}g{candidates}"
         tag += (f"-mw{moving_weight:g}" if moving_weight else "") + (f"-ema{old_ema:g}" if old_ema else "")
+        tag += f"-cs{candidate_steps}" if candidate_steps != steps else ""
         src, work = ROOT / "runs" / "bench-world-model" / base, ROOT / "runs" / "bench-world-model-posttrain" / tag
         if not (src / "model" / "checkpoints" / "last").exists():
             raise ValueError(f"no world-model benchmark run at {src}: run `wmrl bench world-model --json` first (it "
@@ -84,7 +87,7 @@ def main(quick: bool = False, base: str = "full", iterations: int = 40, windows:
     resume = (post / "checkpoints" / "last").exists()
     t0 = time.time()
     pcfg = PostTrainWMConfig(world_model=src / "model", data=src / "data", out=post, iterations=iterations,
-                             sampling_steps=steps, horizon=8 if quick else H_MAX, min_horizon=4 if quick else 8,
+                             sampling_steps=candidate_steps, horizon=8 if quick else H_MAX, min_horizon=4 if quick else 8,
                              windows=2 if quick else histories, candidates=2 if quick else candidates, lr=lr,
                              moving_weight=moving_weight, old_ema=old_ema,
                              resume=resume, overwrite=not resume)
@@ -111,7 +114,7 @@ def main(quick: bool = False, base: str = "full", iterations: int = 40, windows:
     hm, he = f"h{H // 2}", f"h{H}"
     out = {"base": str((src / "model").relative_to(ROOT)) if not quick else "tiny", "post_iterations": iterations,
            "lr": lr, "histories": histories, "candidates": candidates, "moving_weight": moving_weight, "old_ema": old_ema,
-           "sampling_steps": steps, "sampling_seeds": seeds, "horizon": H, "n_windows": len(wins),
+           "sampling_steps": steps, "candidate_steps": candidate_steps, "sampling_seeds": seeds, "horizon": H, "n_windows": len(wins),
            "n_motion_windows": int(motion.sum()),
            f"paired_wins_{he}": float(np.mean(p["end"] > b["end"])),
            f"paired_wins_{he}_motion": float(np.mean(p["end"][motion] > b["end"][motion])),
@@ -138,4 +141,6 @@ def main(quick: bool = False, base: str = "full", iterations: int = 40, windows:
     return finish(name, out, quick, command=f"wmrl bench world-model-posttrain --json --options base={base} "
                                            f"iterations={iterations} lr={lr:g} histories={histories} candidates={candidates}"
                                            + (f" moving_weight={moving_weight:g}" if moving_weight else "")
-                                           + (f" old_ema={old_ema:g}" if old_ema else "") if not quick else None)
+                                           + (f" old_ema={old_ema:g}" if old_ema else "")
+                                           + (f" candidate_steps={candidate_steps}" if candidate_steps != steps else "")
+                                           if not quick else None)

@@ -309,6 +309,28 @@ class TabletopEnv(MujocoCell, gym.Env):
         """Exact simulator state (qpos, qvel, ctrl) so an oracle can restore it."""
         return {"qpos": self.data.qpos.copy(), "qvel": self.data.qvel.copy(), "ctrl": self.data.ctrl.copy()}
 
+    def snapshot(self) -> dict:
+        """Everything a continuation depends on: MuJoCo's integration state (qpos, qvel, controls, warm start; so a
+        restored episode steps bit for bit as the original would), the layout, the physics parameters and the
+        episode's counters. For rollout-based policy improvement with the simulator as a perfect model."""
+        if self.layout is None:
+            raise RuntimeError("call reset() before snapshot()")
+        spec = mujoco.mjtState.mjSTATE_INTEGRATION
+        state = np.empty(mujoco.mj_stateSize(self.model, spec))
+        mujoco.mj_getState(self.model, self.data, state, spec)
+        return {"physics": state, "layout": self.layout, "twin": self.twin, "task_text": self.task_text, "t": self._t,
+                "since_success": self._since_success}
+
+    def restore(self, snap: dict) -> dict:
+        """Return to a `snapshot` (of this env or another of the same task); returns the observation there."""
+        if snap["twin"] is not self.twin:
+            apply_twin_params(self.model, self.data, self.nominal, snap["twin"])
+        self.twin, self.layout, self.task_text = snap["twin"], snap["layout"], snap["task_text"]
+        mujoco.mj_setState(self.model, self.data, snap["physics"], mujoco.mjtState.mjSTATE_INTEGRATION)
+        mujoco.mj_forward(self.model, self.data)
+        self._t, self._since_success = snap["t"], snap["since_success"]
+        return self._obs()
+
     def place(self, state: np.ndarray, env_state: np.ndarray) -> dict:
         """Put the simulator, mid-episode, in the scene an observation describes and return the observation there:
         the hand at `state`'s end-effector (joints by inverse kinematics, clipped to the workspace) and gripper
