@@ -1,4 +1,5 @@
-"""Rollout policy improvement on a hand-checkable line world, and the tabletop's snapshot/restore it relies on."""
+"""Rollout policy improvement on a hand-checkable line world (the tabletop's snapshot/restore it relies on is tested
+with the simulator, tests/sim/test_tabletop.py)."""
 
 import numpy as np
 import pytest
@@ -104,24 +105,3 @@ def test_with_noisy_continuations_a_candidate_must_beat_the_own_action_by_the_ma
         improved_labels(policy, envs[:5], [0], cfg, np.random.default_rng(0))
     with pytest.raises(ValueError, match="continuation_noise"):
         RolloutImprovementConfig(continuations=4).validate()
-
-
-def test_a_restored_tabletop_steps_bit_for_bit_as_the_original():
-    import sim
-
-    a, b = sim.make_env("push-red", cameras=()).unwrapped, sim.make_env("push-red", cameras=()).unwrapped
-    try:
-        a.reset(seed=3)
-        acts = np.random.default_rng(0).uniform(-1, 1, (30, 4))
-        for x in acts[:10]:
-            a.step(x)
-        snap = a.snapshot()
-        ref = [a.step(x)[0]["observation.environment_state"] for x in acts[10:]]
-        b.reset(seed=99)  # another layout: restore brings the snapshot's
-        b.restore(snap)
-        got = [b.step(x)[0]["observation.environment_state"] for x in acts[10:]]
-        np.testing.assert_array_equal(np.array(got), np.array(ref))
-        assert b._t == a._t == 30
-    finally:
-        a.close()
-        b.close()
