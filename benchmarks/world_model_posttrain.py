@@ -15,7 +15,9 @@ measured against its base on the same fixed held-out windows.
 Options: `iterations`, `lr`, `histories` (real histories per iteration), `candidates` (rollouts per history),
 `moving_weight` (the moving pixels' PSNR in the reward), `old_ema` (DiffusionNFT's soft-updated old model;
 `PostTrainWMConfig`), `candidate_steps` (Euler steps when sampling the candidates, default `steps`: a 1-step sample
-sits near the conditional mean, so one history's candidates hardly differ; the comparison still samples at `steps`); a non-default setting gets its own work folder and result file. The downstream keys (ranking, hallucinated success)
+sits near the conditional mean, so one history's candidates hardly differ; the comparison still samples at `steps`),
+`spread` (e.g. 1,3,8: no post-training, only how much one history's candidates differ at each number of Euler
+steps, `candidate_spread`; written to world-model-posttrain-spread-<base>.json); a non-default setting gets its own work folder and result file. The downstream keys (ranking, hallucinated success)
 are not measured by this script yet.
 """
 
@@ -32,6 +34,30 @@ from wmrl.benchutil import finish, tiny_world_model
 
 ROOT = Path(__file__).resolve().parent.parent
 H_MAX = 32  # the long horizon the keys name (h32)
+
+def candidate_spread(src: Path, counts: list[int], histories: int, candidates: int, horizon: int, seed: int = 0) -> dict:
+    """How much one history's post-training candidates differ, by the Euler steps they are sampled with: the same
+    histories (train split, as post-training draws them) rolled out `candidates` times each for `horizon` control
+    steps at every count in `counts`, scored by the post-training reward (`post_train.fidelity`). The within-group
+    std is what DiffusionNFT's group advantages can learn from; the between-history std is the scale next to it."""
+    import torch
+
+    from world_models.video.model import VideoWorldModel
+    from world_models.video.post_train import rollouts
+    from world_models.video.train import WindowSampler, encode_all, load_split
+
+    model = VideoWorldModel.load(src / "model" / "checkpoints" / "last").eval()
+    _, train, _ = load_split(src / "data", 0.1, seed)
+    sampler = WindowSampler(train, "cpu", model.cfg, lat=encode_all(model, train))
+    rows = []
+    for n in counts:
+        t0 = time.time()
+        _, r = rollouts(model, sampler, histories, candidates, horizon, n, torch.Generator().manual_seed(seed))
+        r = r.reshape(histories, candidates)
+        rows.append({"euler_steps": n, "reward_mean": float(r.mean()), "within_group_std": float(r.std(1).mean()),
+                     "between_history_std": float(r.mean(1).std()), "seconds": time.time() - t0})
+    return {"histories": histories, "candidates": candidates, "horizon": horizon, "rows": rows}
+
 
 def _per_window(model, held, starts, steps: int, seeds: list[int], H: int) -> dict[str, np.ndarray]:
     """Per sampling seed and window (seeds, N): PSNR at the first chunk ("first"), H/2 ("mid") and H ("end") and
@@ -62,7 +88,7 @@ def _per_window(model, held, starts, steps: int, seeds: list[int], H: int) -> di
 
 def main(quick: bool = False, base: str = "full", iterations: int = 40, windows: int = 120, seeds: int = 2,
          steps: int = 1, lr: float = 3e-5, histories: int = 8, candidates: int = 4, moving_weight: float = 0.0,
-         old_ema: float = 0.0, candidate_steps: int = 0) -> dict:
+         old_ema: float = 0.0, candidate_steps: int = 0, spread: str = "") -> dict:
     from world_models.video.evaluate import bootstrap_ci, fixed_windows, psnr
     from world_models.video.model import VideoWorldModel
     from world_models.video.post_train import PostTrainWMConfig, post_train_world_model
@@ -74,6 +100,8 @@ def main(quick: bool = False, base: str = "full", iterations: int = 40, windows:
     if quick:
         tmp = Path(tempfile.mkdtemp(prefix="wmrl-bench-post-"))
         src, work, iterations, windows, seeds = tiny_world_model(tmp), tmp, 2, 4, 1
+    elif spread:
+        src = ROOT / "runs" / "bench-world-model" / base
     else:
         tag = base + ("" if (iterations, lr) == (40, 3e-5) else f"-it{iterations}-lr{lr:g}")  # one folder per setting
         tag += "" if (histories, candidates) == (8, 4) else f"-w{histories}g{candidates}"
@@ -83,6 +111,12 @@ def main(quick: bool = False, base: str = "full", iterations: int = 40, windows:
         if not (src / "model" / "checkpoints" / "last").exists():
             raise ValueError(f"no world-model benchmark run at {src}: run `wmrl bench world-model --json` first (it "
                              "trains runs/bench-world-model/full), or pass base=<a folder there>")
+    if spread:
+        counts = [int(x) for x in str(spread).split(",") if x]
+        out = candidate_spread(src, counts, 2 if quick else histories, 2 if quick else candidates, 8 if quick else H_MAX)
+        return finish(f"world-model-posttrain-spread-{base}", {"base": base, **out}, quick,
+                      command=f"wmrl bench world-model-posttrain --json --options base={base} spread={spread}"
+                      + (f" histories={histories}" if histories != 8 else "") + (f" candidates={candidates}" if candidates != 4 else ""))
     post = work / "post"
     resume = (post / "checkpoints" / "last").exists()
     t0 = time.time()

@@ -111,6 +111,9 @@ def test_world_model_posttrain_benchmark_compares_base_and_post_on_the_same_wind
     assert lo <= r[f"psnr_gain_{he}_motion"] <= hi
     assert r[f"psnr_gain_{he}_all"] == pytest.approx(r[f"psnr_{he}_post"] - r[f"psnr_{he}_base"])  # paired, same windows
     assert len(r[f"psnr_gain_{he}_motion_per_seed"]) == r["sampling_seeds"]
+    s = _run("world_model_posttrain", spread="1,2")  # the candidates' spread per Euler-step count, no post-training
+    assert [row["euler_steps"] for row in s["rows"]] == [1, 2]
+    assert s["rows"][0]["reward_mean"] != s["rows"][1]["reward_mean"]  # other steps, other samples
 
 
 def test_world_model_frame_head_benchmark_scores_every_refit_on_the_same_rollouts():
