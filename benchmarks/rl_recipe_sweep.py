@@ -109,6 +109,8 @@ def run_variant(start: str, budget_s: float, iterations: int = 1000, algo: str =
     from wmrl.rl.rollouts import collect_rollouts
 
     policy = EstimatedStatePolicy.load(start)
+    if algo == "rollout-pi":
+        return rollout_pi_variant(policy, budget_s, iterations, lr, seed, rpi or {})
     if residual:  # ResiP: the behaviour-cloned actor frozen, a zero-initialised residual learns
         policy.add_residual(residual, residual_scale)
     with torch.no_grad():
@@ -123,8 +125,6 @@ def run_variant(start: str, budget_s: float, iterations: int = 1000, algo: str =
     opt = (torch.optim.Adam(policy.actor.parameters(), lr) if algo == "filtered-bc" else
            torch.optim.AdamW([{"params": actor, "lr": lr}, {"params": policy.critic.parameters(), "lr": critic_lr or lr}],
                              weight_decay=0.0))
-    if algo == "rollout-pi":
-        return rollout_pi_variant(policy, budget_s, iterations, lr, seed, rpi or {})
     env = SIBLING["TrueGroupEnv"]("push-red", groups * group_size, reward=reward, gamma=cfg.gamma)
     torch.manual_seed(seed)
     curve, memory, t0 = [], [], time.time()

@@ -9,7 +9,7 @@ of the episode, and where one succeeds and the policy's own action does not, tha
 when the model and the continuation are deterministic: one rollout decides). The actor then regresses onto these
 improved actions (aggregated over rounds, as DAgger aggregates labels) and, at every other state its episodes of
 the round visited, onto its own current action (a trust region: a first version that anchored only on successful
-episodes lost 18 points in one round, the few labels pulling the whole network).
+episodes lost 18 points, the few labels pulling the whole network).
 
 The model is anything with `reset(seed)`, `step(action)`, `snapshot()` and `restore(snapshot)` (gymnasium's API
 plus the two): the true simulator as a perfect model (`sim.tabletop.TabletopEnv`), the reward is the task's success.
@@ -90,7 +90,7 @@ def _stack(obs: list[dict]) -> dict:
 
 def improved_labels(policy, envs: list, seeds: list[int], cfg: RolloutImprovementConfig,
                     rng: np.random.Generator) -> dict:
-    """One round of probing. `envs`: 1 + cfg.candidates restorable envs of the task. Returns the improved
+    """One round of probing. `envs`: 1 + cfg.probe_envs restorable envs of the task. Returns the improved
     (features, action) pairs, the anchors (the policy's own action at every other visited state) and counts."""
     cfg.validate()
     main, probes = envs[0], envs[1 : 1 + cfg.probe_envs]
@@ -106,7 +106,8 @@ def improved_labels(policy, envs: list, seeds: list[int], cfg: RolloutImprovemen
             with torch.no_grad():
                 f = policy.features(obs)
                 a = policy.mu(f)[0].cpu().numpy()
-            traj.append((main.snapshot(), f[0], a))
+            probe = not len(traj) % cfg.stride  # only these states are restored later
+            traj.append((main.snapshot() if probe else None, f[0], a))
             obs, _, term, trunc, info = main.step(a)
             ok |= bool(info["success"])
             done = term or trunc
@@ -136,10 +137,10 @@ def improved_labels(policy, envs: list, seeds: list[int], cfg: RolloutImprovemen
                 improved_at.add(t)
         XA += [f for t, (_, f, _) in enumerate(traj) if t not in improved_at]  # elsewhere: act as now
         YA += [a for t, (_, _, a) in enumerate(traj) if t not in improved_at]
-    stack = lambda xs, d: torch.stack(xs) if xs else torch.zeros((0, d))
+    stack = lambda xs: torch.stack(xs) if xs else torch.zeros((0, 0))
     A = policy.cfg.action_dim
-    return {"x": stack(X, 0), "y": torch.as_tensor(np.array(Y, np.float32)).reshape(-1, A),
-            "x_anchor": stack(XA, 0), "y_anchor": torch.as_tensor(np.array(YA, np.float32)).reshape(-1, A),
+    return {"x": stack(X), "y": torch.as_tensor(np.array(Y, np.float32)).reshape(-1, A),
+            "x_anchor": stack(XA), "y_anchor": torch.as_tensor(np.array(YA, np.float32)).reshape(-1, A),
             "success": n_ok / max(1, len(seeds)), "probed": n_probed, "improved": len(X)}
 
 
