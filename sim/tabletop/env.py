@@ -261,8 +261,9 @@ class TabletopEnv(MujocoCell, gym.Env):
         arm = np.setdiff1d(np.flatnonzero(self.model.geom_bodyid != 0), cubes)
         return self._geom_masks_at(qpos, {"arm": arm, "objects": cubes})
 
-    def camera_geometry(self) -> dict[str, dict]:
-        """Per camera, the pinhole model a world model projects points with (`world_models.video.camera`): a camera on
+    def camera_geometry(self, cameras: tuple[str, ...] | None = None) -> dict[str, dict]:
+        """Per camera (`cameras`, default the env's own; any of this cell's, so a state-only env, which needs no GL
+        context, gives them too), the pinhole model a world model projects points with (`world_models.video.camera`): a camera on
         the world body is fixed ("world": its pose); one on the arm is read in the hand's yaw frame at the current
         configuration ("hand_yaw": its offset from the end-effector and orientation, both turned back by the
         end-effector's yaw atan2(y, x) about the base). This arm's base yaws about the vertical through the origin and
@@ -272,8 +273,10 @@ class TabletopEnv(MujocoCell, gym.Env):
         a = np.arctan2(ee[1], ee[0])
         yaw = np.array([[np.cos(a), -np.sin(a), 0], [np.sin(a), np.cos(a), 0], [0, 0, 1]])
         out = {}
-        for cam in self.cameras:
+        for cam in self.cameras if cameras is None else cameras:
             i = mujoco.mj_name2id(self.model, mujoco.mjtObj.mjOBJ_CAMERA, cam)
+            if i < 0:
+                raise ValueError(f"cameras: no camera {cam!r} in this cell")
             pos, rot = self.data.cam_xpos[i].copy(), self.data.cam_xmat[i].reshape(3, 3).copy()
             f = float(1 / np.tan(np.radians(self.model.cam_fovy[i]) / 2))
             if self.model.cam_bodyid[i] == 0:

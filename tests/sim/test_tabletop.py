@@ -222,3 +222,18 @@ def test_a_restored_tabletop_steps_bit_for_bit_as_the_original():
     finally:
         a.close()
         b.close()
+
+
+def test_a_state_only_env_gives_the_cameras_geometry_without_rendering():
+    """`camera_geometry(cameras)` on an env without cameras equals the rendering env's own (training reads it so, and
+    so trains where no GL context can be made); a camera the cell lacks is refused by name."""
+    seen = sim.make_env("push-red").unwrapped
+    seen.reset(seed=4)
+    blind = sim.make_env("push-red", cameras=()).unwrapped
+    blind.reset(seed=4)
+    assert blind.camera_geometry(("front", "wrist")) == seen.camera_geometry()
+    assert blind._renderer is None and seen._renderer is not None  # no GL context made
+    assert blind.camera_geometry() == {}
+    with pytest.raises(ValueError, match="no camera 'top'"):
+        blind.camera_geometry(("top",))
+    seen.close(), blind.close()

@@ -269,16 +269,17 @@ def model_config(cfg: TrainWMConfig, ds) -> WorldModelConfig:
 
 def camera_geometry(ds) -> dict | None:
     """The cameras' pinhole models (`world_models.video.camera`) of the simulator the dataset's task runs in; None
-    when no simulator runs it or its env gives none (`TabletopEnv.camera_geometry`)."""
+    when no simulator runs it or its env gives none (`TabletopEnv.camera_geometry`). Read from a state-only env:
+    training renders nothing, so it runs where no GL context can be made (a headless GPU box)."""
     try:
-        env = sim.make_env(task_from_instruction(ds.tasks[0])).unwrapped
-    except (ValueError, KeyError):  # a task no suite here knows (e.g. a real cell's recording)
+        env = sim.make_env(task_from_instruction(ds.tasks[0]), cameras=()).unwrapped
+    except (ValueError, KeyError, TypeError):  # a task no suite here knows (e.g. a real cell's recording)
         return None
     try:
         if not hasattr(env, "camera_geometry"):
             return None
         env.reset(seed=0)
-        return env.camera_geometry()
+        return env.camera_geometry(tuple(k.rsplit(".", 1)[-1] for k in ds.features if k.startswith("observation.images.")))
     finally:
         env.close()
 
