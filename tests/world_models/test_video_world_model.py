@@ -770,6 +770,21 @@ def test_an_unknown_compile_mode_is_refused_before_any_run_folder(tiny_data, tmp
     assert not (tmp_path / "r").exists()
 
 
+def test_the_fits_after_training_run_the_uncompiled_losses(trained):
+    """`compile_losses` wraps the losses and the autoencoder; `uncompile_losses` (before the heads', the change
+    mask's and the videos' fits, whose shapes differ from training's) gives the class's own methods back."""
+    from world_models.video.train import compile_losses, uncompile_losses
+
+    model = VideoWorldModel.load(trained / "checkpoints/last")
+    compile_losses(model, "default")  # lazy: nothing compiles until called
+    assert "heads_loss" in vars(model) and "dynamics_loss" in vars(model)  # the compiled wrappers
+    assert model.ae._compiled_call_impl is not None and "unrolled_loss" in vars(model.state_channel)
+    uncompile_losses(model)
+    assert model.heads_loss.__func__ is VideoWorldModel.heads_loss
+    assert model.dynamics_loss.__func__ is VideoWorldModel.dynamics_loss
+    assert model.ae._compiled_call_impl is None and "unrolled_loss" not in vars(model.state_channel)
+
+
 def test_nan_loss_stops_training_and_names_the_last_checkpoint(tiny_data, tmp_path, monkeypatch):
     monkeypatch.setattr(VideoWorldModel, "dynamics_loss", lambda self, *a, **k: torch.tensor(float("nan"), requires_grad=True))
     with pytest.raises(RuntimeError, match="loss became non-finite.*last good checkpoint is in .*checkpoints/last"):

@@ -303,6 +303,26 @@ def ae_loss(model: VideoWorldModel, x: torch.Tensor, fg_weight: float) -> torch.
 EVAL_BATCHES = 4  # batches of fixed windows per evaluation (per split)
 
 
+def compile_losses(model: VideoWorldModel, mode: str) -> None:
+    """torch.compile the training losses whole (fewer, fused kernels) and the autoencoder; parameter names and
+    checkpoints unchanged."""
+    model.ae.compile(mode=mode)
+    model.dynamics_loss, model.heads_loss = (torch.compile(f, mode=mode) for f in (model.dynamics_loss, model.heads_loss))
+    if model.state_channel is not None:  # L unrolled steps of a small ensemble: hundreds of tiny kernels eager
+        model.state_channel.unrolled_loss = torch.compile(model.state_channel.unrolled_loss, mode=mode)
+
+
+def uncompile_losses(model: VideoWorldModel) -> None:
+    """Undo `compile_losses`. The fits after training (heads on rollouts, the change mask, the videos) call these
+    with other shapes, each a recompile (and, with CUDA graphs, a re-recording): on a lent H200 with CUDA graphs
+    the heads' fit (base size) had not finished after about 200 s, where one CPU thread takes about a minute."""
+    model.ae._compiled_call_impl = None  # what nn.Module.compile set
+    for name in ("dynamics_loss", "heads_loss"):
+        model.__dict__.pop(name, None)  # the class's own methods again
+    if model.state_channel is not None:
+        model.state_channel.__dict__.pop("unrolled_loss", None)
+
+
 @torch.no_grad()
 def fixed_window_losses(model: VideoWorldModel, samplers: dict, phase: int, cfg: "TrainWMConfig") -> dict:
     """The loss of `phase` (0 autoencoder, 1 and >= 4 state channel, 2 and 3 the teacher-forced dynamics loss) on
@@ -585,11 +605,8 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
     # fixed-window losses on held-out and training episodes (`eval_every`)
     eval_samplers = {"val": WindowSampler(held, cfg.device, mcfg), "fit": sampler} if cfg.eval_every and held.num_episodes else {}
     task_tokens = model.task.token_ids(sampler.vocab)  # (tasks, n) on the device: no strings in the loop
-    if cfg.compile:  # the training losses whole (fewer, fused kernels); parameter names and checkpoints unchanged
-        model.ae.compile(mode=cfg.compile)
-        model.dynamics_loss, model.heads_loss = (torch.compile(f, mode=cfg.compile) for f in (model.dynamics_loss, model.heads_loss))
-        if model.state_channel is not None:  # L unrolled steps of a small ensemble: hundreds of tiny kernels eager
-            model.state_channel.unrolled_loss = torch.compile(model.state_channel.unrolled_loss, mode=cfg.compile)
+    if cfg.compile:
+        compile_losses(model, cfg.compile)
     # one device-side flag instead of a host sync per step; read at log and checkpoint steps, so a non-finite
     # loss never reaches a checkpoint
     nonfinite, checked = torch.zeros((), dtype=torch.bool, device=cfg.device), step
@@ -679,6 +696,8 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
         if save:
             _save_checkpoint(run, step, model, opts, {**extra, "seconds": time.time() - t0})
     bar.close()
+    if cfg.compile:
+        uncompile_losses(model)
     if cfg.head_rollout_steps and extra.get("head_rollout_step") != step:  # after every phase that moves the latents
         from world_models.video.rollout_heads import fit_heads_on_rollouts
 
