@@ -273,13 +273,13 @@ def camera_geometry(ds) -> dict | None:
     training renders nothing, so it runs where no GL context can be made (a headless GPU box)."""
     try:
         env = sim.make_env(task_from_instruction(ds.tasks[0]), cameras=()).unwrapped
-    except (ValueError, KeyError, TypeError):  # a task no suite here knows (e.g. a real cell's recording)
+    except (ValueError, KeyError, TypeError):  # a task no suite knows (a real cell), no cameras= arg
         return None
     try:
         if not hasattr(env, "camera_geometry"):
             return None
         env.reset(seed=0)
-        return env.camera_geometry(tuple(k.rsplit(".", 1)[-1] for k in ds.features if k.startswith("observation.images.")))
+        return env.camera_geometry(WorldModelConfig.cameras)  # the model's cameras, which it checks the geometry for
     finally:
         env.close()
 
