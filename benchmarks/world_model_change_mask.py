@@ -28,13 +28,14 @@ KEYS = ("motion_psnr_gain_h16", "motion_psnr_gain_h16_ci", "static_psnr_gain_h16
 
 def main(quick: bool = False, run: str = "small-cpu-s3", windows: int = 240, fit_windows: int = 200,
          fit_steps: int = 800, refine: bool = False, warp: bool = False,
-         unwarped: bool = False, read_pose: bool = False) -> dict:
+         unwarped: bool = False, read_pose: bool = False, static_weight: float = 1.0) -> dict:
     """`run`: the work folder measured (the committed result is the seed-3 CPU model's); another run, or a fit other
     than `wmrl train-wm`'s default (`fit_windows`, `fit_steps`), writes `world-model-change-mask-RUN-wW-sS.json`.
     `refine`: the mask also corrects pixels (`ChangeMask(refine=True)`), written to `...-refine.json`; `warp`: it
     warps the start frame to each frame's commanded pose first (`change_warp`), `...-warp.json`; `unwarped` (with
     `warp`): the unwarped start frame is a third source of the blend (`change_unwarped`), `...-warp3.json`;
-    `read_pose` (with `warp`): the mask reads the pose change (`change_read_pose`), `...-pose.json` appended."""
+    `read_pose` (with `warp`): the mask reads the pose change (`change_read_pose`), `...-pose.json` appended;
+    `static_weight`: the fit draws static windows' frames that many times as often (`fit_change_mask`), `-swW`."""
     if (unwarped or read_pose) and not warp:
         raise ValueError("unwarped=true and read_pose=true come with the warp of the start frame: pass warp=true too")
     import torch
@@ -72,10 +73,10 @@ def main(quick: bool = False, run: str = "small-cpu-s3", windows: int = 240, fit
     model.eval()
     _, train, held = load_split(folder / "data", 0.1, keep=("qpos",))
     torch.manual_seed(0)
-    fit = fit_change_mask(model, train, fit_windows, fit_steps, seed=0)
+    fit = fit_change_mask(model, train, fit_windows, fit_steps, seed=0, static_weight=static_weight)
     fit_minutes = (time.time() - t0) / 60
     out: dict = {"run": run if not quick else "tiny", "refine": refine, "warp": warp, "unwarped": unwarped, "read_pose": read_pose, "n_windows": windows, "fit_windows": fit_windows,
-                 "fit_steps": fit_steps, "fit_minutes": fit_minutes, **fit}
+                 "fit_steps": fit_steps, "static_weight": static_weight, "fit_minutes": fit_minutes, **fit}
     for prefix, steps in (("imagination_", 1), ("", None)):
         res = {}
         for variant, on in (("plain", False), ("masked", True)):
@@ -95,10 +96,10 @@ def main(quick: bool = False, run: str = "small-cpu-s3", windows: int = 240, fit
     out["minutes"] = (time.time() - t0) / 60
     default = (run, fit_windows, fit_steps) == ("small-cpu-s3", 200, 800)
     name = ("world-model-change-mask" + ("" if default else f"-{run}-w{fit_windows}-s{fit_steps}")
-            + ("-refine" if refine else "") + ("-warp" if warp else "") + ("3" if unwarped else "") + ("-pose" if read_pose else ""))
+            + ("-refine" if refine else "") + ("-warp" if warp else "") + ("3" if unwarped else "") + ("-pose" if read_pose else "") + ("" if static_weight == 1 else f"-sw{static_weight:g}"))
     options = (f"run={run}" + ("" if (fit_windows, fit_steps) == (200, 800) else f" fit_windows={fit_windows} fit_steps={fit_steps}")
                + (" refine=true" if refine else "") + (" warp=true" if warp else "") + (" unwarped=true" if unwarped else "")
-               + (" read_pose=true" if read_pose else ""))
+               + (" read_pose=true" if read_pose else "") + ("" if static_weight == 1 else f" static_weight={static_weight:g}"))
     return finish(name if not quick else "world-model-change-mask", out, quick,
                   command=None if quick else f"wmrl bench world-model-change-mask --json --options {options}")
 

@@ -770,6 +770,13 @@ def test_an_unknown_compile_mode_is_refused_before_any_run_folder(tiny_data, tmp
     assert not (tmp_path / "r").exists()
 
 
+@pytest.mark.parametrize("weight", [0.0, float("nan")])
+def test_a_change_mask_static_weight_that_is_not_positive_is_refused_before_any_run_folder(tiny_data, tmp_path, weight):
+    with pytest.raises(ValueError, match="--change-mask-static-weight must be > 0"):
+        train_world_model(_cfg(tiny_data, tmp_path / "r", change_mask_static_weight=weight), progress=False)
+    assert not (tmp_path / "r").exists()
+
+
 def test_the_fits_after_training_run_the_uncompiled_losses(trained):
     """`compile_losses` wraps the losses and the autoencoder; `uncompile_losses` (before the heads', the change
     mask's and the videos' fits, whose shapes differ from training's) gives the class's own methods back."""
@@ -1442,6 +1449,38 @@ def test_training_fits_the_change_mask_on_the_models_rollouts_and_it_lowers_thei
     pred, f0, real, pose, pose0, moves, _ = mask_pairs(model, train, 2)[f"observation.images.{model.cfg.cameras[0]}"]
     assert pred.shape == f0.shape == real.shape and bool(model.change_mask_fitted)
     assert pose.shape == pose0.shape == (len(pred), model.cfg.pose_dim)
+
+
+def test_the_change_masks_fit_draws_static_windows_as_often_as_asked(trained, tiny_data, monkeypatch):
+    """`static_weight` w: a static window's frames are drawn w times as often as a motion window's (here window 0 of
+    four is marked static, so at w=30 it fills 30/33 of the draws); a weight <= 0 or NaN is refused."""
+    import world_models.video.change_mask as cm
+
+    model = VideoWorldModel.load(trained / "checkpoints/last")
+    _, train, _ = load_split(tiny_data, 0.25)
+    original = cm._fit_windows
+
+    def one_static(*a, **k):
+        horizon, wins = original(*a, **k)
+        return horizon, [dict(w, motion=i > 0) for i, w in enumerate(wins)]
+
+    drawn = []
+    multinomial = torch.multinomial
+
+    def record(*a, **k):
+        drawn.append(multinomial(*a, **k))
+        return drawn[-1]
+
+    monkeypatch.setattr(cm, "_fit_windows", one_static)
+    monkeypatch.setattr(torch, "multinomial", record)
+    horizon, _ = original(model, train, 4, 0)
+    info = cm.fit_change_mask(model, train, windows=4, steps=40, batch=32, static_weight=30.0)
+    assert info["change_mask_static_share"] == 0.25
+    share = float((torch.cat(drawn) < horizon).float().mean())
+    assert abs(share - 30 / 33) < 0.03, share
+    for bad in (0.0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="static_weight"):
+            cm.fit_change_mask(model, train, windows=4, steps=1, static_weight=bad)
 
 
 def test_a_checkpoint_from_before_the_change_mask_loads_without_one(tmp_path):

@@ -85,6 +85,14 @@ def paste_objects(model: VideoWorldModel, frames: dict, frame0: dict, points0, p
     return out
 
 
+def _fit_windows(model: VideoWorldModel, replay, windows: int, seed: int) -> tuple[int, list[dict]]:
+    """The horizon and the training windows (`evaluate.fixed_windows`, with their motion flags) the mask fits on."""
+    longest = max(T for _, T in replay.episodes.values())
+    horizon = min(HORIZON, longest - 1)
+    return horizon, fixed_windows(replay, windows, horizon, model.cfg.context, seed=seed, ee_index=model.cfg.ee_index,
+                                  object_xyz=model.cfg.object_xyz)
+
+
 def mask_pairs(model: VideoWorldModel, replay, windows: int, seed: int = 0) -> dict:
     """Per camera key: (pred, frame0, real, pose, pose0, moves, real_moves): float pixels (N * horizon, 3, H, W) of the
     model's own rollouts (unmasked decode) from `windows` windows of `replay`, each frame's start frame and real frame,
@@ -92,10 +100,7 @@ def mask_pairs(model: VideoWorldModel, replay, windows: int, seed: int = 0) -> d
     (`change_objects`) each object's move in that camera (N * horizon, k, 5), from the rollout's own state channel
     (`camera.object_moves`), and where the cameras' geometry and the recorded object state are known the same moves of
     the recorded points (`focus_maps` reads them); else None."""
-    longest = max(T for _, T in replay.episodes.values())
-    horizon = min(HORIZON, longest - 1)
-    wins = fixed_windows(replay, windows, horizon, model.cfg.context, seed=seed, ee_index=model.cfg.ee_index,
-                         object_xyz=model.cfg.object_xyz)
+    horizon, wins = _fit_windows(model, replay, windows, seed)
     starts = [(w["episode"], w["start"]) for w in wins]
     was = bool(model.change_mask_fitted)
     model.change_mask_fitted.fill_(False)  # the mask learns on the plain decode
@@ -124,14 +129,22 @@ def mask_pairs(model: VideoWorldModel, replay, windows: int, seed: int = 0) -> d
 
 
 def fit_change_mask(model: VideoWorldModel, replay, windows: int = 200, steps: int = 800, batch: int = 32,
-                    lr: float = 2e-3, seed: int = 0, focus: float = 0.0) -> dict:
+                    lr: float = 2e-3, seed: int = 0, focus: float = 0.0, static_weight: float = 1.0) -> dict:
     """Fit every camera's mask on `windows` training windows' rollouts for `steps` Adam steps; mark it fitted.
     `focus`: the weight of the objects' windows' log MSE in the loss (see the module; needs the recorded object state
-    and the cameras' geometry). Returns per camera the mean squared error (pixels in [-1, 1]) on the pairs of the
+    and the cameras' geometry). `static_weight`: how much more often a frame of a static window (`fixed_windows`'
+    flag: nothing moves over 2 cm) is drawn into a batch than a motion window's; static windows are ~8% of the
+    demo's training windows, so at 1 the mask sees few frames where the start frame is right everywhere. Returns per camera the mean squared error (pixels in [-1, 1]) on the pairs of the
     plain decode, of copy-last and of the masked decode."""
     if model.change_mask is None:
         raise ValueError("this world model has no change mask (config change_mask=False)")
+    if not static_weight > 0:  # NaN fails too
+        raise ValueError(f"static_weight must be > 0, got {static_weight}")
     pairs = mask_pairs(model, replay, windows, seed)
+    horizon, wins = _fit_windows(model, replay, windows, seed)
+    static = torch.tensor([not w["motion"] for w in wins]).repeat_interleave(horizon)
+    draw = torch.where(static, float(static_weight), 1.0)
+    assert all(len(p[0]) == len(static) for p in pairs.values()), "the pairs are the windows' frames, window-major"
     if focus and any(p[6] is None for p in pairs.values()):
         raise ValueError("focus: the objects' windows need the recorded object state (a state channel) and the cameras' "
                          "geometry (a simulator task that gives it); pass focus 0")
@@ -145,7 +158,8 @@ def fit_change_mask(model: VideoWorldModel, replay, windows: int = 200, steps: i
         opt = torch.optim.Adam(net.parameters(), lr)
         dev = next(net.parameters()).device
         for _ in range(steps):
-            i = torch.randint(len(pred), (batch,), generator=gen)
+            i = (torch.randint(len(pred), (batch,), generator=gen) if static_weight == 1
+                 else torch.multinomial(draw, batch, replacement=True, generator=gen))
             args = [t[i].to(dev) for t in ins]
             x = net(*args)
             loss = frame_log_mse(x, real[i].to(dev))
@@ -168,5 +182,6 @@ def fit_change_mask(model: VideoWorldModel, replay, windows: int = 200, steps: i
         info[f"change_mask_mse_masked_{cam}"] = float(((masked - real) ** 2).mean())
         if net.warp is not None:
             info[f"change_mask_mse_warped_copy_{cam}"] = float(((warped - real) ** 2).mean())
+    info["change_mask_static_share"] = float(static.float().mean())
     model.change_mask_fitted.fill_(True)
     return info

@@ -104,6 +104,9 @@ class TrainWMConfig:
     """Weight of a second term in the change mask's loss: the frames' log MSE inside windows around where the recorded
     objects are and were (`change_mask.focus_maps`; needs the recorded object state and the cameras' geometry). The
     whole frame's log MSE hardly sees a cube's few pixels, which a policy reads; 0: the whole frame only."""
+    change_mask_static_weight: float = 1.0
+    """How many times as often the change mask's fit draws a frame of a static window (nothing moves over 2 cm) as one
+    of a motion window (`change_mask.fit_change_mask`); static windows are ~8% of the demo's training windows."""
     batch_size: int = 32
     lr: float = 3e-4
     context: int = 2
@@ -517,6 +520,8 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
                          f"{cfg.head_rollout_horizon} and {cfg.head_rollout_episodes}")
     if not cfg.change_mask_focus >= 0:  # NaN fails too
         raise ValueError(f"--change-mask-focus must be >= 0, got {cfg.change_mask_focus}")
+    if not cfg.change_mask_static_weight > 0:
+        raise ValueError(f"--change-mask-static-weight must be > 0, got {cfg.change_mask_static_weight}")
     if not 0 <= cfg.mean_share < 1:
         raise ValueError(f"--mean-share must be in [0, 1) (1 would leave the diffusion path untrained), got {cfg.mean_share}")
     if cfg.compile not in COMPILE_MODES:
@@ -714,7 +719,7 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
 
         bar.write(f"fitting the change mask ({cfg.change_mask_steps} steps on {cfg.change_mask_windows} windows' rollouts)")
         minfo = fit_change_mask(model, train, cfg.change_mask_windows, cfg.change_mask_steps, seed=cfg.seed,
-                                focus=cfg.change_mask_focus)
+                                focus=cfg.change_mask_focus, static_weight=cfg.change_mask_static_weight)
         tracker.log(minfo, step=step)
         last.update(minfo)
         extra["change_mask_step"] = step
