@@ -1483,6 +1483,28 @@ def test_the_change_masks_fit_draws_static_windows_as_often_as_asked(trained, ti
             cm.fit_change_mask(model, train, windows=4, steps=1, static_weight=bad)
 
 
+def test_the_change_mask_fits_on_change_mask_data_and_other_tasks_data_is_refused(trained, tiny_data, tmp_path, monkeypatch):
+    """--change-mask-data: the mask's fit sees that dataset's episodes (hooked: their first states), not the training
+    ones; a dataset of another task is refused, naming it, before any run folder."""
+    import world_models.video.change_mask as cm
+    from wmrl.commands.collect import CollectConfig, collect
+
+    fresh, reach = tmp_path / "fresh", tmp_path / "reach"
+    collect(CollectConfig(task="push-red", episodes=3, out=fresh, failures=0.5, num_envs=1, seed=500), progress=False)
+    seen = []
+    fit = cm.fit_change_mask
+    monkeypatch.setattr(cm, "fit_change_mask", lambda model, replay, *a, **k: seen.append(replay) or fit(model, replay, *a, **k))
+    train_world_model(tiny_wm_config(tiny_data, tmp_path / "r", init_from=trained, ae_steps=0, state_steps=0, dyn_steps=0,
+                                     unroll_steps=0, change_mask_steps=2, change_mask_data=fresh), progress=False)
+    _, want, _ = load_split(fresh, 0.0)
+    assert len(seen) == 1 and seen[0].num_episodes == want.num_episodes == 3
+    assert np.array_equal(seen[0].data["observation.state"], want.data["observation.state"])
+    collect(CollectConfig(task="reach-red", episodes=2, out=reach, num_envs=1), progress=False)
+    with pytest.raises(ValueError, match="--change-mask-data .*reach"):
+        train_world_model(tiny_wm_config(tiny_data, tmp_path / "r2", change_mask_data=reach), progress=False)
+    assert not (tmp_path / "r2").exists()
+
+
 def test_a_checkpoint_from_before_the_change_mask_loads_without_one(tmp_path):
     m = VideoWorldModel(WorldModelConfig(size="tiny", task_vocab=VOCAB, change_mask=False))
     m.save(tmp_path / "m")
