@@ -1483,25 +1483,33 @@ def test_the_change_masks_fit_draws_static_windows_as_often_as_asked(trained, ti
             cm.fit_change_mask(model, train, windows=4, steps=1, static_weight=bad)
 
 
-def test_the_change_mask_fits_on_change_mask_data_and_other_tasks_data_is_refused(trained, tiny_data, tmp_path, monkeypatch):
-    """--change-mask-data: the mask's fit sees that dataset's episodes (hooked: their first states), not the training
-    ones; a dataset of another task is refused, naming it, before any run folder."""
+def test_the_fits_after_training_read_the_calibration_data_and_other_tasks_data_is_refused(trained, tiny_data, tmp_path,
+                                                                                           monkeypatch):
+    """--calibration-data: the change mask's and the rollout heads' fits see that dataset's episodes (hooked: their
+    states), not the training ones, even when nothing else trains; a dataset of another task is refused, naming it,
+    before any run folder."""
     import world_models.video.change_mask as cm
+    import world_models.video.rollout_heads as rh
     from wmrl.commands.collect import CollectConfig, collect
 
     fresh, reach = tmp_path / "fresh", tmp_path / "reach"
     collect(CollectConfig(task="push-red", episodes=3, out=fresh, failures=0.5, num_envs=1, seed=500), progress=False)
-    seen = []
-    fit = cm.fit_change_mask
-    monkeypatch.setattr(cm, "fit_change_mask", lambda model, replay, *a, **k: seen.append(replay) or fit(model, replay, *a, **k))
+    seen = {}
+    for mod, name in ((cm, "fit_change_mask"), (rh, "fit_heads_on_rollouts")):
+        fit = getattr(mod, name)
+        monkeypatch.setattr(mod, name, lambda model, replay, *a, _f=fit, _n=name, **k:
+                            (seen.setdefault(_n, replay), _f(model, replay, *a, **k))[1])
     train_world_model(tiny_wm_config(tiny_data, tmp_path / "r", init_from=trained, ae_steps=0, state_steps=0, dyn_steps=0,
-                                     unroll_steps=0, change_mask_steps=2, change_mask_data=fresh), progress=False)
+                                     unroll_steps=0, change_mask_steps=2, head_rollout_steps=2, head_rollout_episodes=3,
+                                     calibration_data=fresh), progress=False)
     _, want, _ = load_split(fresh, 0.0)
-    assert len(seen) == 1 and seen[0].num_episodes == want.num_episodes == 3
-    assert np.array_equal(seen[0].data["observation.state"], want.data["observation.state"])
+    assert sorted(seen) == ["fit_change_mask", "fit_heads_on_rollouts"]
+    for replay in seen.values():
+        assert replay.num_episodes == want.num_episodes == 3
+        assert np.array_equal(replay.data["observation.state"], want.data["observation.state"])
     collect(CollectConfig(task="reach-red", episodes=2, out=reach, num_envs=1), progress=False)
-    with pytest.raises(ValueError, match="--change-mask-data .*reach"):
-        train_world_model(tiny_wm_config(tiny_data, tmp_path / "r2", change_mask_data=reach), progress=False)
+    with pytest.raises(ValueError, match="--calibration-data .*reach"):
+        train_world_model(tiny_wm_config(tiny_data, tmp_path / "r2", calibration_data=reach), progress=False)
     assert not (tmp_path / "r2").exists()
 
 

@@ -104,12 +104,12 @@ class TrainWMConfig:
     """Weight of a second term in the change mask's loss: the frames' log MSE inside windows around where the recorded
     objects are and were (`change_mask.focus_maps`; needs the recorded object state and the cameras' geometry). The
     whole frame's log MSE hardly sees a cube's few pixels, which a policy reads; 0: the whole frame only."""
-    change_mask_data: Optional[Path] = None
+    calibration_data: Optional[Path] = None
     """A dataset of the same task(s) whose episodes the model never trains on (e.g. `wmrl collect` of the same recipe
-    with another --seed): the change mask is fitted on their windows' rollouts instead of the training windows'. On
-    training windows the decode is better than on new episodes (the base model's plain error there is half the
-    small one's, on new episodes three quarters), so a mask fitted there trusts it too much (README, the change mask
-    on unseen episodes)."""
+    with another --seed): the fits after training (the change mask, the heads on rollouts) read their episodes'
+    rollouts instead of the training episodes'. On training episodes the decode is better than on new ones (the base
+    model's plain error there is half the small one's, on new episodes three quarters), so a fit made there trusts
+    the generated frames more than they deserve (README, the fits on unseen episodes)."""
     change_mask_static_weight: float = 1.0
     """How many times as often the change mask's fit draws a frame of a static window (nothing moves over 2 cm) as one
     of a motion window (`change_mask.fit_change_mask`); static windows are ~8% of the demo's training windows."""
@@ -212,7 +212,7 @@ class TrainWMConfig:
 
 
 # options of one run or machine, not of the model's recipe
-RUN_FIELDS = frozenset({"data", "out", "extra_data", "change_mask_data", "init_from", "resume", "overwrite", "seed", "videos", "device",
+RUN_FIELDS = frozenset({"data", "out", "extra_data", "calibration_data", "init_from", "resume", "overwrite", "seed", "videos", "device",
                         "amp", "compile", "threads", "state_dagger_rounds"})
 # recipe options whose default turned on after runs were recorded without them (those runs trained with them off)
 RECIPE_ADDED_OFF = {"frame_blobs": False, "change_objects": False, "head_rollout_steps": 0}
@@ -535,15 +535,15 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
     dagger = StateDaggerConfig(rounds=cfg.state_dagger_rounds, starts=cfg.state_dagger_starts, steps=cfg.state_dagger_steps,
                                actors=tuple(str(a) for a in cfg.state_dagger_actors))
     dagger.validate()
-    mask_fit = None
-    if cfg.change_mask_data is not None and cfg.change_mask_steps:  # refused before any run folder
+    calib = None
+    if cfg.calibration_data is not None:  # refused before any run folder
         from wmrl.datasets import LeRobotV3Dataset
 
-        _, mask_fit, _ = load_split(cfg.change_mask_data, 0.0, cfg.seed)
-        have, got = set(LeRobotV3Dataset(cfg.data).tasks), set(LeRobotV3Dataset(cfg.change_mask_data).tasks)
+        _, calib, _ = load_split(cfg.calibration_data, 0.0, cfg.seed)
+        have, got = set(LeRobotV3Dataset(cfg.data).tasks), set(LeRobotV3Dataset(cfg.calibration_data).tasks)
         if not got <= have:
-            raise ValueError(f"--change-mask-data {cfg.change_mask_data}: its tasks {sorted(got - have)} are not the training "
-                             f"data's {sorted(have)}")
+            raise ValueError(f"--calibration-data {cfg.calibration_data}: its tasks {sorted(got - have)} are not the "
+                             f"training data's {sorted(have)}")
     run = start_run(cfg)
     torch.manual_seed(cfg.seed)
     ds, train, held = load_split(cfg.data, cfg.holdout, cfg.seed, cfg.extra_data)
@@ -590,7 +590,7 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
             model.load_state_dict(weights, strict=mask_same)
             fitted = src.change_mask is not None and bool(src.change_mask_fitted)
             # a fit this run asks for (other data, other weights) is made even when nothing else trains
-            refit = cfg.change_mask_data is not None or cfg.change_mask_static_weight != 1
+            refit = cfg.calibration_data is not None or cfg.change_mask_static_weight != 1
             if mask_same and fitted and not refit and not (cfg.ae_steps or cfg.state_steps or cfg.dyn_steps
                                                            or cfg.unroll_steps or dagger.rounds):
                 # nothing the mask reads changes (the heads are not among it): the source's fitted mask stays
@@ -725,7 +725,7 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
 
         bar.write(f"fitting the frame heads on rollouts ({cfg.head_rollout_steps} steps, {cfg.head_rollout_episodes} "
                   f"episodes x {cfg.head_rollout_horizon} steps)")
-        hinfo = fit_heads_on_rollouts(model, train, cfg.head_rollout_horizon, cfg.head_rollout_steps,
+        hinfo = fit_heads_on_rollouts(model, train if calib is None else calib, cfg.head_rollout_horizon, cfg.head_rollout_steps,
                                       cfg.head_rollout_episodes, seed=cfg.seed)
         tracker.log(hinfo, step=step)
         last.update(hinfo)
@@ -735,7 +735,7 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
         from world_models.video.change_mask import fit_change_mask
 
         bar.write(f"fitting the change mask ({cfg.change_mask_steps} steps on {cfg.change_mask_windows} windows' rollouts)")
-        minfo = fit_change_mask(model, train if mask_fit is None else mask_fit, cfg.change_mask_windows, cfg.change_mask_steps, seed=cfg.seed,
+        minfo = fit_change_mask(model, train if calib is None else calib, cfg.change_mask_windows, cfg.change_mask_steps, seed=cfg.seed,
                                 focus=cfg.change_mask_focus, static_weight=cfg.change_mask_static_weight)
         tracker.log(minfo, step=step)
         last.update(minfo)
