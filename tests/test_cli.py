@@ -82,6 +82,15 @@ def test_demo_quick_runs_the_whole_loop_and_writes_every_report_section(quick_de
     ev = json.loads((out / "stages/world_model_eval.json").read_text())["result"]
     assert ev["n_windows"] == len(ev["windows"]) >= 1 and ev["success_source"] == "state"
     assert ev["n_pairs"] >= 1 and ev["success_auroc_real_ceiling"] == 1.0
+    # the world model's fits after training read episodes it never trained on: other reset seeds, recorded as such
+    from pathlib import Path
+
+    import yaml
+    seeds = {d: set(json.loads((out / d / "meta/wmrl.json").read_text())["episode_seeds"]) for d in ("dataset", "calibration")}
+    assert len(seeds["calibration"]) == 3 and not seeds["calibration"] & seeds["dataset"]
+    wm_cfg = yaml.safe_load((out / "world_model/config.yaml").read_text())
+    assert Path(wm_cfg["calibration_data"]) == out / "calibration"
+    assert Path(yaml.safe_load((out / "coevolution/world_model/config.yaml").read_text())["calibration_data"]) == out / "calibration"
     expected = ["collect", "world_model", "world_model_eval", "bc", "rl", "coevolution", "rl_after_coevolution",
                 "evaluation", "ranking", "done"]
     # a resumed run (the imagination benchmark's test shares this demo) only adds another "done"
@@ -115,6 +124,7 @@ def test_calibrate_twin_refuses_missing_logs_and_unknown_parameters(tmp_path, ca
     (["collect", "--codec", "xvid"], "video codec: expected one of"),
     (["train-wm", "--data", "nowhere", "--holdout", "nan"], "--holdout: NaN is not a setting"),
     (["train-wm", "--data", "nowhere", "--holdout", "1.5"], "--holdout must be in [0, 1]"),
+    (["demo", "--calibration-episodes", "-1"], "--calibration-episodes must be >= 0"),
     (["deploy", "--safety.joint-margin", "nan"], "NaN"),
     (["deploy", "--safety.gripper-high", "inf"], "--unsafe"),
     (["serve-robot", "--address", "tcp://0.0.0.0:5599", "--allow-remote"], "without authentication"),

@@ -43,6 +43,10 @@ class DemoConfig:
     noise: float = 0.1
     perturbed: float = 0.2
     """Share of perturbed-expert episodes (what learning policies visit) in the world model's data."""
+    calibration_episodes: int = 150
+    """More episodes of the same recipe (other layouts) that the world model never trains on: its change mask and
+    frame heads are fitted on their rollouts (`train-wm --calibration-data`), which carry the errors the model makes
+    on new episodes (README, the fits on unseen episodes); 0: fitted on the training episodes."""
     wm_size: str = "small"
     wm_ae_steps: int = 1000
     wm_dyn_steps: int = 2000
@@ -68,7 +72,8 @@ class DemoConfig:
     resume: bool = False
 
 
-QUICK = dict(episodes=10, wm_size="tiny", wm_ae_steps=40, wm_dyn_steps=40, bc_steps=40, rl_iterations=2, rl_groups=2,
+CALIBRATION_SEEDS = 500_000  # the calibration episodes' first reset seed (the training episodes' start at --seed)
+QUICK = dict(episodes=10, calibration_episodes=3, wm_size="tiny", wm_ae_steps=40, wm_dyn_steps=40, bc_steps=40, rl_iterations=2, rl_groups=2,
              rl_group_size=2, coevo_budget=2, coevo_steps=6, coevo_rl_iterations=1, hallucination_episodes=3, eval_episodes=4, rank_episodes=2,
              wm_eval_windows=12, wm_eval_pairs=3)
 
@@ -102,6 +107,8 @@ def run_demo(cfg: DemoConfig, progress: bool = True) -> dict:
 
     if cfg.quick:
         cfg = replace(cfg, **QUICK)
+    if cfg.calibration_episodes < 0:
+        raise ValueError(f"--calibration-episodes must be >= 0, got {cfg.calibration_episodes}")
     t0 = time.time()
     run = start_run(cfg)
     tracker = Tracker(run)
@@ -109,16 +116,25 @@ def run_demo(cfg: DemoConfig, progress: bool = True) -> dict:
     stage = Stages(run, tracker, say)
     tiny = {"vision_width": 8, "hidden": 64, "text_dim": 16} if cfg.quick else {}
 
-    data = stage("collect", lambda: collect(CollectConfig(
-        task=cfg.task, episodes=cfg.episodes, out=run / "dataset", noise=cfg.noise, failures=cfg.failures, seed=cfg.seed,
-        perturbed=cfg.perturbed, num_envs=cfg.num_envs, post_success_steps=3, overwrite=True), progress=progress))
+    def collect_data() -> dict:
+        recipe = dict(task=cfg.task, noise=cfg.noise, failures=cfg.failures, perturbed=cfg.perturbed, num_envs=cfg.num_envs,
+                      post_success_steps=3, overwrite=True)
+        out = collect(CollectConfig(episodes=cfg.episodes, out=run / "dataset", seed=cfg.seed, **recipe), progress=progress)
+        if cfg.calibration_episodes:  # reset seeds far from the training episodes': other layouts
+            out["calibration"] = collect(CollectConfig(episodes=cfg.calibration_episodes, out=run / "calibration",
+                                                       seed=CALIBRATION_SEEDS + cfg.seed, **recipe), progress=progress)
+        return out
+
+    data = stage("collect", collect_data)
     wm = stage("world_model", lambda: {k: v for k, v in train_world_model(TrainWMConfig(
         data=run / "dataset", out=run / "world_model", size=cfg.wm_size, ae_steps=cfg.wm_ae_steps,
         dyn_steps=cfg.wm_dyn_steps, unroll_steps=max(2, cfg.wm_dyn_steps // 4),
         state_steps=max(10, cfg.wm_dyn_steps // 2), batch_size=8 if cfg.quick else 32,
         change_mask_steps=10 if cfg.quick else 800, change_mask_windows=4 if cfg.quick else 200,
         **({"head_rollout_steps": 20} if cfg.quick else {}),
-        holdout=0.1, videos=2, overwrite=True, seed=cfg.seed), progress=progress).items() if k != "videos"})
+        holdout=0.1, videos=2, overwrite=True, seed=cfg.seed,
+        calibration_data=run / "calibration" if cfg.calibration_episodes else None), progress=progress).items()
+        if k != "videos"})
     wm_eval = stage("world_model_eval", lambda: evaluate_world_model(run, cfg))
     keep = max(1, cfg.bc_steps // 3)
     bc = stage("bc", lambda: train_policy(TrainPolicyConfig(

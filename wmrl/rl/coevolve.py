@@ -109,6 +109,8 @@ def evolve_world_model(wm_run: Path, policy_path: Path, task: str, budget: int, 
     base = yaml.safe_load((Path(wm_run) / "config.yaml").read_text())
     cfg = TrainWMConfig(**{**recorded_recipe(base), "data": Path(base["data"]), "extra_data": (out / "rollouts",),
                            "out": out / "world_model", "init_from": Path(wm_run), "ae_steps": 0,
+                           # the base's unseen episodes stay unseen: the fits after training read them again
+                           "calibration_data": Path(base["calibration_data"]) if base.get("calibration_data") else None,
                            "state_steps": steps // 2, "dyn_steps": steps, "unroll_steps": steps // 5,
                            "lr": base["lr"] / 3, "videos": 2, "overwrite": True, "seed": seed})
     train_world_model(cfg, progress=progress)
