@@ -133,9 +133,9 @@ def fit_change_mask(model: VideoWorldModel, replay, windows: int = 200, steps: i
     """Fit every camera's mask on `windows` training windows' rollouts for `steps` Adam steps; mark it fitted.
     `focus`: the weight of the objects' windows' log MSE in the loss (see the module; needs the recorded object state
     and the cameras' geometry). `static_weight`: how much more often a frame of a static window (`fixed_windows`'
-    flag: nothing moves over 2 cm) is drawn into a batch than a motion window's; static windows are ~8% of the
-    demo's training windows, so at 1 the mask sees few frames where the start frame is right everywhere. Returns per camera the mean squared error (pixels in [-1, 1]) on the pairs of the
-    plain decode, of copy-last and of the masked decode."""
+    flag: nothing moves over 2 cm) is drawn into a batch than a motion window's; static windows are ~5% of the
+    demo's training windows, so at 1 the mask sees few frames where the start frame is right everywhere. Returns per
+    camera the mean squared error (pixels in [-1, 1]) on the pairs of the plain decode, of copy-last and of the masked decode."""
     if model.change_mask is None:
         raise ValueError("this world model has no change mask (config change_mask=False)")
     if not static_weight > 0:  # NaN fails too

@@ -112,7 +112,7 @@ class TrainWMConfig:
     the generated frames more than they deserve (README, the fits on unseen episodes)."""
     change_mask_static_weight: float = 1.0
     """How many times as often the change mask's fit draws a frame of a static window (nothing moves over 2 cm) as one
-    of a motion window (`change_mask.fit_change_mask`); static windows are ~8% of the demo's training windows."""
+    of a motion window (`change_mask.fit_change_mask`); static windows are ~5% of the demo's training windows."""
     batch_size: int = 32
     lr: float = 3e-4
     context: int = 2
