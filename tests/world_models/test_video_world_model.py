@@ -1198,6 +1198,33 @@ def test_detach_hand_keeps_the_cube_loss_off_the_arm():
         assert not torch.allclose(sc.next(x, a, gate="soft")[0][..., 4:13], sc.next(shifted, a, gate="soft")[0][..., 4:13])
 
 
+def test_pixel_major_convolutions_give_the_same_outputs_and_gradients():
+    """The autoencoder and the change mask run their convolutions on channels-last inputs (faster on a CPU): the
+    outputs and the weights' gradients are those of the plain layout, and callers get contiguous tensors back."""
+    from world_models.video.networks import ChangeMask, FrameAutoencoder
+
+    torch.manual_seed(0)
+    ae, x = FrameAutoencoder(latent_channels=4, width=16), torch.rand(4, 3, 64, 64) * 2 - 1
+    z = ae.encode(x)
+    y = ae.decode(z)
+    assert z.is_contiguous() and y.is_contiguous()
+    assert torch.allclose(z, ae.enc(x.contiguous()), atol=1e-5) and torch.allclose(y, ae.dec(z), atol=1e-5)
+    y.square().mean().backward()
+    fast = [p.grad.clone() for p in ae.parameters()]
+    ae.zero_grad()
+    ae.dec(ae.enc(x)).square().mean().backward()  # the plain layout: neither the input nor the weights pixel-major
+    assert all(torch.allclose(a, p.grad, atol=1e-5, rtol=1e-4) for a, p in zip(fast, ae.parameters()))
+    assert all(p.is_contiguous() for p in ae.parameters())  # safetensors saves only contiguous tensors
+
+    net = ChangeMask(refine=True)
+    torch.nn.init.normal_(net.net[-1].weight, std=0.1)
+    pred, f0 = torch.rand(2, 3, 64, 64) * 2 - 1, torch.rand(2, 3, 64, 64) * 2 - 1
+    o = net.net(torch.cat([pred, f0, pred - f0], 1))
+    plain = f0 + torch.sigmoid(o[:, :1]) * (pred - f0) + 0.1 * o[:, 1:]
+    out = net(pred, f0)
+    assert out.is_contiguous() and torch.allclose(out, plain, atol=1e-5)
+
+
 def test_the_change_mask_blends_each_pixel_between_the_start_frame_and_the_decode():
     from world_models.video.networks import ChangeMask
 
