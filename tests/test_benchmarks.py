@@ -193,6 +193,20 @@ def test_world_model_speed_benchmark_times_every_phase():
     assert min(run["steps_per_s"].values()) <= run["default_budget_steps_per_s"] <= max(run["steps_per_s"].values())
 
 
+def test_conv_layout_benchmark_times_both_layouts_alternately_and_restores_the_fast_one(monkeypatch):
+    from world_models.video import networks
+
+    seen = []
+    real = networks.channels_last
+    monkeypatch.setattr(networks, "channels_last", lambda x: (seen.append(networks.CHANNELS_LAST), real(x))[1])
+    r = _run("conv_layout")
+    assert networks.CHANNELS_LAST is True  # the default layout is back after the benchmark
+    assert seen.count(False) == seen.count(True) > 0  # both layouts timed, as often as each other
+    for step in ("autoencoder_step", "change_mask_step"):
+        t = r["threads"]["1"][step]
+        assert t["speedup"] == pytest.approx(t["seconds_plain"] / t["seconds_channels_last"])
+
+
 def test_imagination_benchmark_reports_every_result_key(quick_demo):
     bench = runpy.run_path(str(BENCH / "imagination.py"), run_name="bench")
     r = bench["main"](quick=True, work=str(quick_demo.parent))  # resumes the shared quick demo

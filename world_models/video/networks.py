@@ -16,12 +16,16 @@ def _groups(c: int) -> int:
     return min(8, c) if c % min(8, c) == 0 else 1
 
 
+CHANNELS_LAST = True
+
+
 def channels_last(x: torch.Tensor) -> torch.Tensor:
     """x (N, C, H, W) stored pixel-major: oneDNN's convolutions on 64x64 frames then run 1.3-1.8x faster on a CPU
     (the autoencoder, the change mask; measured with one thread: `tests/test_video_world_model.py` checks the outputs
     are the same). The weights stay contiguous (safetensors saves only contiguous tensors); callers get `.contiguous()`
-    outputs back. The 16x16 U-Net gains nothing and is left as it is."""
-    return x.contiguous(memory_format=torch.channels_last)
+    outputs back. The 16x16 U-Net gains nothing and is left as it is. `CHANNELS_LAST = False` turns it off (the
+    speed benchmark's baseline)."""
+    return x.contiguous(memory_format=torch.channels_last) if CHANNELS_LAST else x
 
 
 class FrameAutoencoder(nn.Module):

@@ -1,0 +1,87 @@
+"""Channels-last (pixel-major) inputs for the 64x64 convolutions of the video world model, on this CPU.
+
+The autoencoder and the change mask convolve full-resolution frames; oneDNN has faster kernels for pixel-major
+tensors (`networks.channels_last`). This times one training step (forward, backward, Adam) of each as the demo's
+world model trains them, with the layout on and off (`networks.CHANNELS_LAST`), alternating the two on the same
+modules and inputs so that both see the same machine load: the autoencoder on the AE phase's batch (32 frames per
+camera, 2 cameras), the change mask of the demo's kind (three sources, reading the pose, 3 object sources,
+correcting pixels) on `fit_change_mask`'s batch of 32. Medians over `reps` steps, at 1 thread and at all threads.
+The outputs of the two layouts are the same (`tests/world_models/test_video_world_model.py`). The 16x16 U-Net and
+the policy's strided encoder gain nothing here (measured while writing this: within +-10%) and are left alone.
+"""
+
+from __future__ import annotations
+
+import time
+
+from wmrl.benchutil import finish
+
+
+def _steps(step, reps: int) -> dict[str, float]:
+    """Median seconds per call of `step(flag)` for the layout off and on, alternating, after 2 warm-ups each."""
+    import numpy as np
+
+    from world_models.video import networks
+
+    times: dict[bool, list[float]] = {False: [], True: []}
+    for i in range(2 * reps + 4):
+        flag = bool(i % 2)
+        networks.CHANNELS_LAST = flag
+        t = time.perf_counter()
+        step()
+        if i >= 4:
+            times[flag].append(time.perf_counter() - t)
+    networks.CHANNELS_LAST = True
+    off, on = float(np.median(times[False])), float(np.median(times[True]))
+    return {"seconds_plain": off, "seconds_channels_last": on, "speedup": off / on}
+
+
+def main(quick: bool = False, reps: int = 20) -> dict:
+    import torch
+
+    from world_models.video.networks import ChangeMask, FrameAutoencoder
+    from world_models.video.train import ae_weights
+
+    reps = 2 if quick else reps
+    torch.manual_seed(0)
+    ae = FrameAutoencoder(latent_channels=8, width=16)  # the small model's
+    frames = torch.rand(64, 3, 64, 64) * 2 - 1
+    ae_opt = torch.optim.Adam(ae.parameters(), 3e-4)
+
+    def ae_step():
+        z = ae.encode(frames)
+        loss = (ae_weights(frames, 2, 3.0) * (ae.decode(z) - frames) ** 2).mean() + 1e-4 * (z**2).mean()
+        ae_opt.zero_grad(set_to_none=True)
+        loss.backward()
+        ae_opt.step()
+
+    P, k, B = 5, 3, 32
+    mask = ChangeMask(refine=True, warp_pose_dim=P, keep_unwarped=True, read_pose=True, n_objects=k)
+    pred, f0, real = (torch.rand(B, 3, 64, 64) * 2 - 1 for _ in range(3))
+    pose, pose0 = torch.rand(B, P), torch.rand(B, P)
+    objects = torch.cat([torch.rand(B, k, 4) * 0.4 - 0.2, torch.full((B, k, 1), 0.2)], -1)
+    mask_opt = torch.optim.Adam(mask.parameters(), 2e-3)
+
+    def mask_step():
+        x = mask(pred, f0, pose, pose0, objects)
+        loss = torch.log(((x - real) ** 2).mean((1, 2, 3)) + 1e-5).mean()
+        loss = loss + torch.log(((mask.warp_frame(f0, pose, pose0) - real) ** 2).mean((1, 2, 3)) + 1e-5).mean()
+        mask_opt.zero_grad(set_to_none=True)
+        loss.backward()
+        mask_opt.step()
+
+    threads0 = torch.get_num_threads()
+    out: dict = {"reps": reps, "threads": {}}
+    for threads in sorted({1, threads0}):
+        torch.set_num_threads(threads)
+        out["threads"][str(threads)] = {"autoencoder_step": _steps(ae_step, reps), "change_mask_step": _steps(mask_step, reps)}
+    torch.set_num_threads(threads0)
+    top = out["threads"][str(threads0)]
+    out["ae_speedup"], out["change_mask_speedup"] = top["autoencoder_step"]["speedup"], top["change_mask_step"]["speedup"]
+    return finish("conv-layout", out, quick, command=None if quick else "wmrl bench conv-layout --json")
+
+
+if __name__ == "__main__":
+    import json
+
+    print(json.dumps(main(), indent=2))
