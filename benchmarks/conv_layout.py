@@ -6,7 +6,10 @@ world model trains them, with the layout on and off (`networks.CHANNELS_LAST`), 
 modules and inputs so that both see the same machine load: the autoencoder on the AE phase's batch (32 frames per
 camera, 2 cameras), the change mask of the demo's kind (three sources, reading the pose, 3 object sources,
 correcting pixels) on `fit_change_mask`'s batch of 32. Medians over `reps` steps, at 1 thread and at all threads.
-The outputs of the two layouts are the same (`tests/world_models/test_video_world_model.py`). The 16x16 U-Net and
+The outputs of the two layouts are the same (`tests/world_models/test_video_world_model.py`). The plain baseline
+is what a caller with contiguous (N, C, H, W) inputs paid: the autoencoder's training frames were pixel-major already
+(gathered from (N, H, W, 3) arrays and permuted), so its training phase does not change; decoding latents and the
+change mask do. The 16x16 U-Net and
 the policy's strided encoder gain nothing here (measured while writing this: within +-10%) and are left alone.
 """
 

@@ -21,10 +21,12 @@ CHANNELS_LAST = True
 
 def channels_last(x: torch.Tensor) -> torch.Tensor:
     """x (N, C, H, W) stored pixel-major: oneDNN's convolutions on 64x64 frames then run 1.3-1.8x faster on a CPU
-    (the autoencoder, the change mask; measured with one thread: `tests/test_video_world_model.py` checks the outputs
-    are the same). The weights stay contiguous (safetensors saves only contiguous tensors); callers get `.contiguous()`
-    outputs back. The 16x16 U-Net gains nothing and is left as it is. `CHANNELS_LAST = False` turns it off (the
-    speed benchmark's baseline)."""
+    than on the plain layout (`wmrl bench conv-layout`; the outputs are the same, tested). Frames gathered from
+    (N, H, W, 3) arrays and permuted already are pixel-major (the autoencoder's training batches), so the gain is
+    where the input was not: latents being decoded, and the change mask's stacked inputs (the warped start frame comes
+    out of grid_sample plain). The weights stay contiguous (safetensors saves only contiguous tensors); callers get
+    `.contiguous()` outputs back. The 16x16 U-Net gains nothing and is left as it is. `CHANNELS_LAST = False` turns
+    it off (the benchmark's baseline)."""
     return x.contiguous(memory_format=torch.channels_last) if CHANNELS_LAST else x
 
 
