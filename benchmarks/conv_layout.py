@@ -42,8 +42,11 @@ def _steps(step, reps: int) -> dict[str, float]:
 def main(quick: bool = False, reps: int = 20) -> dict:
     import torch
 
+    from types import SimpleNamespace
+
+    from world_models.video.change_mask import frame_log_mse
     from world_models.video.networks import ChangeMask, FrameAutoencoder
-    from world_models.video.train import ae_weights
+    from world_models.video.train import ae_loss
 
     reps = 2 if quick else reps
     torch.manual_seed(0)
@@ -51,9 +54,10 @@ def main(quick: bool = False, reps: int = 20) -> dict:
     frames = torch.rand(64, 3, 64, 64) * 2 - 1
     ae_opt = torch.optim.Adam(ae.parameters(), 3e-4)
 
+    holder = SimpleNamespace(ae=ae, cfg=SimpleNamespace(cameras=("front", "wrist")))  # what `ae_loss` reads of a model
+
     def ae_step():
-        z = ae.encode(frames)
-        loss = (ae_weights(frames, 2, 3.0) * (ae.decode(z) - frames) ** 2).mean() + 1e-4 * (z**2).mean()
+        loss = ae_loss(holder, frames, 3.0)
         ae_opt.zero_grad(set_to_none=True)
         loss.backward()
         ae_opt.step()
@@ -67,8 +71,7 @@ def main(quick: bool = False, reps: int = 20) -> dict:
 
     def mask_step():
         x = mask(pred, f0, pose, pose0, objects)
-        loss = torch.log(((x - real) ** 2).mean((1, 2, 3)) + 1e-5).mean()
-        loss = loss + torch.log(((mask.warp_frame(f0, pose, pose0) - real) ** 2).mean((1, 2, 3)) + 1e-5).mean()
+        loss = frame_log_mse(x, real) + frame_log_mse(mask.warp_frame(f0, pose, pose0), real)  # `fit_change_mask`'s
         mask_opt.zero_grad(set_to_none=True)
         loss.backward()
         mask_opt.step()
