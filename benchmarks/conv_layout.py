@@ -10,7 +10,7 @@ The outputs of the two layouts are the same (`tests/world_models/test_video_worl
 is what a caller with contiguous (N, C, H, W) inputs paid: the autoencoder's training frames were pixel-major already
 (gathered from (N, H, W, 3) arrays and permuted), so its training phase does not change; decoding latents and the
 change mask do. The 16x16 U-Net and
-the policy's strided encoder gain nothing here (measured while writing this: within +-10%) and are left alone.
+the policy's strided encoder gain nothing here (within +-10% in ad-hoc timings, not timed by this benchmark) and are left alone.
 """
 
 from __future__ import annotations
