@@ -858,10 +858,7 @@ def test_inside_a_rollout_all_proprioception_comes_from_the_state_channel(traine
     model = VideoWorldModel.load(trained / "checkpoints/last")
     assert model.cfg.state_rest and model.cfg.rest_index == [0, 1, 2, 3]
     _, _, held = load_split(tiny_data, 0.25)
-    lo, _ = next(iter(held.episodes.values()))
-    obs = {k: held.data[k][lo : lo + 1] for k in ("observation.images.front", "observation.images.wrist",
-                                                 "observation.state", "observation.environment_state")}
-    obs["task"] = [held.vocab["task"][held.data["task"][lo]]]
+    obs = first_observation(held)
     orig = model.heads.forward
 
     def garbage_state(*a, **k):  # frame heads that read proprioception wrongly by a mile
@@ -1568,10 +1565,7 @@ def test_frame_state_conditions_every_frame_on_the_state_channels_prediction(tra
     assert torch.equal(d["states"][..., :3], s.state[idx][..., 5:8]) and torch.equal(d["states"][..., 3], s.state[idx][..., 4])
     assert torch.equal(d["states"][..., 4:7], s.env[idx][..., 0:3])
     # inside a rollout the frames are conditioned on the state channel's readout, frame by frame
-    lo, _ = next(iter(held.episodes.values()))
-    obs = {k: held.data[k][lo : lo + 1] for k in ("observation.images.front", "observation.images.wrist",
-                                                 "observation.state", "observation.environment_state")}
-    obs["task"] = [held.vocab["task"][held.data["task"][lo]]]
+    obs = first_observation(held)
     seen, orig = [], VideoWorldModel.sample_future
 
     def sample(self, *a, **k):
@@ -1717,7 +1711,8 @@ def test_change_objects_fits_a_mask_that_reads_the_state_channels_points(trained
     assert all(torch.equal(v, theirs[k]) for k, v in ours.items() if not k.startswith("change_mask"))
     _, train, held = load_split(tiny_data, 0.25)
     pairs = mask_pairs(model, train, 2)
-    pred, f0, real, pose, pose0, moves, real_moves = pairs[f"observation.images.{model.cfg.cameras[0]}"]
+    pred, f0, real, pose, pose0, moves, real_moves, hands = pairs[f"observation.images.{model.cfg.cameras[0]}"]
+    assert hands is None  # no pose layer asked for
     assert moves.shape == (len(pred), model.cfg.n_objects, 5) and bool((moves[..., 4] > 0).all())
     # the focus windows sit on the recorded objects' projections, now and at the start
     from world_models.video.change_mask import fit_change_mask, focus_maps
@@ -1732,10 +1727,7 @@ def test_change_objects_fits_a_mask_that_reads_the_state_channels_points(trained
     assert info["change_mask_mse_masked_front"] > 0
     with pytest.raises(ValueError, match="geometry"):  # the source model has no cameras' geometry
         fit_change_mask(src, train, windows=2, steps=1, focus=1.0)
-    lo, _ = next(iter(held.episodes.values()))
-    obs = {k: held.data[k][lo : lo + 1] for k in ("observation.images.front", "observation.images.wrist",
-                                                 "observation.state", "observation.environment_state")}
-    obs["task"] = [held.vocab["task"][held.data["task"][lo]]]
+    obs = first_observation(held)
     state = model.encode(obs)
     new, preds = model.step(state, torch.zeros(1, 4, 4), generator=torch.Generator().manual_seed(0))
     assert preds["points"].shape == (1, 4, 1 + model.cfg.n_objects, 3)
@@ -1768,6 +1760,103 @@ def test_change_objects_fits_a_mask_that_reads_the_state_channels_points(trained
     train_world_model(tiny_wm_config(tiny_data, tmp_path / "no", change_objects=True, state_channel=False, ae_steps=2,
                                      dyn_steps=2, unroll_steps=0, change_mask_steps=2), progress=False)
     assert not VideoWorldModel.load(tmp_path / "no/checkpoints/last").cfg.change_objects
+
+
+def first_observation(held) -> dict:
+    """The first frame of `held`'s first episode as a batch of one observation (images, state, env state, task)."""
+    lo, _ = next(iter(held.episodes.values()))
+    obs = {k: held.data[k][lo : lo + 1] for k in ("observation.images.front", "observation.images.wrist",
+                                                 "observation.state", "observation.environment_state")}
+    obs["task"] = [held.vocab["task"][held.data["task"][lo]]]
+    return obs
+
+
+def _square_frames(hands: torch.Tensor, background: torch.Tensor) -> torch.Tensor:
+    """64x64 frames: `background` with a bright 8x8 square where the hand's normalised x, y (hands[:, :2]) put it."""
+    out = background.expand(len(hands), -1, -1, -1).clone()
+    for n, (x, y) in enumerate(((hands[:, :2] + 1) / 2 * 48).long().tolist()):
+        out[n, :, y : y + 8, x : x + 8] = 1.0
+    return out
+
+
+def test_the_pose_layer_draws_the_arm_where_the_hand_is_and_paints_over_where_it_was():
+    """`PoseLayer` on a synthetic fixed camera: a square (the arm) at the hand's position over a fixed background.
+    Trained on pairs (start frame with the square at hand0, frame with it at hand), it draws the square at the new
+    place and the background over the old one: far closer to the real frame than the start frame is."""
+    from world_models.video.networks import ChangeMask, PoseLayer
+
+    gen = torch.Generator().manual_seed(0)
+    background = torch.linspace(-1, 0, 64)[None, None, :, None].expand(1, 3, 64, 64)
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        layer = PoseLayer(width=16)
+    opt = torch.optim.Adam(layer.parameters(), 3e-3)
+
+    def batch(n):
+        h, h0 = torch.rand(n, 3, generator=gen) * 2 - 1, torch.rand(n, 3, generator=gen) * 2 - 1
+        return torch.cat([h, h0], -1), _square_frames(h0, background), _square_frames(h, background)
+
+    for _ in range(200):
+        hands, f0, real = batch(16)
+        loss = ((layer(hands, f0) - real) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    hands, f0, real = batch(64)
+    with torch.no_grad():
+        x = layer(hands, f0)
+    copy, drawn = ((f0 - real) ** 2).mean(), ((x - real) ** 2).mean()
+    assert drawn < 0.35 * copy, (float(drawn), float(copy))  # 0.21 here
+    with pytest.raises(ValueError, match="hands"):
+        layer(hands[:, :3], f0)
+    # in the change mask it is one more source, and the mask asks for the hands
+    net = ChangeMask(warp_pose_dim=4, keep_unwarped=True, read_pose=True, n_objects=1, pose_layer=True)
+    pose, objects = torch.zeros(2, 4), torch.zeros(2, 1, 5) + 0.1
+    assert net.n_logits == 5 and net(f0[:2], f0[:2], pose, pose, objects, hands[:2]).shape == (2, 3, 64, 64)
+    with pytest.raises(ValueError, match="hands"):
+        net(f0[:2], f0[:2], pose, pose, objects)
+    with pytest.raises(ValueError, match="keep_unwarped"):
+        ChangeMask(warp_pose_dim=4, pose_layer=True)
+
+
+def test_a_pose_layer_is_trained_on_real_frames_for_the_fixed_camera_and_frozen_while_the_mask_fits(trained, tiny_data,
+                                                                                                   tmp_path, monkeypatch):
+    """train-wm --change-pose-layer on a finished model: the front camera (fixed to the world) gets a layer, the wrist
+    camera (on the hand) none; `fit_pose_layers` trains the layer on recorded hands and changes no other weight; the
+    mask's fit reads the rollout's hands and leaves the layer as trained; decoding works with the points."""
+    from world_models.video import change_mask as cm
+
+    trained_layers = []
+    fit = cm.fit_pose_layers
+
+    def spy(model, replay, steps, **kw):
+        before = {k: v.clone() for k, v in model.state_dict().items()}
+        info = fit(model, replay, steps, **kw)
+        changed = {k for k, v in model.state_dict().items() if not torch.equal(v, before[k])}
+        trained_layers.append((changed, {k: v.clone() for k, v in model.change_mask["front"].layer.state_dict().items()}))
+        return info
+
+    monkeypatch.setattr(cm, "fit_pose_layers", spy)
+    run = tmp_path / "layer"
+    train_world_model(tiny_wm_config(tiny_data, run, init_from=trained, change_objects=True, change_pose_layer=True,
+                                     change_layer_steps=4, ae_steps=0, state_steps=0, dyn_steps=0, unroll_steps=0,
+                                     change_mask_steps=3), progress=False)
+    model = VideoWorldModel.load(run / "checkpoints/last")
+    assert model.cfg.layer_cameras == ["front"]
+    assert model.change_mask["front"].layer is not None and model.change_mask["wrist"].layer is None
+    (changed, layer_after_training), = trained_layers
+    assert changed and all(k.startswith("change_mask.front.layer.") for k in changed)
+    assert all(torch.equal(v, layer_after_training[k]) for k, v in model.change_mask["front"].layer.state_dict().items())
+    _, train, held = load_split(tiny_data, 0.25)
+    pairs = cm.mask_pairs(model, train, 2)
+    assert pairs["observation.images.front"][7].shape == (len(pairs["observation.images.front"][0]), 6)
+    assert pairs["observation.images.wrist"][7] is None
+    obs = first_observation(held)
+    state = model.encode(obs)
+    new, preds = model.step(state, torch.zeros(1, 4, 4), generator=torch.Generator().manual_seed(0))
+    assert model.decode(preds["latents"], new, preds["pose"], preds["points"])["observation.images.front"].shape == (1, 4, 64, 64, 3)
+    with pytest.raises(ValueError, match="change-layer-steps"):
+        train_world_model(tiny_wm_config(tiny_data, tmp_path / "bad", change_layer_steps=-1), progress=False)
 
 
 def test_init_from_a_checkpoint_saved_before_the_latent_statistics_computes_them(tiny_data, tmp_path):

@@ -27,6 +27,7 @@ from world_models.video.evaluate import fixed_windows, recorded_points, rollout
 from world_models.video.model import VideoWorldModel
 
 HORIZON = 16
+STILL_SHARE = 0.25  # the pose layer's training pairs of a frame with itself
 LOG_EPS = 1e-5  # a per-frame MSE floor in the loss (a PSNR of 56 dB on [-1, 1] pixels)
 
 
@@ -94,12 +95,13 @@ def _fit_windows(model: VideoWorldModel, replay, windows: int, seed: int) -> tup
 
 
 def mask_pairs(model: VideoWorldModel, replay, windows: int, seed: int = 0) -> dict:
-    """Per camera key: (pred, frame0, real, pose, pose0, moves, real_moves): float pixels (N * horizon, 3, H, W) of the
-    model's own rollouts (unmasked decode) from `windows` windows of `replay`, each frame's start frame and real frame,
-    the normalised commanded poses (N * horizon, pose_dim) of each frame and of its start frame, with object sources
-    (`change_objects`) each object's move in that camera (N * horizon, k, 5), from the rollout's own state channel
-    (`camera.object_moves`), and where the cameras' geometry and the recorded object state are known the same moves of
-    the recorded points (`focus_maps` reads them); else None."""
+    """Per camera key: (pred, frame0, real, pose, pose0, moves, real_moves, hands): float pixels (N * horizon, 3, H, W)
+    of the model's own rollouts (unmasked decode) from `windows` windows of `replay`, each frame's start frame and real
+    frame, the normalised commanded poses (N * horizon, pose_dim) of each frame and of its start frame, with object
+    sources (`change_objects`) each object's move in that camera (N * horizon, k, 5), from the rollout's own state
+    channel (`camera.object_moves`), where the cameras' geometry and the recorded object state are known the same moves
+    of the recorded points (`focus_maps` reads them), and for a camera with a pose layer the rollout's hand at each
+    frame and at its start (N * horizon, 6; `VideoWorldModel.norm_hands`); else None."""
     horizon, wins = _fit_windows(model, replay, windows, seed)
     starts = [(w["episode"], w["start"]) for w in wins]
     was = bool(model.change_mask_fitted)
@@ -123,9 +125,61 @@ def mask_pairs(model: VideoWorldModel, replay, windows: int, seed: int = 0) -> d
                 moves = object_moves(q0, q, geometry, model.cfg.object_radius)
             q = recorded_points(model, {"observation.state": r["real_state"], "observation.environment_state": r["real_env"]})
             real_moves = object_moves(q0, q.reshape(-1, *q.shape[2:]), geometry, model.cfg.object_radius)
+        hands = None
+        if key.split(".")[-1] in model.cfg.layer_cameras:
+            q = torch.as_tensor(r["points"][:, :, 0]).reshape(-1, 3)
+            with torch.no_grad():
+                hands = model.norm_hands(q.to(model.device), q0[:, 0].to(model.device)).cpu()
         out[key] = (_pixels(pred), _pixels(np.repeat(f0[:, None], horizon, 1)), _pixels(r["real"][key]), pose, pose0, moves,
-                    real_moves)
+                    real_moves, hands)
     return out
+
+
+def fit_pose_layers(model: VideoWorldModel, replay, steps: int = 1500, batch: int = 32, lr: float = 1e-3,
+                    seed: int = 0) -> dict:
+    """Train the pose layer of every camera that has one (`VideoWorldModel.layer_cameras`) on real frames of `replay`:
+    a start frame, a frame 1-16 steps later in the same episode (the same frame for a quarter of the pairs) and the
+    recorded hand at both, the layer's frame against the real one (MSE). Only the layers change. Returns per camera the mean squared error (pixels in [-1, 1])
+    of copy-last and of the layer over the last tenth of the steps' batches."""
+    cams = model.cfg.layer_cameras
+    if not cams or steps <= 0:
+        return {}
+    gen = torch.Generator().manual_seed(seed)
+    eps = [(a, T) for a, T in replay.episodes.values() if T >= 2]
+    if not eps:
+        raise ValueError("fit_pose_layers: no episode of 2 frames or more to train the pose layer on")
+    first, length = (torch.tensor(v) for v in zip(*eps))
+    ee = torch.as_tensor(np.asarray(replay.data["observation.state"][: replay.high_water])[:, list(model.cfg.ee_index)],
+                         dtype=torch.float32)
+    info = {}
+    for cam in cams:
+        net = model.change_mask[cam].layer
+        frames = torch.as_tensor(np.asarray(replay.data[f"observation.images.{cam}"][: replay.high_water]))
+        dev = next(net.parameters()).device
+        opt = torch.optim.Adam(net.parameters(), lr)
+        net.train()
+        tail = {"copy": [], "layer": []}
+        for step in range(steps):
+            e = torch.randint(len(eps), (batch,), generator=gen)
+            t0 = (torch.rand(batch, generator=gen) * (length[e] - 1)).long()
+            h = torch.minimum(torch.randint(1, HORIZON + 1, (batch,), generator=gen), length[e] - 1 - t0)
+            # a quarter of the pairs are a frame with itself: where the hand has not moved the layer changes nothing
+            # (static windows are few in the data, and the start frame is exact there)
+            h = torch.where(torch.rand(batch, generator=gen) < STILL_SHARE, 0, h)
+            i0, i = first[e] + t0, first[e] + t0 + h
+            f0, real = _pixels(frames[i0]).to(dev), _pixels(frames[i]).to(dev)
+            x = net(model.norm_hands(ee[i].to(dev), ee[i0].to(dev)), f0)
+            loss = ((x - real) ** 2).mean()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            if step >= steps - max(1, steps // 10):
+                tail["layer"].append(float(loss.detach()))
+                tail["copy"].append(float(((f0 - real) ** 2).mean()))
+        net.eval()
+        for k, v in tail.items():
+            info[f"pose_layer_mse_{k}_{cam}"] = float(np.mean(v))
+    return info
 
 
 def fit_change_mask(model: VideoWorldModel, replay, windows: int = 200, steps: int = 800, batch: int = 32,
@@ -150,32 +204,37 @@ def fit_change_mask(model: VideoWorldModel, replay, windows: int = 200, steps: i
                          "geometry (a simulator task that gives it); pass focus 0")
     gen = torch.Generator().manual_seed(seed)
     info = {}
-    for key, (pred, f0, real, pose, pose0, moves, real_moves) in pairs.items():
+    for key, (pred, f0, real, pose, pose0, moves, real_moves, hands) in pairs.items():
         net = model.change_mask[key.split(".")[-1]]
         fmap = focus_maps(real_moves, *pred.shape[-2:]) if focus else None
-        ins = (pred, f0, pose, pose0) + ((moves,) if moves is not None else ())
+        ins = {k: v for k, v in dict(pred=pred, frame0=f0, pose=pose, pose0=pose0, objects=moves, hands=hands).items()
+               if v is not None}
         net.train()
-        opt = torch.optim.Adam(net.parameters(), lr)
+        # the pose layer renders the recorded hand (`fit_pose_layers`): it stays as trained while the mask learns
+        # how far to trust it under the channel's predicted hand
+        layer = set(map(id, net.layer.parameters())) if net.layer is not None else set()
+        opt = torch.optim.Adam([q for q in net.parameters() if id(q) not in layer], lr)
         dev = next(net.parameters()).device
         for _ in range(steps):
             i = (torch.randint(len(pred), (batch,), generator=gen) if static_weight == 1
                  else torch.multinomial(draw, batch, replacement=True, generator=gen))
-            args = [t[i].to(dev) for t in ins]
-            x = net(*args)
+            args = {k: t[i].to(dev) for k, t in ins.items()}
+            x = net(**args)
             loss = frame_log_mse(x, real[i].to(dev))
             if focus:
                 loss = loss + focus * focus_log_mse(x, real[i].to(dev), fmap[i].to(dev))
             if net.warp is not None:  # the warp on its own carries the start frame as close to the real one as it can
-                loss = loss + frame_log_mse(net.warp_frame(*args[1:4]), real[i].to(dev))
+                loss = loss + frame_log_mse(net.warp_frame(args["frame0"], args["pose"], args["pose0"]), real[i].to(dev))
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
         net.eval()
         with torch.no_grad():
-            parts = [t.split(512) for t in ins]
-            masked = torch.cat([net(*(t.to(dev) for t in ts)).cpu() for ts in zip(*parts)])
+            chunks = [dict(zip(ins, ts)) for ts in zip(*(t.split(512) for t in ins.values()))]
+            masked = torch.cat([net(**{k: t.to(dev) for k, t in c.items()}).cpu() for c in chunks])
             if net.warp is not None:
-                warped = torch.cat([net.warp_frame(*(t.to(dev) for t in ts[1:4])).cpu() for ts in zip(*parts)])
+                warped = torch.cat([net.warp_frame(c["frame0"].to(dev), c["pose"].to(dev), c["pose0"].to(dev)).cpu()
+                                    for c in chunks])
         cam = key.split(".")[-1]
         info[f"change_mask_mse_plain_{cam}"] = float(((pred - real) ** 2).mean())
         info[f"change_mask_mse_copy_{cam}"] = float(((f0 - real) ** 2).mean())

@@ -48,7 +48,7 @@ SIZES = {"tiny": (16, 32), "small": (48, 96), "base": (128, 256), "large": (192,
 
 # the change mask's kind: a mask is fitted after the other phases, so models that differ only in these share weights
 CHANGE_MASK_FIELDS = ("change_mask", "change_refine", "change_warp", "change_unwarped", "change_read_pose", "change_objects",
-                      "change_coords")
+                      "change_coords", "change_pose_layer")
 
 
 @dataclass
@@ -89,6 +89,9 @@ class WorldModelConfig:
     # predicted image displacement, near where it now is (`ChangeMask(n_objects)`; needs camera_geometry)
     change_objects: bool = False
     change_coords: bool = False  # the mask's network reads the pixel's x and y (`ChangeMask(coords)`)
+    # with object sources, each camera fixed to the world gets one more: the arm rendered from the state channel's
+    # hand (`networks.PoseLayer`, `ChangeMask(pose_layer)`)
+    change_pose_layer: bool = False
     object_radius: float = 0.02  # m: an object's half extent, which sets its window in the image
     task_vocab: list[str] = field(default_factory=list)
     # the action space: end-effector delta (scaled by ee_step, clipped to the workspace) and a gripper command
@@ -133,6 +136,14 @@ class WorldModelConfig:
     @property
     def latent_size(self) -> int:
         return self.image_size // 4
+
+    @property
+    def layer_cameras(self) -> list[str]:
+        """The cameras whose change mask has a pose layer (`change_pose_layer`, with object sources): those fixed to
+        the world. A camera on the hand sees the arm's fingers where they always are (the unwarped start frame)."""
+        if not (self.change_pose_layer and self.change_objects):
+            return []
+        return [c for c in self.cameras if (self.camera_geometry or {}).get(c, {}).get("mount") == "world"]
 
     @property
     def rest_index(self) -> list[int]:
@@ -286,7 +297,8 @@ class VideoWorldModel(nn.Module):
                                                           keep_unwarped=cfg.change_unwarped,
                                                           read_pose=cfg.change_read_pose,
                                                           n_objects=cfg.n_objects if cfg.change_objects else 0,
-                                                          coords=cfg.change_coords)
+                                                          coords=cfg.change_coords,
+                                                          pose_layer=c in cfg.layer_cameras)
                                           for c in cfg.cameras})
                             if cfg.change_mask else None)
         if cfg.change_mask:  # saved with the weights: an unfitted mask is never applied
@@ -365,7 +377,7 @@ class VideoWorldModel(nn.Module):
             p0 = p0.repeat_interleave(n, 0)
         else:
             p0 = p = None
-        moves = {}
+        moves, hands = {}, None
         if masked and self.cfg.change_objects:
             K1 = 1 + self.cfg.n_objects
             if points is None:
@@ -377,6 +389,7 @@ class VideoWorldModel(nn.Module):
                                  f"and {tuple(q.shape)}")
             q0 = q0.repeat_interleave(n, 0)
             moves = {cam: object_moves(q0, q, self.cfg.camera_geometry[cam], self.cfg.object_radius) for cam in self.cfg.cameras}
+            hands = self.norm_hands(q[:, 0], q0[:, 0])
         out = {}
         for i, cam in enumerate(self.cfg.cameras):
             sl = slice(i * self.cfg.latent_channels, (i + 1) * self.cfg.latent_channels)
@@ -386,10 +399,17 @@ class VideoWorldModel(nn.Module):
                 f0 = f0.permute(0, 3, 1, 2).float() / 127.5 - 1.0
                 x = x + (f0 - self.ae.decode(z0[:, sl])).repeat_interleave(n, 0)
                 if masked:
-                    x = self.change_mask[cam](x.clamp(-1, 1), f0.repeat_interleave(n, 0), p, p0, moves.get(cam))
+                    x = self.change_mask[cam](x.clamp(-1, 1), f0.repeat_interleave(n, 0), p, p0, moves.get(cam),
+                                              hands if cam in self.cfg.layer_cameras else None)
             x = x.clamp(-1, 1)
             out[f"observation.images.{cam}"] = ((x + 1) * 127.5).round().to(torch.uint8).permute(0, 2, 3, 1)
         return out
+
+    def norm_hands(self, hand: torch.Tensor, hand0: torch.Tensor) -> torch.Tensor:
+        """The pose layer's input (N, 6): the hand's position (N, 3) at a frame and (N, 3) at its start frame, each
+        scaled to [-1, 1] over the workspace."""
+        mid, half = self.state_mid[:3], self.state_half[:3]
+        return torch.cat([(hand - mid) / half, (hand0 - mid) / half], -1)
 
     # ------------------------------------------------------------------ poses
     def observed_pose(self, proprio: torch.Tensor, last_action: torch.Tensor | None = None) -> torch.Tensor:
@@ -728,7 +748,8 @@ class VideoWorldModel(nn.Module):
                                   "state_arm_rest": False, "state_detach_hand": False, "state_arm_target": False,
                                   "frame_state": False, "frame_state_noise": 0.0,
                                   "frame_blobs": False, "blob_width": 0.15, "camera_geometry": {},
-                                  "change_objects": False, "object_radius": 0.02, "change_coords": False})
+                                  "change_objects": False, "object_radius": 0.02, "change_coords": False,
+                                  "change_pose_layer": False})
         return load_state(cls(replace(cfg, state_gate=state_gate or cfg.state_gate)), path, device)
 
 

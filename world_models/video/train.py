@@ -100,6 +100,12 @@ class TrainWMConfig:
     change_coords: bool = False
     """The change mask's network also reads the pixel's x and y (`networks.ChangeMask(coords=True)`): the wrist
     camera's fingers and a fixed camera's background stay put at fixed places in the image."""
+    change_pose_layer: bool = False
+    """With object sources, every camera fixed to the world gets one more source in its change mask: the arm rendered
+    from the hand's position (`networks.PoseLayer`), trained on real frames and recorded positions before the mask
+    is fitted (`change_mask.fit_pose_layers`, `--change-layer-steps`), read in rollouts from the state channel's hand."""
+    change_layer_steps: int = 1500
+    """Adam steps (batch 32) of each pose layer's training (`change_mask.fit_pose_layers`)."""
     change_mask_focus: float = 0.0
     """Weight of a second term in the change mask's loss: the frames' log MSE inside windows around where the recorded
     objects are and were (`change_mask.focus_maps`; needs the recorded object state and the cameras' geometry). The
@@ -272,6 +278,7 @@ def model_config(cfg: TrainWMConfig, ds) -> WorldModelConfig:
                             change_read_pose=cfg.change_mask_steps > 0 and cfg.change_warp and cfg.change_read_pose,
                             change_objects=objects,
                             change_coords=cfg.change_mask_steps > 0 and cfg.change_coords,
+                            change_pose_layer=objects and cfg.change_pose_layer,
                             action_dim=int(ds.features[ACTION]["shape"][0]), state_dim=int(ds.features[STATE]["shape"][0]),
                             env_state_dim=int(ds.features[ENV_STATE]["shape"][0]) if ENV_STATE in ds.features else 0)
 
@@ -518,7 +525,7 @@ def unrolled_batch(model: VideoWorldModel, d: dict, H: int, gen: torch.Generator
 
 def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
     for name in ("ae_steps", "state_steps", "dyn_steps", "unroll_steps", "change_mask_steps", "change_mask_windows",
-                 "head_rollout_steps"):
+                 "head_rollout_steps", "change_layer_steps"):
         if getattr(cfg, name) < 0:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(cfg, name)}")
     if cfg.head_rollout_horizon < 1 or cfg.head_rollout_episodes < 1:
@@ -732,8 +739,13 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
         extra["head_rollout_step"] = step
         _save_checkpoint(run, step, model, opts, {**extra, "seconds": time.time() - t0})
     if cfg.change_mask_steps and extra.get("change_mask_step") != step:  # refitted whenever the model trained on
-        from world_models.video.change_mask import fit_change_mask
+        from world_models.video.change_mask import fit_change_mask, fit_pose_layers
 
+        if mcfg.layer_cameras:
+            bar.write(f"training the pose layer ({cfg.change_layer_steps} steps; cameras {', '.join(mcfg.layer_cameras)})")
+            linfo = fit_pose_layers(model, train, cfg.change_layer_steps, seed=cfg.seed)
+            tracker.log(linfo, step=step)
+            last.update(linfo)
         bar.write(f"fitting the change mask ({cfg.change_mask_steps} steps on {cfg.change_mask_windows} windows' rollouts)")
         minfo = fit_change_mask(model, train if calib is None else calib, cfg.change_mask_windows, cfg.change_mask_steps, seed=cfg.seed,
                                 focus=cfg.change_mask_focus, static_weight=cfg.change_mask_static_weight)
