@@ -26,7 +26,7 @@ def tiny_wm_config(data, out, **kw):
                 change_mask_steps=10, change_mask_windows=4,
                 # the older recipe (each later option has its own test; the demo's runs the defaults): no blobs, no
                 # object sources, no heads refitted on rollouts
-                frame_blobs=False, change_objects=False, head_rollout_steps=0,
+                frame_blobs=False, change_objects=False, change_pose_layer=False, head_rollout_steps=0,
                 log_every=1, ckpt_every=1000, videos=0, holdout=0.25, overwrite=True)
     return TrainWMConfig(**{**base, **kw})
 

@@ -1823,7 +1823,8 @@ def test_a_pose_layer_is_trained_on_real_frames_for_the_fixed_camera_and_frozen_
                                                                                                    tmp_path, monkeypatch):
     """train-wm --change-pose-layer on a finished model: the front camera (fixed to the world) gets a layer, the wrist
     camera (on the hand) none; `fit_pose_layers` trains the layer on recorded hands and changes no other weight; the
-    mask's fit reads the rollout's hands and leaves the layer as trained; decoding works with the points."""
+    mask's fit reads the rollout's hands and leaves the layer as trained; decoding works with the points; a fine-tune
+    of the model keeps the layer."""
     from world_models.video import change_mask as cm
 
     trained_layers = []
@@ -1855,6 +1856,13 @@ def test_a_pose_layer_is_trained_on_real_frames_for_the_fixed_camera_and_frozen_
     state = model.encode(obs)
     new, preds = model.step(state, torch.zeros(1, 4, 4), generator=torch.Generator().manual_seed(0))
     assert model.decode(preds["latents"], new, preds["pose"], preds["points"])["observation.images.front"].shape == (1, 4, 64, 64, 3)
+    # a fine-tune of it (as co-evolution's) refits the mask and keeps the layer: it reads real frames only
+    train_world_model(tiny_wm_config(tiny_data, tmp_path / "tuned", init_from=run, change_objects=True, change_pose_layer=True,
+                                     change_layer_steps=4, ae_steps=0, state_steps=0, dyn_steps=1, unroll_steps=0,
+                                     change_mask_steps=2), progress=False)
+    tuned = VideoWorldModel.load(tmp_path / "tuned/checkpoints/last")
+    assert len(trained_layers) == 1 and bool(tuned.change_mask_fitted)
+    assert all(torch.equal(v, layer_after_training[k]) for k, v in tuned.change_mask["front"].layer.state_dict().items())
     with pytest.raises(ValueError, match="change-layer-steps"):
         train_world_model(tiny_wm_config(tiny_data, tmp_path / "bad", change_layer_steps=-1), progress=False)
 

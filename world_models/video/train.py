@@ -100,12 +100,14 @@ class TrainWMConfig:
     change_coords: bool = False
     """The change mask's network also reads the pixel's x and y (`networks.ChangeMask(coords=True)`): the wrist
     camera's fingers and a fixed camera's background stay put at fixed places in the image."""
-    change_pose_layer: bool = False
+    change_pose_layer: bool = True
     """With object sources, every camera fixed to the world gets one more source in its change mask: the arm rendered
     from the hand's position (`networks.PoseLayer`), trained on real frames and recorded positions before the mask
-    is fitted (`change_mask.fit_pose_layers`, `--change-layer-steps`), read in rollouts from the state channel's hand."""
-    change_layer_steps: int = 1500
-    """Adam steps (batch 32) of each pose layer's training (`change_mask.fit_pose_layers`)."""
+    is fitted (`change_mask.fit_pose_layers`, `--change-layer-steps`), read in rollouts from the state channel's hand.
+    A run initialised from a model of the same kind whose mask is fitted keeps its layer (only the mask is refitted)."""
+    change_layer_steps: Optional[int] = None
+    """Adam steps (batch 32) of each pose layer's training (`change_mask.fit_pose_layers`); None: twice the change
+    mask's (`--change-mask-steps`), 1,600 at its default."""
     change_mask_focus: float = 0.0
     """Weight of a second term in the change mask's loss: the frames' log MSE inside windows around where the recorded
     objects are and were (`change_mask.focus_maps`; needs the recorded object state and the cameras' geometry). The
@@ -221,7 +223,7 @@ class TrainWMConfig:
 RUN_FIELDS = frozenset({"data", "out", "extra_data", "calibration_data", "init_from", "resume", "overwrite", "seed", "videos", "device",
                         "amp", "compile", "threads", "state_dagger_rounds"})
 # recipe options whose default turned on after runs were recorded without them (those runs trained with them off)
-RECIPE_ADDED_OFF = {"frame_blobs": False, "change_objects": False, "head_rollout_steps": 0}
+RECIPE_ADDED_OFF = {"frame_blobs": False, "change_objects": False, "head_rollout_steps": 0, "change_pose_layer": False}
 
 
 def recorded_recipe(config: dict) -> dict:
@@ -526,7 +528,7 @@ def unrolled_batch(model: VideoWorldModel, d: dict, H: int, gen: torch.Generator
 def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
     for name in ("ae_steps", "state_steps", "dyn_steps", "unroll_steps", "change_mask_steps", "change_mask_windows",
                  "head_rollout_steps", "change_layer_steps"):
-        if getattr(cfg, name) < 0:
+        if (getattr(cfg, name) or 0) < 0:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(cfg, name)}")
     if cfg.head_rollout_horizon < 1 or cfg.head_rollout_episodes < 1:
         raise ValueError(f"--head-rollout-horizon and --head-rollout-episodes must be >= 1, got "
@@ -596,6 +598,9 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
         if same:  # the same model: fine-tune all
             model.load_state_dict(weights, strict=mask_same)
             fitted = src.change_mask is not None and bool(src.change_mask_fitted)
+            if mask_same and fitted and mcfg.layer_cameras:
+                # the pose layer reads real frames and recorded hands only: a fine-tune (e.g. co-evolution's) keeps it
+                extra["pose_layer_trained"] = True
             # a fit this run asks for (other data, other weights) is made even when nothing else trains
             refit = cfg.calibration_data is not None or cfg.change_mask_static_weight != 1
             if mask_same and fitted and not refit and not (cfg.ae_steps or cfg.state_steps or cfg.dyn_steps
@@ -741,11 +746,13 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
     if cfg.change_mask_steps and extra.get("change_mask_step") != step:  # refitted whenever the model trained on
         from world_models.video.change_mask import fit_change_mask, fit_pose_layers
 
-        if mcfg.layer_cameras:
-            bar.write(f"training the pose layer ({cfg.change_layer_steps} steps; cameras {', '.join(mcfg.layer_cameras)})")
-            linfo = fit_pose_layers(model, train, cfg.change_layer_steps, seed=cfg.seed)
+        if mcfg.layer_cameras and not extra.get("pose_layer_trained"):
+            layer_steps = 2 * cfg.change_mask_steps if cfg.change_layer_steps is None else cfg.change_layer_steps
+            bar.write(f"training the pose layer ({layer_steps} steps; cameras {', '.join(mcfg.layer_cameras)})")
+            linfo = fit_pose_layers(model, train, layer_steps, seed=cfg.seed)
             tracker.log(linfo, step=step)
             last.update(linfo)
+            extra["pose_layer_trained"] = True
         bar.write(f"fitting the change mask ({cfg.change_mask_steps} steps on {cfg.change_mask_windows} windows' rollouts)")
         minfo = fit_change_mask(model, train if calib is None else calib, cfg.change_mask_windows, cfg.change_mask_steps, seed=cfg.seed,
                                 focus=cfg.change_mask_focus, static_weight=cfg.change_mask_static_weight)
