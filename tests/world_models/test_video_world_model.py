@@ -1470,7 +1470,7 @@ def test_training_fits_the_change_mask_on_the_models_rollouts_and_it_lowers_thei
     for cam in model.cfg.cameras:  # on the pairs it was fitted on: better than the plain decode
         assert info[f"change_mask_mse_masked_{cam}"] < info[f"change_mask_mse_plain_{cam}"]
     # the pairs are the plain decode's (the mask learns on what it corrects), whatever the flag was
-    pred, f0, real, pose, pose0, moves, _ = mask_pairs(model, train, 2)[f"observation.images.{model.cfg.cameras[0]}"]
+    pred, f0, real, pose, pose0, moves, _, _ = mask_pairs(model, train, 2)[f"observation.images.{model.cfg.cameras[0]}"]
     assert pred.shape == f0.shape == real.shape and bool(model.change_mask_fitted)
     assert pose.shape == pose0.shape == (len(pred), model.cfg.pose_dim)
 
