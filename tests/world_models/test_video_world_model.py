@@ -1852,6 +1852,12 @@ def test_a_pose_layer_is_trained_on_real_frames_for_the_fixed_camera_and_frozen_
     pairs = cm.mask_pairs(model, train, 2)
     assert pairs["observation.images.front"][7].shape == (len(pairs["observation.images.front"][0]), 6)
     assert pairs["observation.images.wrist"][7] is None
+    # the mask's fit runs no backward pass through the frozen layer, and leaves it trainable afterwards
+    grads = []
+    hook = model.change_mask["front"].layer.head.weight.register_hook(grads.append)
+    cm.fit_change_mask(model, train, windows=2, steps=2)
+    hook.remove()
+    assert not grads and all(q.requires_grad for q in model.change_mask["front"].layer.parameters())
     obs = first_observation(held)
     state = model.encode(obs)
     new, preds = model.step(state, torch.zeros(1, 4, 4), generator=torch.Generator().manual_seed(0))

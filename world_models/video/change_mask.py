@@ -211,23 +211,31 @@ def fit_change_mask(model: VideoWorldModel, replay, windows: int = 200, steps: i
                if v is not None}
         net.train()
         # the pose layer renders the recorded hand (`fit_pose_layers`): it stays as trained while the mask learns
-        # how far to trust it under the channel's predicted hand
-        layer = set(map(id, net.layer.parameters())) if net.layer is not None else set()
-        opt = torch.optim.Adam([q for q in net.parameters() if id(q) not in layer], lr)
+        # how far to trust it under the channel's predicted hand (frozen, not only left out of the optimiser: no
+        # backward pass through it either)
+        layer = list(net.layer.parameters()) if net.layer is not None else []
+        for q in layer:
+            q.requires_grad_(False)
+        opt = torch.optim.Adam([q for q in net.parameters() if q.requires_grad], lr)
         dev = next(net.parameters()).device
-        for _ in range(steps):
-            i = (torch.randint(len(pred), (batch,), generator=gen) if static_weight == 1
-                 else torch.multinomial(draw, batch, replacement=True, generator=gen))
-            args = {k: t[i].to(dev) for k, t in ins.items()}
-            x = net(**args)
-            loss = frame_log_mse(x, real[i].to(dev))
-            if focus:
-                loss = loss + focus * focus_log_mse(x, real[i].to(dev), fmap[i].to(dev))
-            if net.warp is not None:  # the warp on its own carries the start frame as close to the real one as it can
-                loss = loss + frame_log_mse(net.warp_frame(args["frame0"], args["pose"], args["pose0"]), real[i].to(dev))
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
+        try:
+            for _ in range(steps):
+                i = (torch.randint(len(pred), (batch,), generator=gen) if static_weight == 1
+                     else torch.multinomial(draw, batch, replacement=True, generator=gen))
+                args = {k: t[i].to(dev) for k, t in ins.items()}
+                x = net(**args)
+                loss = frame_log_mse(x, real[i].to(dev))
+                if focus:
+                    loss = loss + focus * focus_log_mse(x, real[i].to(dev), fmap[i].to(dev))
+                if net.warp is not None:  # the warp on its own carries the start frame as close to the real one as it can
+                    warped = net.warp_frame(args["frame0"], args["pose"], args["pose0"])
+                    loss = loss + frame_log_mse(warped, real[i].to(dev))
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+        finally:
+            for q in layer:
+                q.requires_grad_(True)
         net.eval()
         with torch.no_grad():
             chunks = [dict(zip(ins, ts)) for ts in zip(*(t.split(512) for t in ins.values()))]

@@ -190,13 +190,16 @@ class PoseLayer(nn.Module):
         the frame (N, 3, H, W)."""
         if hands.shape != (len(frame0), 6):
             raise ValueError(f"hands: expected ({len(frame0)}, 6), got {tuple(hands.shape)}")
-        x = self.up(self.mlp(hands).reshape(-1, self.width, 8, 8))
+        # pixel-major (`channels_last`): on a CPU the nearest upsamplings and convolutions then run 2.6x faster
+        # (a 64-frame batch 181 -> 70 ms on 2 cores), and this layer runs at every decode of a rollout
+        x = self.up(channels_last(self.mlp(hands).reshape(-1, self.width, 8, 8)))
         H, W = frame0.shape[-2:]
         if x.shape[-2:] != (H, W):
             x = F.interpolate(x, size=(H, W), mode="bilinear", align_corners=False)
         ys = torch.linspace(-1, 1, H, device=x.device, dtype=x.dtype)[:, None].expand(H, W)
         xs = torch.linspace(-1, 1, W, device=x.device, dtype=x.dtype)[None].expand(H, W)
-        o = self.head(torch.cat([x, frame0, torch.stack([xs, ys])[None].expand(len(x), -1, -1, -1)], 1))
+        o = self.head(channels_last(torch.cat([x, frame0, torch.stack([xs, ys])[None].expand(len(x), -1, -1, -1)], 1)))
+        o = o.contiguous()
         a = torch.sigmoid(o[:, :1] - 2.0)
         return a * torch.tanh(o[:, 1:]) + (1 - a) * frame0
 
