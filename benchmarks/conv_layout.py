@@ -5,7 +5,9 @@ tensors (`networks.channels_last`). This times one training step (forward, backw
 world model trains them, with the layout on and off (`networks.CHANNELS_LAST`), alternating the two on the same
 modules and inputs so that both see the same machine load: the autoencoder on the AE phase's batch (32 frames per
 camera, 2 cameras), the change mask of the demo's kind (three sources, reading the pose, 3 object sources,
-correcting pixels) on `fit_change_mask`'s batch of 32. Medians over `reps` steps, at 1 thread and at all threads.
+correcting pixels) on `fit_change_mask`'s batch of 32, and the pose layer (`networks.PoseLayer`) rendering 64 frames
+and in a training step. Medians over `reps` steps, at 1 thread and at all threads. Beside the layouts, in the same
+run: the change mask's step with a pose layer frozen (no backward pass through it) against backpropagated.
 The outputs of the two layouts are the same (`tests/world_models/test_video_world_model.py`). The plain baseline
 is what a caller with contiguous (N, C, H, W) inputs paid: the autoencoder's training frames were pixel-major already
 (gathered from (N, H, W, 3) arrays and permuted), so its training phase does not change; decoding latents and the
@@ -20,23 +22,28 @@ import time
 from wmrl.benchutil import finish
 
 
-def _steps(step, reps: int) -> dict[str, float]:
-    """Median seconds per call of `step(flag)` for the layout off and on, alternating, after 2 warm-ups each."""
-    import numpy as np
-
+def _set_layout(flag: bool) -> None:
     from world_models.video import networks
+
+    networks.CHANNELS_LAST = flag
+
+
+def _steps(step, reps: int, toggle=_set_layout, names=("plain", "channels_last")) -> dict[str, float]:
+    """Median seconds per call of `step()` with `toggle(False)` and `toggle(True)`, alternating, after 2 warm-ups
+    each; `toggle(True)` is left set (the default layout)."""
+    import numpy as np
 
     times: dict[bool, list[float]] = {False: [], True: []}
     for i in range(2 * reps + 4):
         flag = bool(i % 2)
-        networks.CHANNELS_LAST = flag
+        toggle(flag)
         t = time.perf_counter()
         step()
         if i >= 4:
             times[flag].append(time.perf_counter() - t)
-    networks.CHANNELS_LAST = True
+    toggle(True)
     off, on = float(np.median(times[False])), float(np.median(times[True]))
-    return {"seconds_plain": off, "seconds_channels_last": on, "speedup": off / on}
+    return {f"seconds_{names[0]}": off, f"seconds_{names[1]}": on, "speedup": off / on}
 
 
 def main(quick: bool = False, reps: int = 20) -> dict:
@@ -76,14 +83,56 @@ def main(quick: bool = False, reps: int = 20) -> dict:
         loss.backward()
         mask_opt.step()
 
+    # the pose layer (`networks.PoseLayer`): rendering a rollout's 64 frames, and a step of its training
+    # (`fit_pose_layers`' batch of 32)
+    layered = ChangeMask(refine=True, warp_pose_dim=P, keep_unwarped=True, read_pose=True, n_objects=k, coords=True,
+                         pose_layer=True)
+    hands64, f64 = torch.rand(64, 6) * 2 - 1, torch.rand(64, 3, 64, 64) * 2 - 1
+    hands = torch.rand(B, 6) * 2 - 1
+    layer_opt = torch.optim.Adam(layered.layer.parameters(), 1e-3)
+
+    def layer_render():
+        with torch.no_grad():
+            layered.layer(hands64, f64)
+
+    def layer_step():
+        loss = ((layered.layer(hands, f0) - real) ** 2).mean()
+        layer_opt.zero_grad(set_to_none=True)
+        loss.backward()
+        layer_opt.step()
+
+    # the change mask's fit with a pose layer: the layer trained apart, then frozen (no backward pass through it)
+    # against left in the graph and only kept out of the optimiser (`fit_change_mask` before 2026-12-05)
+    layered_opt = torch.optim.Adam([q for n, q in layered.named_parameters() if not n.startswith("layer.")], 2e-3)
+
+    def freeze(flag: bool) -> None:
+        for q in layered.layer.parameters():
+            q.requires_grad_(not flag)
+
+    def layered_mask_step():
+        x = layered(pred, f0, pose, pose0, objects, hands)
+        loss = frame_log_mse(x, real) + frame_log_mse(layered.warp_frame(f0, pose, pose0), real)
+        layered_opt.zero_grad(set_to_none=True)
+        loss.backward()
+        layered_opt.step()
+
     threads0 = torch.get_num_threads()
     out: dict = {"reps": reps, "threads": {}}
     for threads in sorted({1, threads0}):
         torch.set_num_threads(threads)
-        out["threads"][str(threads)] = {"autoencoder_step": _steps(ae_step, reps), "change_mask_step": _steps(mask_step, reps)}
+        out["threads"][str(threads)] = {"autoencoder_step": _steps(ae_step, reps), "change_mask_step": _steps(mask_step, reps),
+                                        "pose_layer_render_64": _steps(layer_render, reps),
+                                        "pose_layer_step": _steps(layer_step, reps)}
+        _set_layout(True)
+        out["threads"][str(threads)]["change_mask_step_pose_layer"] = _steps(layered_mask_step, reps, freeze,
+                                                                             ("backpropagated", "frozen"))
+        freeze(False)
     torch.set_num_threads(threads0)
     top = out["threads"][str(threads0)]
     out["ae_speedup"], out["change_mask_speedup"] = top["autoencoder_step"]["speedup"], top["change_mask_step"]["speedup"]
+    out["pose_layer_render_speedup"] = top["pose_layer_render_64"]["speedup"]
+    out["pose_layer_step_speedup"] = top["pose_layer_step"]["speedup"]
+    out["frozen_layer_mask_step_speedup"] = top["change_mask_step_pose_layer"]["speedup"]
     return finish("conv-layout", out, quick, command=None if quick else "wmrl bench conv-layout --json")
 
 

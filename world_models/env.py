@@ -175,6 +175,7 @@ class WorldModelEnv(gym.vector.VectorEnv):
         if self._state is None:
             self._state = new
         else:
+            self._state.pop("base_correction", None)  # the decode's memo of the old starts (`VideoWorldModel.decode`)
             idx = torch.as_tensor(ids)
             for k, v in new.items():
                 if k == "task":

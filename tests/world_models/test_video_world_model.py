@@ -505,6 +505,29 @@ def test_error_split_puts_each_pixels_error_inside_or_outside_the_region():
     assert m["copy_inside"] == 3 and m["copy_outside"] == 45 and m["inside_share"] == 1 / 16
 
 
+def test_a_rollouts_decodes_reuse_its_start_frames_correction_and_a_reset_renews_it(trained, tiny_data):
+    """`decode` computes frame0 - dec(z0) once per rollout and carries it in the state: the frames are those decoded
+    without it, and an autoreset that writes a new start into an env drops it, so the next decode uses the new start."""
+    model = VideoWorldModel.load(trained / "checkpoints/last")
+    _, _, held = load_split(tiny_data, 0.25)
+    venv = WorldModelEnv(model, held, num_envs=2, keyframe_prob=1.0, max_episode_steps=8, rules=success_and_reward)
+    venv.reset(seed=0)
+    venv.step(np.zeros((2, 2, 4), np.float32))
+    st = venv._state
+    assert torch.equal(st["base_correction"], model.base_correction(st["z0"], st["frames0"]))
+    z = st["ctx"][:, -1]
+    plain = model.decode_frames(z, (st["z0"], st["frames0"]), mask=False)
+    memo = model.decode_frames(z, (st["z0"], st["frames0"], st["base_correction"]), mask=False)
+    assert all(torch.equal(plain[k], memo[k]) for k in plain)
+    z0 = st["z0"].clone()
+    venv._needs_reset[1] = True
+    venv.step(np.zeros((2, 2, 4), np.float32))  # env 1 restarts
+    assert not torch.equal(venv._state["z0"][1], z0[1]) and torch.equal(venv._state["z0"][0], z0[0])
+    venv.step(np.zeros((2, 2, 4), np.float32))
+    st = venv._state
+    assert torch.equal(st["base_correction"], model.base_correction(st["z0"], st["frames0"]))
+
+
 def test_world_model_env_contract_state_channel_and_kir(trained, tiny_data):
     model = VideoWorldModel.load(trained / "checkpoints/last")
     assert model.success_source == "state"
@@ -1220,6 +1243,24 @@ def test_pixel_major_convolutions_give_the_same_outputs_and_gradients():
     plain = f0 + torch.sigmoid(o[:, :1]) * (pred - f0) + 0.1 * o[:, 1:]
     out = net(pred, f0)
     assert out.is_contiguous() and torch.allclose(out, plain, atol=1e-5)
+
+    # the pose layer likewise: its output and gradients are the plain layout's
+    from world_models.video import networks
+
+    layer, hands = networks.PoseLayer(), torch.rand(2, 6) * 2 - 1
+    fast_out = layer(hands, f0)
+    fast_out.square().mean().backward()
+    fast = [p.grad.clone() for p in layer.parameters()]
+    layer.zero_grad()
+    default = networks.CHANNELS_LAST
+    networks.CHANNELS_LAST = False
+    try:
+        slow_out = layer(hands, f0)
+        slow_out.square().mean().backward()
+    finally:
+        networks.CHANNELS_LAST = default
+    assert fast_out.is_contiguous() and torch.allclose(fast_out, slow_out, atol=1e-5)
+    assert all(torch.allclose(a, p.grad, atol=1e-5, rtol=1e-4) for a, p in zip(fast, layer.parameters()))
 
 
 def test_the_change_mask_blends_each_pixel_between_the_start_frame_and_the_decode():

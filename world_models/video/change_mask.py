@@ -24,17 +24,11 @@ import torch
 
 from world_models.video.camera import object_moves
 from world_models.video.evaluate import fixed_windows, recorded_points, rollout
-from world_models.video.model import VideoWorldModel
+from world_models.video.model import VideoWorldModel, pixels
 
 HORIZON = 16
 STILL_SHARE = 0.25  # the pose layer's training pairs of a frame with itself
 LOG_EPS = 1e-5  # a per-frame MSE floor in the loss (a PSNR of 56 dB on [-1, 1] pixels)
-
-
-def _pixels(x) -> torch.Tensor:
-    """uint8 (..., H, W, 3) -> float (N, 3, H, W) in [-1, 1]."""
-    x = torch.as_tensor(np.asarray(x)).float() / 127.5 - 1.0
-    return x.reshape(-1, *x.shape[-3:]).permute(0, 3, 1, 2)
 
 
 def frame_log_mse(x: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
@@ -130,7 +124,7 @@ def mask_pairs(model: VideoWorldModel, replay, windows: int, seed: int = 0) -> d
             q = torch.as_tensor(r["points"][:, :, 0]).reshape(-1, 3)
             with torch.no_grad():
                 hands = model.norm_hands(q.to(model.device), q0[:, 0].to(model.device)).cpu()
-        out[key] = (_pixels(pred), _pixels(np.repeat(f0[:, None], horizon, 1)), _pixels(r["real"][key]), pose, pose0, moves,
+        out[key] = (pixels(pred), pixels(np.repeat(f0[:, None], horizon, 1)), pixels(r["real"][key]), pose, pose0, moves,
                     real_moves, hands)
     return out
 
@@ -167,7 +161,7 @@ def fit_pose_layers(model: VideoWorldModel, replay, steps: int = 1500, batch: in
             # (static windows are few in the data, and the start frame is exact there)
             h = torch.where(torch.rand(batch, generator=gen) < STILL_SHARE, 0, h)
             i0, i = first[e] + t0, first[e] + t0 + h
-            f0, real = _pixels(frames[i0]).to(dev), _pixels(frames[i]).to(dev)
+            f0, real = pixels(frames[i0]).to(dev), pixels(frames[i]).to(dev)
             x = net(model.norm_hands(ee[i].to(dev), ee[i0].to(dev)), f0)
             loss = ((x - real) ** 2).mean()
             opt.zero_grad(set_to_none=True)

@@ -51,6 +51,12 @@ CHANGE_MASK_FIELDS = ("change_mask", "change_refine", "change_warp", "change_unw
                       "change_coords", "change_pose_layer")
 
 
+def pixels(x, device=None) -> torch.Tensor:
+    """uint8 (..., H, W, 3) -> float (N, 3, H, W) in [-1, 1]."""
+    x = torch.as_tensor(np.asarray(x), device=device).float() / 127.5 - 1.0
+    return x.reshape(-1, *x.shape[-3:]).permute(0, 3, 1, 2)
+
+
 @dataclass
 class WorldModelConfig:
     cameras: tuple[str, ...] = ("front", "wrist")
@@ -349,12 +355,13 @@ class VideoWorldModel(nn.Module):
         z = torch.cat(zs, dim=1)
         return (z - self.lat_mean) / self.lat_std
 
-    def decode_frames(self, z: torch.Tensor, base: tuple[torch.Tensor, dict] | None = None,
+    def decode_frames(self, z: torch.Tensor, base: tuple | None = None,
                       mask: bool = True, poses: tuple[torch.Tensor, torch.Tensor] | None = None,
                       points: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
         """Standardised latents (N, C, S, S) -> {camera key: uint8 (N, H, W, 3)}. With `base` = (z0 (B, C, S, S),
         {camera key: uint8 frames (B, H, W, 3)}), N = B * n with each base's n frames consecutive: the pixel-space
-        identity path, frame0 + dec(z) - dec(z0), so that
+        identity path, frame0 + dec(z) - dec(z0) (a third entry, `base_correction`'s output, spares decoding z0 again
+        at every step of a rollout), so that
         what the latents leave unchanged is the real start frame itself, not its reconstruction (the autoencoder's
         ceiling then bounds only what changes). Once the change mask is fitted (`change_mask.py`), each frame is then
         blended with the start frame where the mask says nothing moved (`mask=False`: the plain decode). A mask that
@@ -395,15 +402,24 @@ class VideoWorldModel(nn.Module):
             sl = slice(i * self.cfg.latent_channels, (i + 1) * self.cfg.latent_channels)
             x = self.ae.decode(z[:, sl])
             if base is not None:  # each base decoded once, then shared by its n frames
-                f0 = torch.as_tensor(np.asarray(base[1][f"observation.images.{cam}"]), device=z.device)
-                f0 = f0.permute(0, 3, 1, 2).float() / 127.5 - 1.0
-                x = x + (f0 - self.ae.decode(z0[:, sl])).repeat_interleave(n, 0)
+                f0 = pixels(base[1][f"observation.images.{cam}"], z.device)
+                corr = base[2][:, 3 * i : 3 * i + 3] if len(base) > 2 else f0 - self.ae.decode(z0[:, sl])
+                x = x + corr.repeat_interleave(n, 0)
                 if masked:
                     x = self.change_mask[cam](x.clamp(-1, 1), f0.repeat_interleave(n, 0), p, p0, moves.get(cam),
                                               hands if cam in self.cfg.layer_cameras else None)
             x = x.clamp(-1, 1)
             out[f"observation.images.{cam}"] = ((x + 1) * 127.5).round().to(torch.uint8).permute(0, 2, 3, 1)
         return out
+
+    @torch.no_grad()
+    def base_correction(self, z0: torch.Tensor, frames0: dict) -> torch.Tensor:
+        """frame0 - dec(z0) per camera, stacked on channels (B, 3 * cameras, H, W): what `decode_frames` adds to every
+        decode of a start frame's rollout (the pixel-space identity path)."""
+        z0 = z0 * self.lat_std + self.lat_mean
+        L = self.cfg.latent_channels
+        return torch.cat([pixels(frames0[f"observation.images.{cam}"], z0.device) - self.ae.decode(z0[:, i * L : (i + 1) * L])
+                          for i, cam in enumerate(self.cfg.cameras)], 1)
 
     def norm_hands(self, hand: torch.Tensor, hand0: torch.Tensor) -> torch.Tensor:
         """The pose layer's input (N, 6): the hand's position (N, 3) at a frame and (N, 3) at its start frame, each
@@ -723,7 +739,13 @@ class VideoWorldModel(nn.Module):
         `poses` (B, ..., pose_dim): the frames' commanded poses (`step`'s `pose`), which a warping change mask needs;
         `points` (B, ..., 1 + n_objects, 3): the frames' [hand, objects] (`step`'s `points`), which object sources need."""
         lead = latents.shape[:-3]
-        base = (state["z0"], state["frames0"]) if state is not None and "frames0" in state else None
+        base = None
+        if state is not None and "frames0" in state:
+            # computed at the rollout's first decode and carried by the states `step` returns (a reset that writes
+            # new starts into a state drops it: `WorldModelEnv._reset_envs`)
+            if "base_correction" not in state:
+                state["base_correction"] = self.base_correction(state["z0"], state["frames0"])
+            base = (state["z0"], state["frames0"], state["base_correction"])
         pp = None
         if poses is not None and base is not None and "pose0" in state:
             pp = (state["pose0"], torch.as_tensor(poses).reshape(-1, self.cfg.pose_dim))
