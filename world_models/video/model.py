@@ -372,6 +372,7 @@ class VideoWorldModel(nn.Module):
         z = z * self.lat_std + self.lat_mean
         z0 = base[0] * self.lat_std + self.lat_mean if base is not None else None
         n = len(z) // len(z0) if base is not None else 1  # frames per base (consecutive)
+        corr = (base[2] if len(base) > 2 else self.base_correction(base[0], base[1])) if base is not None else None
         masked = mask and base is not None and self.change_mask is not None and bool(self.change_mask_fitted)
         if masked and self.cfg.change_warp:
             if poses is None:
@@ -403,8 +404,7 @@ class VideoWorldModel(nn.Module):
             x = self.ae.decode(z[:, sl])
             if base is not None:  # each base decoded once, then shared by its n frames
                 f0 = pixels(base[1][f"observation.images.{cam}"], z.device)
-                corr = base[2][:, 3 * i : 3 * i + 3] if len(base) > 2 else f0 - self.ae.decode(z0[:, sl])
-                x = x + corr.repeat_interleave(n, 0)
+                x = x + corr[:, 3 * i : 3 * i + 3].repeat_interleave(n, 0)
                 if masked:
                     x = self.change_mask[cam](x.clamp(-1, 1), f0.repeat_interleave(n, 0), p, p0, moves.get(cam),
                                               hands if cam in self.cfg.layer_cameras else None)
@@ -412,10 +412,10 @@ class VideoWorldModel(nn.Module):
             out[f"observation.images.{cam}"] = ((x + 1) * 127.5).round().to(torch.uint8).permute(0, 2, 3, 1)
         return out
 
-    @torch.no_grad()
     def base_correction(self, z0: torch.Tensor, frames0: dict) -> torch.Tensor:
-        """frame0 - dec(z0) per camera, stacked on channels (B, 3 * cameras, H, W): what `decode_frames` adds to every
-        decode of a start frame's rollout (the pixel-space identity path)."""
+        """frame0 - dec(z0) per camera, stacked on channels (B, 3 * cameras, H, W), from standardised latents z0 (B, C,
+        S, S) and {camera key: uint8 (B, H, W, 3)}: what `decode_frames` adds to every decode of a start frame's rollout
+        (the pixel-space identity path)."""
         z0 = z0 * self.lat_std + self.lat_mean
         L = self.cfg.latent_channels
         return torch.cat([pixels(frames0[f"observation.images.{cam}"], z0.device) - self.ae.decode(z0[:, i * L : (i + 1) * L])

@@ -190,8 +190,8 @@ class PoseLayer(nn.Module):
         the frame (N, 3, H, W)."""
         if hands.shape != (len(frame0), 6):
             raise ValueError(f"hands: expected ({len(frame0)}, 6), got {tuple(hands.shape)}")
-        # pixel-major (`channels_last`): on a CPU the nearest upsamplings and convolutions then run 2.6x faster
-        # (a 64-frame batch 181 -> 70 ms on 2 cores), and this layer runs at every decode of a rollout
+        # pixel-major (`channels_last`): on a CPU the nearest upsamplings and convolutions then run faster (rendering
+        # 64 frames 2.25x, `wmrl bench conv-layout`), and this layer runs at every decode of a rollout
         x = self.up(channels_last(self.mlp(hands).reshape(-1, self.width, 8, 8)))
         H, W = frame0.shape[-2:]
         if x.shape[-2:] != (H, W):
