@@ -7,7 +7,10 @@ modules and inputs so that both see the same machine load: the autoencoder on th
 camera, 2 cameras), the change mask of the demo's kind (three sources, reading the pose, 3 object sources,
 correcting pixels) on `fit_change_mask`'s batch of 32, and the pose layer (`networks.PoseLayer`) rendering 64 frames
 and in a training step. Medians over `reps` steps, at 1 thread and at all threads. Beside the layouts, in the same
-run: the change mask's step with a pose layer frozen (no backward pass through it) against backpropagated.
+run: the change mask's step with a pose layer frozen (no backward pass through it) against backpropagated, and with
+the frozen layer's frame drawn beforehand (`fit_change_mask` draws each pair's frame once) against drawn at the step;
+and at all threads, over a rollout's frames (100 windows x 16 frames, `pass_reps` times): encoding frames, decoding
+latents and the change mask (with the layer) in one pass against passes of `model.FRAMES_PER_PASS` frames.
 The outputs of the two layouts are the same (`tests/world_models/test_video_world_model.py`). The plain baseline
 is what a caller with contiguous (N, C, H, W) inputs paid: the autoencoder's training frames were pixel-major already
 (gathered from (N, H, W, 3) arrays and permuted), so its training phase does not change; decoding latents and the
@@ -46,7 +49,7 @@ def _steps(step, reps: int, toggle=_set_layout, names=("plain", "channels_last")
     return {f"seconds_{names[0]}": off, f"seconds_{names[1]}": on, "speedup": off / on}
 
 
-def main(quick: bool = False, reps: int = 20) -> dict:
+def main(quick: bool = False, reps: int = 20, pass_reps: int = 3) -> dict:
     import torch
 
     from types import SimpleNamespace
@@ -55,7 +58,9 @@ def main(quick: bool = False, reps: int = 20) -> dict:
     from world_models.video.networks import ChangeMask, FrameAutoencoder
     from world_models.video.train import ae_loss
 
-    reps = 2 if quick else reps
+    from world_models.video import model as model_module
+
+    reps, pass_reps = (2, 1) if quick else (reps, pass_reps)
     torch.manual_seed(0)
     ae = FrameAutoencoder(latent_channels=8, width=16)  # the small model's
     frames = torch.rand(64, 3, 64, 64) * 2 - 1
@@ -116,6 +121,43 @@ def main(quick: bool = False, reps: int = 20) -> dict:
         loss.backward()
         layered_opt.step()
 
+    def layered_mask_step_drawn():  # the same step, the frozen layer's frame for this batch drawn beforehand
+        x = layered(pred, f0, pose, pose0, objects, rendered=drawn)
+        loss = frame_log_mse(x, real) + frame_log_mse(layered.warp_frame(f0, pose, pose0), real)
+        layered_opt.zero_grad(set_to_none=True)
+        loss.backward()
+        layered_opt.step()
+
+    with torch.no_grad():
+        drawn = layered.layer(hands, f0)
+    pick = {False: layered_mask_step, True: layered_mask_step_drawn}
+    chosen = {"step": layered_mask_step}
+
+    def draw_once(flag: bool) -> None:
+        freeze(True)
+        chosen["step"] = pick[flag]
+
+    # a rollout's frames (100 windows x 16) through the autoencoder and the change mask, in one pass or in passes
+    N = 64 if quick else 1600
+    roll_frames, roll_latents = torch.rand(N, 3, 64, 64) * 2 - 1, torch.randn(N, 8, 16, 16)
+    roll = dict(pred=torch.rand(N, 3, 64, 64) * 2 - 1, frame0=torch.rand(N, 3, 64, 64) * 2 - 1, pose=torch.rand(N, P),
+                pose0=torch.rand(N, P), objects=torch.cat([torch.rand(N, k, 4) * 0.4 - 0.2, torch.full((N, k, 1), 0.2)], -1),
+                hands=torch.rand(N, 6) * 2 - 1)
+    per_pass = model_module.FRAMES_PER_PASS
+
+    def passes(flag: bool) -> None:
+        model_module.FRAMES_PER_PASS = per_pass if flag else 10**9
+
+    def rollout_pass(f):
+        def run():
+            with torch.no_grad():
+                model_module.in_passes(f, torch.arange(N))
+        return run
+
+    rollout_steps = {"encode": rollout_pass(lambda i: ae.encode(roll_frames[i])),
+                     "decode": rollout_pass(lambda i: ae.decode(roll_latents[i])),
+                     "change_mask_pose_layer": rollout_pass(lambda i: layered(**{n: t[i] for n, t in roll.items()}))}
+
     threads0 = torch.get_num_threads()
     out: dict = {"reps": reps, "threads": {}}
     for threads in sorted({1, threads0}):
@@ -126,13 +168,19 @@ def main(quick: bool = False, reps: int = 20) -> dict:
         _set_layout(True)
         out["threads"][str(threads)]["change_mask_step_pose_layer"] = _steps(layered_mask_step, reps, freeze,
                                                                              ("backpropagated", "frozen"))
+        out["threads"][str(threads)]["change_mask_step_pose_layer_drawn"] = _steps(lambda: chosen["step"](), reps, draw_once,
+                                                                                   ("drawn_at_step", "drawn_before"))
         freeze(False)
     torch.set_num_threads(threads0)
+    out["rollout_frames"], out["frames_per_pass"] = N, per_pass
+    out["rollout_passes"] = {name: _steps(f, pass_reps, passes, ("one_pass", "passes")) for name, f in rollout_steps.items()}
     top = out["threads"][str(threads0)]
     out["ae_speedup"], out["change_mask_speedup"] = top["autoencoder_step"]["speedup"], top["change_mask_step"]["speedup"]
     out["pose_layer_render_speedup"] = top["pose_layer_render_64"]["speedup"]
     out["pose_layer_step_speedup"] = top["pose_layer_step"]["speedup"]
     out["frozen_layer_mask_step_speedup"] = top["change_mask_step_pose_layer"]["speedup"]
+    out["drawn_layer_mask_step_speedup"] = top["change_mask_step_pose_layer_drawn"]["speedup"]
+    out.update({f"passes_{name}_speedup": v["speedup"] for name, v in out["rollout_passes"].items()})
     return finish("conv-layout", out, quick, command=None if quick else "wmrl bench conv-layout --json")
 
 

@@ -18,9 +18,10 @@ from wmrl.eval import evaluate
 from wmrl.eval.world_model import error_split
 from world_models.edm import edm_coefficients
 from world_models.env import WorldModelEnv, WorldModelSingleEnv
+from world_models.video import model as model_module
 from world_models.video import train as wm_train
 from world_models.video.evaluate import auroc, held_level, bootstrap_ci, fixed_windows, matched_max, pair_auroc_ci, pair_auroc_difference, paired_difference
-from world_models.video.model import VideoWorldModel, WorldModelConfig, commanded_pose, integrate_poses
+from world_models.video.model import FRAMES_PER_PASS, VideoWorldModel, WorldModelConfig, commanded_pose, integrate_poses
 from world_models.video.state_channel import StateChannel, StateChannelConfig
 from world_models.video.train import TrainWMConfig, WindowSampler, load_split, train_world_model, unrolled_batch
 
@@ -1853,7 +1854,14 @@ def test_the_pose_layer_draws_the_arm_where_the_hand_is_and_paints_over_where_it
     # in the change mask it is one more source, and the mask asks for the hands
     net = ChangeMask(warp_pose_dim=4, keep_unwarped=True, read_pose=True, n_objects=1, pose_layer=True)
     pose, objects = torch.zeros(2, 4), torch.zeros(2, 1, 5) + 0.1
-    assert net.n_logits == 5 and net(f0[:2], f0[:2], pose, pose, objects, hands[:2]).shape == (2, 3, 64, 64)
+    out = net(f0[:2], f0[:2], pose, pose, objects, hands[:2])
+    assert net.n_logits == 5 and out.shape == (2, 3, 64, 64)
+    # the layer's frame drawn beforehand (as the mask's fit does, once per pair) gives the same blend
+    with torch.no_grad():
+        drawn = net.layer(hands[:2], f0[:2])
+    torch.testing.assert_close(net(f0[:2], f0[:2], pose, pose, objects, rendered=drawn), out)
+    with pytest.raises(ValueError, match="rendered"):
+        net(f0[:2], f0[:2], pose, pose, objects, rendered=drawn[:, :2])
     with pytest.raises(ValueError, match="hands"):
         net(f0[:2], f0[:2], pose, pose, objects)
     with pytest.raises(ValueError, match="keep_unwarped"):
@@ -1893,16 +1901,39 @@ def test_a_pose_layer_is_trained_on_real_frames_for_the_fixed_camera_and_frozen_
     pairs = cm.mask_pairs(model, train, 2)
     assert pairs["observation.images.front"][7].shape == (len(pairs["observation.images.front"][0]), 6)
     assert pairs["observation.images.wrist"][7] is None
-    # the mask's fit runs no backward pass through the frozen layer, and leaves it trainable afterwards
-    grads = []
+    # the mask's fit runs no backward pass through the frozen layer, and leaves it trainable afterwards; it draws each
+    # pair's frame once (in passes of FRAMES_PER_PASS frames), not once per step
+    grads, calls = [], []
     hook = model.change_mask["front"].layer.head.weight.register_hook(grads.append)
-    cm.fit_change_mask(model, train, windows=2, steps=2)
+    counter = model.change_mask["front"].layer.register_forward_hook(lambda *a: calls.append(1))
+    cm.fit_change_mask(model, train, windows=2, steps=3)
     hook.remove()
+    counter.remove()
     assert not grads and all(q.requires_grad for q in model.change_mask["front"].layer.parameters())
+    assert len(calls) == -(-len(pairs["observation.images.front"][0]) // FRAMES_PER_PASS)
     obs = first_observation(held)
     state = model.encode(obs)
     new, preds = model.step(state, torch.zeros(1, 4, 4), generator=torch.Generator().manual_seed(0))
     assert model.decode(preds["latents"], new, preds["pose"], preds["points"])["observation.images.front"].shape == (1, 4, 64, 64, 3)
+    # frames decode in passes of FRAMES_PER_PASS frames (a pass holding frames of two starts): the frames of one pass
+    obs = {k: v * 2 if isinstance(v, list) else np.concatenate([v, v // 2 if v.dtype == np.uint8 else v])
+           for k, v in obs.items()}
+    state = model.encode(obs)
+    new, preds = model.step(state, torch.randn(2, 4, 4, generator=torch.Generator().manual_seed(1)) * 0.5,
+                            generator=torch.Generator().manual_seed(0))
+    monkeypatch.setattr(model_module, "FRAMES_PER_PASS", 3)
+    passes = model.decode(preds["latents"], dict(new), preds["pose"], preds["points"])
+    monkeypatch.setattr(model_module, "FRAMES_PER_PASS", 10**6)
+    whole = model.decode(preds["latents"], dict(new), preds["pose"], preds["points"])
+
+    def start(i: int, x, k=""):  # start i's part of a batched state entry (the channel's members come first in x)
+        return {kk: start(i, v, kk) for kk, v in x.items()} if isinstance(x, dict) else x[:, i : i + 1] if k == "x" else x[i : i + 1]
+
+    alone = [model.decode(preds["latents"][i : i + 1], start(i, new), preds["pose"][i : i + 1], preds["points"][i : i + 1])
+             for i in range(2)]
+    for k, v in whole.items():
+        assert v.shape == (2, 4, 64, 64, 3) and np.abs(v.astype(int) - passes[k]).max() <= 1
+        assert all(np.abs(v[i].astype(int) - alone[i][k][0]).max() <= 1 for i in range(2))  # each from its own start
     # a fine-tune of it (as co-evolution's) refits the mask and keeps the layer: it reads real frames only
     train_world_model(tiny_wm_config(tiny_data, tmp_path / "tuned", init_from=run, change_objects=True, change_pose_layer=True,
                                      change_layer_steps=4, ae_steps=0, state_steps=0, dyn_steps=1, unroll_steps=0,

@@ -24,7 +24,7 @@ import torch
 
 from world_models.video.camera import object_moves
 from world_models.video.evaluate import fixed_windows, recorded_points, rollout
-from world_models.video.model import VideoWorldModel, pixels
+from world_models.video.model import FRAMES_PER_PASS, VideoWorldModel, pixels
 
 HORIZON = 16
 STILL_SHARE = 0.25  # the pose layer's training pairs of a frame with itself
@@ -203,36 +203,33 @@ def fit_change_mask(model: VideoWorldModel, replay, windows: int = 200, steps: i
         fmap = focus_maps(real_moves, *pred.shape[-2:]) if focus else None
         ins = {k: v for k, v in dict(pred=pred, frame0=f0, pose=pose, pose0=pose0, objects=moves, hands=hands).items()
                if v is not None}
-        net.train()
-        # the pose layer renders the recorded hand (`fit_pose_layers`): it stays as trained while the mask learns
-        # how far to trust it under the channel's predicted hand (frozen, not only left out of the optimiser: no
-        # backward pass through it either)
-        layer = list(net.layer.parameters()) if net.layer is not None else []
-        for q in layer:
-            q.requires_grad_(False)
-        opt = torch.optim.Adam([q for q in net.parameters() if q.requires_grad], lr)
         dev = next(net.parameters()).device
-        try:
-            for _ in range(steps):
-                i = (torch.randint(len(pred), (batch,), generator=gen) if static_weight == 1
-                     else torch.multinomial(draw, batch, replacement=True, generator=gen))
-                args = {k: t[i].to(dev) for k, t in ins.items()}
-                x = net(**args)
-                loss = frame_log_mse(x, real[i].to(dev))
-                if focus:
-                    loss = loss + focus * focus_log_mse(x, real[i].to(dev), fmap[i].to(dev))
-                if net.warp is not None:  # the warp on its own carries the start frame as close to the real one as it can
-                    warped = net.warp_frame(args["frame0"], args["pose"], args["pose0"])
-                    loss = loss + frame_log_mse(warped, real[i].to(dev))
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
-        finally:
-            for q in layer:
-                q.requires_grad_(True)
+        if net.layer is not None and "hands" in ins:
+            # the pose layer renders the recorded hand (`fit_pose_layers`): it stays as trained while the mask learns
+            # how far to trust it under the channel's predicted hand. Frozen, it draws the same frame for a pair at
+            # every step, so each pair's frame is drawn once here (no forward or backward pass through it in the loop)
+            with torch.no_grad():
+                ins["rendered"] = torch.cat([net.layer(h.to(dev), f.to(dev)).cpu()
+                                             for h, f in zip(ins.pop("hands").split(FRAMES_PER_PASS), f0.split(FRAMES_PER_PASS))])
+        net.train()
+        opt = torch.optim.Adam([q for n, q in net.named_parameters() if not n.startswith("layer.")], lr)
+        for _ in range(steps):
+            i = (torch.randint(len(pred), (batch,), generator=gen) if static_weight == 1
+                 else torch.multinomial(draw, batch, replacement=True, generator=gen))
+            args = {k: t[i].to(dev) for k, t in ins.items()}
+            x = net(**args)
+            loss = frame_log_mse(x, real[i].to(dev))
+            if focus:
+                loss = loss + focus * focus_log_mse(x, real[i].to(dev), fmap[i].to(dev))
+            if net.warp is not None:  # the warp on its own carries the start frame as close to the real one as it can
+                warped = net.warp_frame(args["frame0"], args["pose"], args["pose0"])
+                loss = loss + frame_log_mse(warped, real[i].to(dev))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
         net.eval()
         with torch.no_grad():
-            chunks = [dict(zip(ins, ts)) for ts in zip(*(t.split(512) for t in ins.values()))]
+            chunks = [dict(zip(ins, ts)) for ts in zip(*(t.split(FRAMES_PER_PASS) for t in ins.values()))]
             masked = torch.cat([net(**{k: t.to(dev) for k, t in c.items()}).cpu() for c in chunks])
             if net.warp is not None:
                 warped = torch.cat([net.warp_frame(c["frame0"].to(dev), c["pose"].to(dev), c["pose0"].to(dev)).cpu()

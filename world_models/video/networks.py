@@ -306,18 +306,24 @@ class ChangeMask(nn.Module):
 
     def forward(self, pred: torch.Tensor, frame0: torch.Tensor, pose: torch.Tensor | None = None,
                 pose0: torch.Tensor | None = None, objects: torch.Tensor | None = None,
-                hands: torch.Tensor | None = None) -> torch.Tensor:
+                hands: torch.Tensor | None = None, rendered: torch.Tensor | None = None) -> torch.Tensor:
         """pred, frame0 (N, 3, H, W) in [-1, 1] -> the blended (and, with `refine`, corrected) frame (N, 3, H, W).
         With a warp, `pose` and `pose0` (N, P): the normalised commanded pose of each frame and of the start frame.
         With object sources, `objects` (N, k, 5): each object's move in this camera (`camera.object_moves`).
-        With the pose layer, `hands` (N, 6): the hand at each frame and at its start frame, normalised."""
+        With the pose layer, `hands` (N, 6): the hand at each frame and at its start frame, normalised; or `rendered`
+        (N, 3, H, W), the layer's frame for them already drawn (a frozen layer draws the same frame at every step of
+        the mask's fit, `fit_change_mask`)."""
         base = self.warp_frame(frame0, pose, pose0)
         inputs = [pred, base, frame0, pred - base, pred - frame0] if self.keep_unwarped else [pred, base, pred - base]
         sources = [pred, base, frame0]
         if self.layer is not None:
-            if hands is None:
-                raise ValueError("this change mask has a pose layer: pass `hands`, the hand at each frame and at the start")
-            rendered = self.layer(hands, frame0)
+            if rendered is None:
+                if hands is None:
+                    raise ValueError("this change mask has a pose layer: pass `hands`, the hand at each frame and at the "
+                                     "start (or the layer's `rendered` frames)")
+                rendered = self.layer(hands, frame0)
+            elif rendered.shape != pred.shape:
+                raise ValueError(f"rendered: expected {tuple(pred.shape)}, got {tuple(rendered.shape)}")
             inputs.append(rendered)
             sources.append(rendered)
         if self.read_pose:
