@@ -24,7 +24,7 @@ import torch
 
 from world_models.video.camera import object_moves
 from world_models.video.evaluate import fixed_windows, recorded_points, rollout
-from world_models.video.model import FRAMES_PER_PASS, VideoWorldModel, pixels
+from world_models.video.model import FRAMES_PER_PASS, VideoWorldModel, in_passes, pixels
 
 HORIZON = 16
 STILL_SHARE = 0.25  # the pose layer's training pairs of a frame with itself
@@ -208,9 +208,9 @@ def fit_change_mask(model: VideoWorldModel, replay, windows: int = 200, steps: i
             # the pose layer renders the recorded hand (`fit_pose_layers`): it stays as trained while the mask learns
             # how far to trust it under the channel's predicted hand. Frozen, it draws the same frame for a pair at
             # every step, so each pair's frame is drawn once here (no forward or backward pass through it in the loop)
+            hands = ins.pop("hands")
             with torch.no_grad():
-                ins["rendered"] = torch.cat([net.layer(h.to(dev), f.to(dev)).cpu()
-                                             for h, f in zip(ins.pop("hands").split(FRAMES_PER_PASS), f0.split(FRAMES_PER_PASS))])
+                ins["rendered"] = in_passes(lambda j: net.layer(hands[j].to(dev), f0[j].to(dev)).cpu(), torch.arange(len(f0)))
         net.train()
         opt = torch.optim.Adam([q for n, q in net.named_parameters() if not n.startswith("layer.")], lr)
         for _ in range(steps):

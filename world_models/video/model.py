@@ -205,6 +205,7 @@ def in_passes(f, x: torch.Tensor) -> torch.Tensor:
     """f(x) for a frame-wise f, computed over `FRAMES_PER_PASS` frames at a time."""
     return f(x) if len(x) <= FRAMES_PER_PASS else torch.cat([f(c) for c in x.split(FRAMES_PER_PASS)])
 
+
 ARM_MARGIN = 0.03  # m: how far past the commanded workspace (and the gripper's range) the recorded hand ever is
 
 
@@ -409,6 +410,7 @@ class VideoWorldModel(nn.Module):
             q0 = q0.repeat_interleave(n, 0)
             moves = {cam: object_moves(q0, q, self.cfg.camera_geometry[cam], self.cfg.object_radius) for cam in self.cfg.cameras}
             hands = self.norm_hands(q[:, 0], q0[:, 0])
+
         def part(v: torch.Tensor | None, s: int, e: int) -> torch.Tensor | None:
             return None if v is None else v[s:e]
 
