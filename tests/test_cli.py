@@ -125,6 +125,7 @@ def test_calibrate_twin_refuses_missing_logs_and_unknown_parameters(tmp_path, ca
     (["train-wm", "--data", "nowhere", "--holdout", "nan"], "--holdout: NaN is not a setting"),
     (["train-wm", "--data", "nowhere", "--holdout", "1.5"], "--holdout must be in [0, 1]"),
     (["demo", "--calibration-episodes", "-1"], "--calibration-episodes must be >= 0"),
+    (["demo", "--rank-workers", "slurm"], "--rank-workers: expected one of ('local', 'ray')"),
     (["deploy", "--safety.joint-margin", "nan"], "NaN"),
     (["deploy", "--safety.gripper-high", "inf"], "--unsafe"),
     (["serve-robot", "--address", "tcp://0.0.0.0:5599", "--allow-remote"], "without authentication"),

@@ -1,6 +1,7 @@
 import numpy as np
 import pytest
 import torch
+import yaml
 
 import sim
 from policies.vla import VLAPolicy
@@ -68,6 +69,9 @@ def test_evolve_world_model_fine_tunes_on_true_rollouts_of_the_policy(trained, t
     assert new.cfg == old.cfg
     assert torch.equal(new.ae.enc[0].weight, old.ae.enc[0].weight)  # autoencoder kept (no AE steps)
     assert not torch.equal(new.unet.out.weight, old.unet.out.weight)  # dynamics fine-tuned from the old weights
+    # the change mask is refitted from the base's fitted mask with a quarter of the base's steps (rounded up)
+    base_steps = yaml.safe_load((trained / "config.yaml").read_text())["change_mask_steps"]
+    assert base_steps > 4 and yaml.safe_load((out / "config.yaml").read_text())["change_mask_steps"] == -(-base_steps // 4)
 
 
 def test_a_fine_tune_keeps_its_sources_recipe_and_an_older_configs_options_stay_off():
@@ -79,4 +83,5 @@ def test_a_fine_tune_keeps_its_sources_recipe_and_an_older_configs_options_stay_
     assert recipe["change_objects"] is False and recipe["head_rollout_steps"] == 0  # absent: off when recorded
     assert not {"device", "seed", "data", "out", "threads", "not_an_option"} & set(recipe)
     assert recorded_recipe({"change_objects": True, "head_rollout_steps": 1500}) == {
-        "frame_blobs": False, "change_objects": True, "head_rollout_steps": 1500, "change_pose_layer": False}
+        "frame_blobs": False, "change_objects": True, "head_rollout_steps": 1500, "change_pose_layer": False,
+        "change_bf16": False}

@@ -19,6 +19,8 @@ model changes."""
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import numpy as np
 import torch
 
@@ -29,6 +31,21 @@ from world_models.video.model import FRAMES_PER_PASS, VideoWorldModel, in_passes
 HORIZON = 16
 STILL_SHARE = 0.25  # the pose layer's training pairs of a frame with itself
 LOG_EPS = 1e-5  # a per-frame MSE floor in the loss (a PSNR of 56 dB on [-1, 1] pixels)
+
+
+def autocast(device: torch.device, bf16: bool):
+    """bf16 autocast of a fit's forward pass (weights, optimiser state and the loss stay in float32), or nothing.
+    The fits' steps are convolutions on 64x64 frames, bound by arithmetic: where the hardware computes bf16 natively
+    a change-mask step takes ~0.73x the time (`wmrl bench conv-layout`); elsewhere bf16 is emulated and slower."""
+    return torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else nullcontext()
+
+
+def native_bf16(device: str | torch.device) -> bool:
+    """Whether `device` computes bf16 natively: a CUDA device that supports it, a CPU with AVX-512 BF16 or AMX."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    return device.type == "cpu" and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 def frame_log_mse(x: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
@@ -130,7 +147,7 @@ def mask_pairs(model: VideoWorldModel, replay, windows: int, seed: int = 0) -> d
 
 
 def fit_pose_layers(model: VideoWorldModel, replay, steps: int = 1500, batch: int = 32, lr: float = 1e-3,
-                    seed: int = 0) -> dict:
+                    seed: int = 0, bf16: bool = False) -> dict:
     """Train the pose layer of every camera that has one (`VideoWorldModel.layer_cameras`) on real frames of `replay`:
     a start frame, a frame 1-16 steps later in the same episode (the same frame for a quarter of the pairs) and the
     recorded hand at both, the layer's frame against the real one (MSE). Only the layers change. Returns per camera the mean squared error (pixels in [-1, 1])
@@ -162,8 +179,9 @@ def fit_pose_layers(model: VideoWorldModel, replay, steps: int = 1500, batch: in
             h = torch.where(torch.rand(batch, generator=gen) < STILL_SHARE, 0, h)
             i0, i = first[e] + t0, first[e] + t0 + h
             f0, real = pixels(frames[i0]).to(dev), pixels(frames[i]).to(dev)
-            x = net(model.norm_hands(ee[i].to(dev), ee[i0].to(dev)), f0)
-            loss = ((x - real) ** 2).mean()
+            with autocast(dev, bf16):
+                x = net(model.norm_hands(ee[i].to(dev), ee[i0].to(dev)), f0)
+            loss = ((x.float() - real) ** 2).mean()
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
@@ -177,7 +195,8 @@ def fit_pose_layers(model: VideoWorldModel, replay, steps: int = 1500, batch: in
 
 
 def fit_change_mask(model: VideoWorldModel, replay, windows: int = 200, steps: int = 800, batch: int = 32,
-                    lr: float = 2e-3, seed: int = 0, focus: float = 0.0, static_weight: float = 1.0) -> dict:
+                    lr: float = 2e-3, seed: int = 0, focus: float = 0.0, static_weight: float = 1.0,
+                    bf16: bool = False) -> dict:
     """Fit every camera's mask on `windows` training windows' rollouts for `steps` Adam steps; mark it fitted.
     `focus`: the weight of the objects' windows' log MSE in the loss (see the module; needs the recorded object state
     and the cameras' geometry). `static_weight`: how much more often a frame of a static window (`fixed_windows`'
@@ -217,7 +236,8 @@ def fit_change_mask(model: VideoWorldModel, replay, windows: int = 200, steps: i
             i = (torch.randint(len(pred), (batch,), generator=gen) if static_weight == 1
                  else torch.multinomial(draw, batch, replacement=True, generator=gen))
             args = {k: t[i].to(dev) for k, t in ins.items()}
-            x = net(**args)
+            with autocast(dev, bf16):
+                x = net(**args).float()
             loss = frame_log_mse(x, real[i].to(dev))
             if focus:
                 loss = loss + focus * focus_log_mse(x, real[i].to(dev), fmap[i].to(dev))
