@@ -9,6 +9,8 @@ correcting pixels) on `fit_change_mask`'s batch of 32, and the pose layer (`netw
 and in a training step. Medians over `reps` steps, at 1 thread and at all threads. Beside the layouts, in the same
 run: the change mask's step with a pose layer frozen (no backward pass through it) against backpropagated, and with
 the frozen layer's frame drawn beforehand (`fit_change_mask` draws each pair's frame once) against drawn at the step;
+the mask's step (layer drawn before) and the layer's training step with their forward passes in float32 against bf16
+autocast (`TrainWMConfig.change_bf16`; `bf16_native`: whether this CPU computes bf16 natively, else it is emulated);
 and at all threads, over a rollout's frames (100 windows x 16 frames, `pass_reps` times): encoding frames, decoding
 latents and the change mask (with the layer) in one pass against passes of `model.FRAMES_PER_PASS` frames.
 The outputs of the two layouts are the same (`tests/world_models/test_video_world_model.py`). The plain baseline
@@ -54,7 +56,7 @@ def main(quick: bool = False, reps: int = 20, pass_reps: int = 3) -> dict:
 
     from types import SimpleNamespace
 
-    from world_models.video.change_mask import frame_log_mse
+    from world_models.video.change_mask import autocast, frame_log_mse, native_bf16
     from world_models.video.networks import ChangeMask, FrameAutoencoder
     from world_models.video.train import ae_loss
 
@@ -137,6 +139,31 @@ def main(quick: bool = False, reps: int = 20, pass_reps: int = 3) -> dict:
         freeze(True)
         chosen["step"] = pick[flag]
 
+    # the fits' forward passes in bf16 (`change_mask.autocast`, `TrainWMConfig.change_bf16`): the mask's step as the
+    # fit runs it (the frozen layer's frame drawn before) and the layer's training step
+    amp = {"on": False}
+    cpu = torch.device("cpu")
+
+    def bf16(flag: bool, frozen: bool = True) -> None:  # the mask's fit freezes the layer; the layer's own does not
+        freeze(frozen)
+        amp["on"] = flag
+
+    def mask_step_amp():
+        with autocast(cpu, amp["on"]):
+            x = layered(pred, f0, pose, pose0, objects, rendered=drawn).float()
+        loss = frame_log_mse(x, real) + frame_log_mse(layered.warp_frame(f0, pose, pose0), real)
+        layered_opt.zero_grad(set_to_none=True)
+        loss.backward()
+        layered_opt.step()
+
+    def layer_step_amp():
+        with autocast(cpu, amp["on"]):
+            x = layered.layer(hands, f0).float()
+        loss = ((x - real) ** 2).mean()
+        layer_opt.zero_grad(set_to_none=True)
+        loss.backward()
+        layer_opt.step()
+
     # a rollout's frames (100 windows x 16) through the autoencoder and the change mask, in one pass or in passes
     N = 64 if quick else 1600
     roll_frames, roll_latents = torch.rand(N, 3, 64, 64) * 2 - 1, torch.randn(N, 8, 16, 16)
@@ -170,6 +197,9 @@ def main(quick: bool = False, reps: int = 20, pass_reps: int = 3) -> dict:
                                                                              ("backpropagated", "frozen"))
         out["threads"][str(threads)]["change_mask_step_pose_layer_drawn"] = _steps(lambda: chosen["step"](), reps, draw_once,
                                                                                    ("drawn_at_step", "drawn_before"))
+        out["threads"][str(threads)]["change_mask_step_bf16"] = _steps(mask_step_amp, reps, bf16, ("float32", "bf16"))
+        out["threads"][str(threads)]["pose_layer_step_bf16"] = _steps(layer_step_amp, reps, lambda f: bf16(f, frozen=False),
+                                                                      ("float32", "bf16"))
         freeze(False)
     torch.set_num_threads(threads0)
     out["rollout_frames"], out["frames_per_pass"] = N, per_pass
@@ -180,6 +210,9 @@ def main(quick: bool = False, reps: int = 20, pass_reps: int = 3) -> dict:
     out["pose_layer_step_speedup"] = top["pose_layer_step"]["speedup"]
     out["frozen_layer_mask_step_speedup"] = top["change_mask_step_pose_layer"]["speedup"]
     out["drawn_layer_mask_step_speedup"] = top["change_mask_step_pose_layer_drawn"]["speedup"]
+    out["bf16_native"] = native_bf16("cpu")
+    out["bf16_mask_step_speedup"] = top["change_mask_step_bf16"]["speedup"]
+    out["bf16_layer_step_speedup"] = top["pose_layer_step_bf16"]["speedup"]
     out.update({f"passes_{name}_speedup": v["speedup"] for name, v in out["rollout_passes"].items()})
     return finish("conv-layout", out, quick, command=None if quick else "wmrl bench conv-layout --json")
 

@@ -194,11 +194,12 @@ def test_world_model_speed_benchmark_times_every_phase():
 
 
 def test_conv_layout_benchmark_times_both_layouts_alternately_and_restores_the_fast_one(monkeypatch):
-    from world_models.video import networks
+    from world_models.video import change_mask, networks
 
-    seen = []
-    real = networks.channels_last
+    seen, amp = [], []
+    real, real_amp = networks.channels_last, change_mask.autocast
     monkeypatch.setattr(networks, "channels_last", lambda x: (seen.append(networks.CHANNELS_LAST), real(x))[1])
+    monkeypatch.setattr(change_mask, "autocast", lambda device, on: (amp.append(on), real_amp(device, on))[1])
     r = _run("conv_layout")
     assert networks.CHANNELS_LAST is True  # the default layout is back after the benchmark
     # both layouts timed (the frozen-layer comparison runs in the default layout only)
@@ -208,6 +209,30 @@ def test_conv_layout_benchmark_times_both_layouts_alternately_and_restores_the_f
         assert t["speedup"] == pytest.approx(t["seconds_plain"] / t["seconds_channels_last"])
     t = r["threads"]["1"]["change_mask_step_pose_layer"]
     assert t["speedup"] == pytest.approx(t["seconds_backpropagated"] / t["seconds_frozen"])
+    # the fits' steps timed in float32 and under bf16 autocast, alternately
+    assert amp.count(True) == amp.count(False) > 0
+    for step in ("change_mask_step_bf16", "pose_layer_step_bf16"):
+        t = r["threads"]["1"][step]
+        assert t["speedup"] == pytest.approx(t["seconds_float32"] / t["seconds_bf16"])
+    assert isinstance(r["bf16_native"], bool)
+
+
+def test_mask_fit_precision_benchmark_repeats_the_runs_fit_and_pairs_both_precisions(tmp_path):
+    """The refit starts where the run's training started its change mask: in the run's own precision (bf16 where this
+    CPU computes it natively, the default) it repeats the run's fit weight for weight; both precisions' gains are
+    paired on the same windows; a folder without a world model is refused."""
+    from world_models.video.change_mask import native_bf16
+
+    r = _run("mask_fit_precision")
+    own = "bf16" if native_bf16("cpu") else "float32"
+    assert r[f"{own}_max_weight_diff_to_run"] == 0.0
+    for b in ("bf16", "float32_layer_b"):
+        for split in ("motion", "all"):
+            key = f"{b}_minus_float32_psnr_h{r['horizon']}_{split}"
+            assert np.isfinite(r[key]) and r[f"{key}_ci"][0] <= r[key] <= r[f"{key}_ci"][1]
+    assert r["bf16_mask_fit_time_ratio"] == pytest.approx(r["bf16_fit"]["mask_seconds"] / r["float32_fit"]["mask_seconds"])
+    with pytest.raises(ValueError, match="no world_model/config.yaml"):
+        runpy.run_path(str(BENCH / "mask_fit_precision.py"), run_name="bench")["main"](run=str(tmp_path))
 
 
 def test_imagination_benchmark_reports_every_result_key(quick_demo):
