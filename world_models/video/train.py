@@ -110,9 +110,10 @@ class TrainWMConfig:
     mask's (`--change-mask-steps`), 1,600 at its default."""
     change_bf16: Optional[bool] = None
     """bf16 autocast in the forward passes of the pose layer's and the change mask's fits (`change_mask.autocast`;
-    weights, Adam and the loss stay float32): on the demo's model the mask's fit took 0.77x and the layer's 0.89x the
-    time, masked PSNR gain -0.05 [-0.14, +0.04] dB against float32 (README, session 52). None: where the hardware
-    computes bf16 natively (`change_mask.native_bf16`: a CPU with AVX-512 BF16 or AMX, a CUDA device), else float32."""
+    weights, Adam and the loss stay float32): on the demo's model the mask's fit took 0.77x and the layer's 0.79x the
+    time, masked PSNR gain +0.03 [-0.06, +0.11] dB against float32 (`wmrl bench mask-fit-precision`). None: where
+    the hardware computes bf16 natively (`change_mask.native_bf16`: a CPU with AVX-512 BF16 or AMX, a CUDA device),
+    else float32."""
     change_mask_focus: float = 0.0
     """Weight of a second term in the change mask's loss: the frames' log MSE inside windows around where the recorded
     objects are and were (`change_mask.focus_maps`; needs the recorded object state and the cameras' geometry). The
