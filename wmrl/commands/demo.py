@@ -70,7 +70,8 @@ class DemoConfig:
     rank_episodes: int = 20
     rank_workers: str = "ray"
     """Where the ranking scores its policies: `ray`, one worker process per core (the `dist` extra; the same outcomes
-    as `local`, in 2.5 instead of 4.0 min on 2 cores: a policy's true-simulator episodes use one core), or `local`.
+    as `local`; 2.3 instead of 3.7 min on 2 cores, README session 52: a policy's true-simulator episodes use one
+    core), or `local`.
     Without Ray installed the demo says so and ranks locally."""
     num_envs: int = 2
     seed: int = 0
