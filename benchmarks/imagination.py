@@ -52,6 +52,7 @@ def main(quick: bool = False, work: str = "", task: str = "push-red", episodes: 
     from wmrl.rl.coevolve import imagined_success_sft
     from world_models.video.model import VideoWorldModel
 
+    given = bool(work)
     work = Path(work) if work else Path(tempfile.mkdtemp(prefix="wmrl-bench-imag-")) if quick else WORK
     default = task == "push-red"
     run = work / ("demo" if default else task)
@@ -82,12 +83,12 @@ def main(quick: bool = False, work: str = "", task: str = "push-red", episodes: 
     out["demo_minutes"] = sum(s["stage_minutes"].values())  # cached stages keep their original times
     out["stage_minutes"] = s["stage_minutes"]
     out["population"] = json.loads((run / "ranking" / "ranking.json").read_text())["policies"]
-    out["report"] = str((run / "report.html").relative_to(WORK.parent.parent)) if not quick else ""
+    out["report"] = str((run / "report.html").resolve()) if not quick else ""  # `finish` makes it repository-relative
     out["dataset_frames"] = s["dataset_frames"]
     for k in ("wm_motion_psnr_gain_h16", "wm_masked_psnr_gain_h16", "wm_success_auroc_matched_state",
               "wm_success_auroc_matched_frames"):
         out[k] = s.get(k)
-    if default:
-        return finish("imagination", out, quick)
+    if default:  # a demo run elsewhere (`work`, e.g. a copy of one made with today's code) is named in the command
+        return finish("imagination", out, quick, command="wmrl bench imagination --json" + (f" --options work={work}" if given else ""))
     return finish(f"imagination-{task}", out, quick,
-                  command=f"wmrl bench imagination --json --options task={task} episodes={episodes}")
+                  command=f"wmrl bench imagination --json --options task={task} episodes={episodes}" + (f" work={work}" if given else ""))
