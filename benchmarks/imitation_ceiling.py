@@ -31,6 +31,10 @@ a time (receding horizon), evaluated in the true simulator on the layouts `polic
   batch 128, for a lent GPU), `_2x_layouts` (the same on twice the episodes) and `_short` (1,000 estimator steps,
   5,000 actor steps: an RL start and a weak member of a ranking population) are its budget variants; with
   `--options device=cuda train_only=true policies=DIR` they train on a lent device and are measured here from DIR.
+  `_unmasked` (`push_pixels_estimated_short_unmasked`, `push_pixels_estimated_short_noisy_unmasked`): the estimator
+  as it was before 2026-12-05, fitting and scaled by the position of a cube that has fallen off the table (the
+  ablation of `mask_off_table`; every other variant masks it); `_noisy`: on data where cubes fall (noise 0.3, 20%
+  perturbed, 400 episodes).
 
 Per variant: success with a 95% Wilson interval and per evaluation seed, the share of stalled episodes, the label
 MSE on the training frames and on held-out frames (30 other layouts, clean expert with the same noise), frames, and
@@ -89,6 +93,16 @@ VARIANTS = {
                                              estimator_steps=15_000, estimator_batch=128),
     "push_pixels_estimated_short": dict(task="push-red", hidden=512, layers=3, steps=5000, noise=0.1, perturbed=0.0,
                                         layouts=2.5, cameras=("front", "wrist"), estimator_steps=1000),
+    # the estimator before 2026-12-05: it regressed (and was scaled by) a cube that fell off the table
+    "push_pixels_estimated_short_unmasked": dict(task="push-red", hidden=512, layers=3, steps=5000, noise=0.1,
+                                                 perturbed=0.0, layouts=2.5, cameras=("front", "wrist"),
+                                                 estimator_steps=1000, mask_off_table=False),
+    # the same on data where cubes do fall (policy.py's collection: noise 0.3, 20% perturbed; the demo's is alike)
+    "push_pixels_estimated_short_noisy": dict(task="push-red", hidden=512, layers=3, steps=5000, noise=0.3,
+                                              perturbed=0.2, cameras=("front", "wrist"), estimator_steps=1000),
+    "push_pixels_estimated_short_noisy_unmasked": dict(task="push-red", hidden=512, layers=3, steps=5000, noise=0.3,
+                                                       perturbed=0.2, cameras=("front", "wrist"), estimator_steps=1000,
+                                                       mask_off_table=False),
 }
 DEFAULT = ("reach_small", "push_small", "push_large", "push_large_noisy", "push_large_5x_layouts")
 
@@ -314,7 +328,8 @@ def _pixel_learner(v: dict, pixels: dict, held: dict, Yv, episodes: int, quick: 
     there is loaded instead of trained (trained on a lent device, measured here)."""
     from policies.estimated_state import EstimatedStatePolicy
     from policies.estimated_state.train import train_on_frames
-    from wmrl.core.features import OBS_STATE, TASK
+    from wmrl.core.arm import cubes_on_table
+    from wmrl.core.features import OBS_ENV_STATE, OBS_STATE, TASK
 
     if folder is not None and (folder / "model.safetensors").exists() and not (folder / "record.json").exists():
         raise FileNotFoundError(f"{folder} holds a policy without this benchmark's record.json: not overwritten; "
@@ -326,7 +341,7 @@ def _pixel_learner(v: dict, pixels: dict, held: dict, Yv, episodes: int, quick: 
                                          4 if quick else v["estimator_steps"], 4 if quick else v["steps"],
                                          hidden=v["hidden"], layers=v["layers"], device=device, progress=not quick,
                                          estimator_batch=v.get("estimator_batch", 64), task_vocab=task_vocab(v["task"]),
-                                         log_every=2 if quick else 500)
+                                         log_every=2 if quick else 500, mask_off_table=v.get("mask_off_table", True))
         record["device"] = device_name(device)
         if folder is not None:
             policy.save(folder)
@@ -340,7 +355,11 @@ def _pixel_learner(v: dict, pixels: dict, held: dict, Yv, episodes: int, quick: 
             "train_mse": record["actor_train_mse"], "heldout_mse": float(((held_out - Yv) ** 2).mean()), "head": "mse",
             "estimator_steps": record["estimator_steps"], "estimator_batch": record["estimator_batch"],
             "trained_on": record["device"], "train_minutes": record["estimator_minutes"] + record["actor_minutes"],
-            "estimator_minutes": record["estimator_minutes"], "actor_minutes": record["actor_minutes"]}
+            "estimator_minutes": record["estimator_minutes"], "actor_minutes": record["actor_minutes"],
+            "mask_off_table": record.get("mask_off_table", True),  # policies trained before 2026-12-05 did not
+            # what the mask has to act on: training and held-out frames in which some cube has left the table
+            "frames_with_a_fallen_cube": int((~cubes_on_table(pixels[OBS_ENV_STATE])).any(1).sum()),
+            "heldout_frames_with_a_fallen_cube": int((~cubes_on_table(held[OBS_ENV_STATE])).any(1).sum())}
 
 
 def main(quick: bool = False, episodes: int = 150, data_episodes: int = 400, heldout_episodes: int = 30,
@@ -424,5 +443,7 @@ def main(quick: bool = False, episodes: int = 150, data_episodes: int = 400, hel
         f" num_envs={num_envs}" if int(num_envs) != 1 else "")
     if episodes != 150 and not quick:
         name += f"-ep{episodes}"
+    if int(num_envs) != 1:  # other collection processes draw other data: another file
+        name += f"-envs{int(num_envs)}"
     return finish(name, out, quick, command="wmrl bench imitation-ceiling --json" + (" --quick" if quick else "")
                   + (f" --options{options}" if options else ""))

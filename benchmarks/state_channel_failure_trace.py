@@ -80,7 +80,7 @@ def finishes_from(task: str, scenes: list[tuple], horizon: int) -> list[bool | N
     import sim
     from sim.experts import ScriptedExpert
     from wmrl.core.features import OBS_ENV_STATE, OBS_STATE, TASK
-    from world_models.video.state_channel import OFF_TABLE_Z
+    from wmrl.core.arm import OFF_TABLE_Z
     from world_models.video.state_dagger import REFUSE_JUMP
 
     env = sim.make_env(task, cameras=()).unwrapped

@@ -39,7 +39,7 @@ def episodes_from_replay(replay, length: int, stride: int) -> list[dict]:
     in which a cube has left the table are dropped (it falls without end; training masks them, and the visited
     continuations refuse them)."""
     from wmrl.core.features import ACTION, OBS_ENV_STATE, OBS_STATE
-    from world_models.video.state_channel import OFF_TABLE_Z
+    from wmrl.core.arm import OFF_TABLE_Z
 
     out = []
     for first, n in replay.episodes.values():

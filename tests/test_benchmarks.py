@@ -857,7 +857,7 @@ def test_state_channel_visited_error_scores_models_on_the_same_continuations(tra
     import torch
 
     from world_models.factory import make_world_model
-    from world_models.video.state_channel import OFF_TABLE_Z
+    from wmrl.core.arm import OFF_TABLE_Z
     from world_models.video.train import load_split, world_model_data
 
     bench = runpy.run_path(str(BENCH / "state_channel_visited_error.py"), run_name="bench")

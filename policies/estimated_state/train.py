@@ -24,25 +24,35 @@ from tqdm.auto import tqdm
 from policies.estimated_state.modeling import EstimatedStateConfig, EstimatedStatePolicy, StateEstimator
 from policies.vla.bc import load_replay
 from sim import task_from_instruction
+from wmrl.core.arm import cubes_on_table, on_table_mask
 from wmrl.core.features import ACTION, IS_LAST, OBS_ENV_STATE, OBS_STATE, TASK, image_key
 from wmrl.core.text import words
 
 
 def position_error_cm(pred: np.ndarray, true: np.ndarray) -> dict:
-    """Mean xy error of the cube centres and of the zone centres, in cm (the tabletop's object channel: 3 cubes x
-    xyz, then 2 zones x xy)."""
-    d = np.asarray(pred) - np.asarray(true)
-    return {"cubes_xy_cm": float(np.linalg.norm(d[:, :9].reshape(-1, 3, 3)[..., :2], axis=-1).mean() * 100),
-            "zones_xy_cm": float(np.linalg.norm(d[:, 9:13].reshape(-1, 2, 2), axis=-1).mean() * 100)}
+    """Mean xy error of the cube centres on the table and of the zone centres, in cm (the tabletop's object channel:
+    3 cubes x xyz, then 2 zones x xy). A cube that has left the table is not counted: it falls metres within
+    seconds where no camera sees it, and one such frame in a few hundred would add centimetres to the mean."""
+    true = np.asarray(true)
+    d = np.linalg.norm((np.asarray(pred) - true)[:, :9].reshape(-1, 3, 3)[..., :2], axis=-1)
+    on = cubes_on_table(true)
+    return {"cubes_xy_cm": float(d[on].mean() * 100) if on.any() else float("nan"),
+            "zones_xy_cm": float(np.linalg.norm((np.asarray(pred) - true)[:, 9:13].reshape(-1, 2, 2), axis=-1).mean() * 100)}
 
 
-def robust_std(err: np.ndarray) -> np.ndarray:
-    """Per-column scale of errors as 1.4826 x the median absolute deviation (the std for Gaussian errors). The plain
-    std is ruled by a few frames: in held-out episodes where a cube left the table (z far below it, unseen by the
-    cameras) the red cube's z error has a std of decimetres where its MAD scale is centimetres, and imagination adds
-    this scale as noise to every step."""
+def robust_std(err: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
+    """Per-column scale of errors as 1.4826 x the median absolute deviation (the std for Gaussian errors), over the
+    values `mask` keeps (default: all; a column with none gets 0). The plain std is ruled by a few frames: in held-out
+    episodes where a cube left the table (z far below it, unseen by the cameras) the red cube's z error has a std of
+    decimetres where its MAD scale is centimetres, and imagination adds this scale as noise to every step."""
     err = np.asarray(err, np.float64)
-    return (1.4826 * np.median(np.abs(err - np.median(err, 0)), 0)).astype(np.float32)
+    if mask is not None:
+        err = np.where(mask, err, np.nan)
+    keep = ~np.isnan(err).all(0)
+    out = np.zeros(err.shape[1])
+    e = err[:, keep]
+    out[keep] = 1.4826 * np.nanmedian(np.abs(e - np.nanmedian(e, 0)), 0)
+    return out.astype(np.float32)
 
 
 def fit(loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], params, X, Y, steps: int, batch: int = 256,
@@ -160,7 +170,8 @@ def train_on_frames(frames: dict, held: dict | None, tasks: list[str], estimator
                     actor_steps: int = 30_000, width: int = 32, hidden: int = 512, layers: int = 3, seed: int = 0,
                     device: str = "cpu", progress: bool = True, min_std: float = 0.0,
                     actor_state_dims: tuple[int, ...] = (), estimator_batch: int = 64,
-                    task_vocab: list[str] | None = None, log_every: int = 500) -> tuple[EstimatedStatePolicy, dict]:
+                    task_vocab: list[str] | None = None, log_every: int = 500,
+                    mask_off_table: bool = True) -> tuple[EstimatedStatePolicy, dict]:
     """Both stages on frames in memory (`dataset_frames`' layout: images per camera, observation.state, the object
     channel, DART labels under `action`, `task`, and `has_action`; no images: an actor on the recorded object channel).
     `held`: the same for held-out episodes (the estimator's error is logged on them and becomes `estimate_noise`).
@@ -169,7 +180,8 @@ def train_on_frames(frames: dict, held: dict | None, tasks: list[str], estimator
     proprioceptive dimensions the actor reads (empty: all; for RL in imagination, those the world model's state
     channel predicts, e.g. (4, 5, 6, 7), the tabletop's gripper opening and end-effector). `task_vocab`: the
     instruction words the actor reads (default: those of `tasks`). `log_every`: steps between held-out
-    measurements of the estimator. Returns the policy (in eval mode;
+    measurements of the estimator. `mask_off_table`: the estimator neither regresses nor scales by cubes that have
+    left the table (False: the earlier estimator, for ablations). Returns the policy (in eval mode;
     `policy.save(folder)` writes it as safetensors + JSON) and its training record."""
     t0 = time.time()
     names = sorted({task_from_instruction(t) for t in tasks})
@@ -183,6 +195,7 @@ def train_on_frames(frames: dict, held: dict | None, tasks: list[str], estimator
                                task_vocab=sorted({w for t in tasks for w in words(t)}) if task_vocab is None else list(task_vocab))
     torch.manual_seed(seed)
     policy = EstimatedStatePolicy(cfg).to(device)
+    policy.estimator.mask_off_table = bool(mask_off_table)
     policy.estimator.set_statistics(frames[OBS_STATE], frames[OBS_ENV_STATE])
     act = frames["has_action"]
     log = []
@@ -191,7 +204,7 @@ def train_on_frames(frames: dict, held: dict | None, tasks: list[str], estimator
                             log_every=log_every, progress=progress)
         if held is not None:  # the error the actor meets when it reads a world model's object channel instead
             err = policy.estimator.estimate(held["images"], held[OBS_STATE]) - held[OBS_ENV_STATE]
-            policy.cfg.estimate_noise = robust_std(err).tolist()
+            policy.cfg.estimate_noise = robust_std(err, on_table_mask(held[OBS_ENV_STATE])).tolist()
         estimate = policy.estimator.estimate({c: x[act] for c, x in frames["images"].items()}, frames[OBS_STATE][act])
     else:
         estimate = frames[OBS_ENV_STATE][act]
@@ -204,5 +217,6 @@ def train_on_frames(frames: dict, held: dict | None, tasks: list[str], estimator
               "actor_minutes": (time.time() - t1) / 60, "task": names[0], "instructions": list(tasks),
               "actor_log_std": policy.log_std.tolist(), "estimate_noise": policy.cfg.estimate_noise,
               "estimator_steps": estimator_steps if cfg.cameras else 0, "estimator_batch": estimator_batch,
+              "mask_off_table": bool(mask_off_table),
               "actor_steps": actor_steps, "device": str(device)}
     return policy, record

@@ -278,3 +278,49 @@ def test_the_estimate_noise_scale_ignores_the_frames_where_a_cube_left_the_table
     err[:80, 1] = -1.0  # 2% of frames: the cube fell off the table
     assert err[:, 1].std() > 0.1  # the plain std is ruled by them
     assert robust_std(err)[1] == pytest.approx(0.01, rel=0.1)
+
+
+def test_a_cube_fallen_off_the_table_is_neither_regressed_nor_scaled_by_nor_counted():
+    """A pushed cube that leaves the table falls without end (z metres below it within seconds, unseen): the
+    estimator's statistics, its loss, its held-out error and its noise scale ignore that cube's values, and the
+    actor reads it at the table's edge."""
+    from policies.estimated_state.train import robust_std
+    from wmrl.core.arm import OFF_TABLE_Z, clip_to_table, cubes_on_table, on_table_mask
+
+    rng = np.random.default_rng(0)
+    E = np.zeros((200, 13), np.float32)
+    E[:, :9] = rng.normal(0, 0.1, (200, 9))
+    E[:, 0:9:3] += 0.35  # x, y well inside the table's extent
+    E[:, 2:9:3] = 0.02  # every cube resting on the table
+    E[:4, :3] = [[-3.0, 5.0, -40.0]]  # the red cube fell in 4 frames
+    E[4, 5] = OFF_TABLE_Z  # exactly at the threshold: off
+    assert cubes_on_table(E[:6]).tolist() == [[False, True, True]] * 4 + [[True, False, True], [True, True, True]]
+    mask = on_table_mask(E)
+    assert mask[:4, :3].sum() == 0 and mask[4, 3:6].sum() == 0 and mask.sum() == 200 * 13 - 4 * 3 - 3
+    np.testing.assert_allclose(clip_to_table(E[:1])[0, :3], [-0.1, 0.45, OFF_TABLE_Z])
+    np.testing.assert_array_equal(clip_to_table(E[5:]), E[5:])  # on the table: unchanged
+
+    est = _tiny().estimator
+    est.set_statistics(rng.normal(size=(200, 8)), E)
+    keep = np.arange(4, 200)  # the red cube is on the table from frame 4
+    np.testing.assert_allclose(est.env_mean[:2].numpy(), E[keep, :2].mean(0), atol=1e-6)
+    np.testing.assert_allclose(est.env_std[0].numpy(), E[keep, 0].std(ddof=1) + 1e-3, rtol=1e-5)
+    # the loss: where the fallen cube is does not matter, the cubes on the table do
+    pred = torch.zeros(6, 13)
+    loss = est.standardised_loss(pred, torch.as_tensor(E[:6]))
+    far = E[:6].copy()
+    far[:4, :3] = [[9.0, -9.0, -500.0]]
+    assert est.standardised_loss(pred, torch.as_tensor(far)).item() == pytest.approx(loss.item(), rel=1e-6)
+    moved = E[:6].copy()
+    moved[:4, 3] += 0.1
+    assert est.standardised_loss(pred, torch.as_tensor(moved)).item() > loss.item()
+    # ablation: the earlier estimator regressed the fall
+    est.mask_off_table = False
+    assert est.standardised_loss(pred, torch.as_tensor(far)).item() > 100 * loss.item()
+    # held-out error and noise scale: the fallen cube is not counted
+    pred_np = E.copy()
+    pred_np[:, :9:3] += 0.01  # 1 cm off in x everywhere
+    pred_np[:4, :3] = 0.5  # a guess where the cube fell
+    assert position_error_cm(pred_np, E)["cubes_xy_cm"] == pytest.approx(1.0, rel=1e-4)
+    assert robust_std(pred_np - E, mask)[0] == pytest.approx(0.0, abs=1e-6)  # the 1 cm offset is constant
+    assert robust_std(pred_np - E)[2] == pytest.approx(0.0, abs=1e-6) and robust_std(pred_np - E, mask)[2] == 0

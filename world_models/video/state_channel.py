@@ -75,12 +75,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from wmrl.core.arm import OFF_TABLE_Z
 from world_models.dynamics.ensemble import EnsembleLinear
 
 MOVE_EPS = 5e-4  # m: a cube whose centre moved less than this in one step counts as untouched (the gate's label)
 SCALE = 10.0  # inputs in decimetres keep MLP inputs near unit scale
 OUT_SCALE = 100.0  # outputs in centimetres: one unit of loss is 1 cm
-OFF_TABLE_Z = -0.01  # m: a cube centre below this has left the table
 REST_SCALE = 100.0  # rest outputs in hundredths (0.01 rad for joints, about 0.3-0.5 cm at the gripper)
 
 

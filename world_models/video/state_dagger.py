@@ -37,9 +37,9 @@ import torch
 import sim
 from sim import success_and_reward
 from sim.experts import ScriptedExpert
+from wmrl.core.arm import OFF_TABLE_Z
 from wmrl.core.features import ACTION, OBS_ENV_STATE, OBS_STATE, TASK
 from wmrl.core.io import atomic_path
-from world_models.video.state_channel import OFF_TABLE_Z
 
 REFUSE_JUMP = 0.03  # m: a cube moving further than this in a continuation's first step was placed intersecting
 EXPERT = "expert"  # the scripted expert as a round's actor
