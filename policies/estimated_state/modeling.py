@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from policies.state.networks import DeterministicActor
-from policies.vla.modeling import N_CUBES, VisionEncoder, add_translation_noise, object_channel_mse
+from policies.vla.modeling import VisionEncoder, add_translation_noise, object_channel_mse
 from wmrl.core.arm import clip_to_table, on_table_mask
 from wmrl.core.checkpoint import load_state, read_config, save_pretrained
 from wmrl.core.features import ACTION, OBS_ENV_STATE, OBS_STATE, TASK, check_spaces, image_key
@@ -119,7 +119,7 @@ class StateEstimator(nn.Module):
     def set_statistics(self, state: np.ndarray, env_state: np.ndarray) -> None:
         """Standardisation from training data (per dimension; a floor keeps constant dimensions finite). The object
         channel's from the cubes on the table only: one cube falling off it for a few seconds (metres) otherwise sets
-        the scale (in 1,000 clean push episodes, one fall doubles the red cube's y scale and multiplies its z scale
+        the scale (in 876 clean push episodes, one fall doubles the red cube's y scale and multiplies its z scale
         by 1,500), and a centimetre on the table becomes a hundredth of a standard unit."""
         state = np.asarray(state, np.float64)
         self.state_mean.copy_(torch.as_tensor(state.mean(0)))
@@ -240,7 +240,7 @@ class EstimatedStatePolicy(nn.Module):
             keep[list(self.cfg.actor_state_dims)] = True
             state = np.where(keep, state, 0.0).astype(np.float32)
         # a fallen cube (estimated, or read from a simulator's or world model's channel) reads as at the table's edge
-        parts = [state, clip_to_table(env_estimate, N_CUBES)]
+        parts = [state, clip_to_table(env_estimate)]
         if self.cfg.task_vocab:
             parts.append(word_presence(tasks, self.cfg.task_vocab).reshape(len(state), -1))
         return np.concatenate(parts, 1)

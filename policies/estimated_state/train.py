@@ -34,10 +34,11 @@ def position_error_cm(pred: np.ndarray, true: np.ndarray) -> dict:
     3 cubes x xyz, then 2 zones x xy). A cube that has left the table is not counted: it falls metres within
     seconds where no camera sees it, and one such frame in a few hundred would add centimetres to the mean."""
     true = np.asarray(true)
-    d = np.linalg.norm((np.asarray(pred) - true)[:, :9].reshape(-1, 3, 3)[..., :2], axis=-1)
+    diff = np.asarray(pred) - true
+    d = np.linalg.norm(diff[:, :9].reshape(-1, 3, 3)[..., :2], axis=-1)
     on = cubes_on_table(true)
     return {"cubes_xy_cm": float(d[on].mean() * 100) if on.any() else float("nan"),
-            "zones_xy_cm": float(np.linalg.norm((np.asarray(pred) - true)[:, 9:13].reshape(-1, 2, 2), axis=-1).mean() * 100)}
+            "zones_xy_cm": float(np.linalg.norm(diff[:, 9:13].reshape(-1, 2, 2), axis=-1).mean() * 100)}
 
 
 def robust_std(err: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:

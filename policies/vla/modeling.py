@@ -28,14 +28,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from sim import task_from_instruction
-from wmrl.core.arm import OFF_TABLE_Z
+from wmrl.core.arm import N_CUBES, on_table_mask
 from wmrl.core.checkpoint import load_state, read_config, save_pretrained
 from wmrl.core.features import ACTION, OBS_ENV_STATE, OBS_STATE, TASK, check_spaces, image_key
 from wmrl.core.text import TEXT_ENCODERS, words
 
 
 HEADS = ("gaussian", "flow")
-N_CUBES = 3  # the tabletop's object channel: 3 cubes x xyz, then 2 zones x xy
 
 
 def object_channel_mse(prediction: torch.Tensor, env_state: torch.Tensor, mean: torch.Tensor, std: torch.Tensor,
@@ -43,10 +42,10 @@ def object_channel_mse(prediction: torch.Tensor, env_state: torch.Tensor, mean: 
     """MSE between a standardised prediction (B, E) and the object channel (metres) standardised by mean / std, over
     the values a camera can see: the coordinates of a cube that has left the table are masked (it falls without end,
     metres within seconds, unseen; regressing it is memorising the episode, and its squares rule the mean)."""
-    mask = torch.ones_like(env_state)
     if mask_off_table and env_state.shape[1] >= 3 * N_CUBES:
-        z = env_state[:, 2 : 3 * N_CUBES : 3]
-        mask[:, : 3 * N_CUBES] = (z > OFF_TABLE_Z).repeat_interleave(3, dim=1).to(env_state.dtype)
+        mask = on_table_mask(env_state).to(env_state.dtype)
+    else:
+        mask = torch.ones_like(env_state)
     target = torch.where(mask.bool(), (env_state - mean) / std, prediction.detach())
     return ((prediction - target) ** 2 * mask).sum() / mask.sum().clamp(min=1)
 

@@ -20,6 +20,7 @@ FINGER_MAX = 0.045  # each finger's opening travel (m)
 TABLE_Z = 0.0
 TABLE_LOW = np.array([-0.1, -0.45])  # the table top's xy extent (the MJCF's table box)
 TABLE_HIGH = np.array([0.8, 0.45])
+N_CUBES = 3  # the tabletop's object channel (`observation.environment_state`): 3 cubes x xyz, then 2 zones x xy
 OFF_TABLE_Z = -0.01  # m: a cube centre below this has left the table (nothing stops its fall: metres within seconds)
 
 WORKSPACE_LOW = np.array([0.2, -0.28, 0.015])
@@ -72,24 +73,30 @@ def step_hand(ee: np.ndarray, delta: np.ndarray, ee_step: float = EE_STEP, low=W
     return np.clip(ee + np.clip(delta[:3], -1, 1) * ee_step, low, high)
 
 
-def cubes_on_table(env_state: np.ndarray, n_cubes: int = 3) -> np.ndarray:
+def cubes_on_table(env_state, n_cubes: int = N_CUBES):
     """(..., n_cubes) bool: which cubes of the tabletop's object channel (`observation.environment_state`: cubes x xyz
     first, then the zones) are still on the table. A cube pushed off the table falls without end, so its position is
-    metres away within seconds and no camera sees it: learners mask it rather than regress it."""
-    z = np.asarray(env_state)[..., : 3 * n_cubes].reshape(*np.shape(env_state)[:-1], n_cubes, 3)[..., 2]
-    return z > OFF_TABLE_Z
+    metres away within seconds and no camera sees it: learners mask it rather than regress it. A numpy array or a
+    torch tensor in, the same kind out (a training loss builds its mask on the device, without a host copy)."""
+    if not hasattr(env_state, "shape"):
+        env_state = np.asarray(env_state)
+    return env_state[..., 2 : 3 * n_cubes : 3] > OFF_TABLE_Z
 
 
-def on_table_mask(env_state: np.ndarray, n_cubes: int = 3) -> np.ndarray:
-    """Per-value mask of the object channel, the shape of `env_state`: False on the three coordinates of each cube
-    that has left the table, True elsewhere (the zones never leave it)."""
-    env_state = np.asarray(env_state)
-    mask = np.ones(env_state.shape, bool)
-    mask[..., : 3 * n_cubes] = np.repeat(cubes_on_table(env_state, n_cubes), 3, axis=-1)
+def on_table_mask(env_state, n_cubes: int = N_CUBES):
+    """Per-value mask of the object channel, the shape and kind (numpy or torch) of `env_state`: False on the three
+    coordinates of each cube that has left the table, True elsewhere (the zones never leave it)."""
+    if not hasattr(env_state, "shape"):
+        env_state = np.asarray(env_state)
+    if isinstance(env_state, np.ndarray):
+        mask = np.ones(env_state.shape, bool)
+    else:
+        mask = env_state.new_ones(env_state.shape, dtype=bool)
+    mask[..., : 3 * n_cubes] = cubes_on_table(env_state, n_cubes)[..., [j // 3 for j in range(3 * n_cubes)]]
     return mask
 
 
-def clip_to_table(env_state: np.ndarray, n_cubes: int = 3) -> np.ndarray:
+def clip_to_table(env_state: np.ndarray, n_cubes: int = N_CUBES) -> np.ndarray:
     """The object channel with cube positions clipped to the table's box (xy to its extent, z to [OFF_TABLE_Z, 0.3]):
     a fallen cube reads as at the table's edge, just below it, instead of metres away (a learner's input stays in
     range and its standardisation is not ruled by a few falling frames)."""
