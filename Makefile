@@ -27,7 +27,9 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/lint-imports --no-cache  # the layer contract in pyproject.toml: an upward import fails the build
-	$(BIN)/python -m pytest -q
+	# two workers, one torch thread each; the tests that time themselves run alone afterwards
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup -m "not timing" --durations=20
+	$(BIN)/python -m pytest -q -m timing
 
 # The suites under mujoco 3.3, the version `pip install 'wmrl[metaworld]'` resolves to, with LIBERO, which needs mujoco<4
 # (CI runs this after `test`).
@@ -38,7 +40,7 @@ test-mujoco3:
 	$(VENV3)/bin/pip install -q "$(TORCH)"
 	$(VENV3)/bin/pip install -q -e ".[test,metaworld,so101,libero]" "$(TORCH)"
 	$(VENV3)/bin/python -c "import mujoco; assert mujoco.__version__.startswith('3.'), mujoco.__version__"
-	$(VENV3)/bin/python -m pytest -q -p no:cacheprovider tests/sim tests/eval/test_loop.py
+	$(VENV3)/bin/python -m pytest -q -p no:cacheprovider -n 2 --dist loadgroup tests/sim tests/eval/test_loop.py
 
 bench: $(STAMP)
 	$(BIN)/pip install -q -e ".[bench]" "$(TORCH)"

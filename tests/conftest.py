@@ -1,6 +1,11 @@
 import os
 
 os.environ.setdefault("MUJOCO_GL", "egl")
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # `make test` runs two workers on two cores: each torch keeps one thread (two at two threads each oversubscribe
+    # the cores, and OpenMP's spinning made some tests 10-20x slower). Set before torch is imported.
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(var, "1")
 
 import pytest
 
@@ -78,3 +83,15 @@ def lerobot_checkpoints(tmp_path_factory):
     root = tmp_path_factory.mktemp("lerobot")
     return {"act": write_tiny_lerobot(root, ACTPolicy, lerobot_act_config(), lerobot_stats(), name="act"),
             "diffusion": write_tiny_lerobot(root, DiffusionPolicy, lerobot_dp_config(), lerobot_stats("MIN_MAX"), name="dp")}
+
+
+# Session fixtures too slow to build once per xdist worker: the tests that use one run on one worker
+# (`pytest -n 2 --dist loadgroup`, the README's test command).
+ONE_WORKER_FIXTURES = ("quick_demo",)
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        for name in ONE_WORKER_FIXTURES:
+            if name in getattr(item, "fixturenames", ()):
+                item.add_marker(pytest.mark.xdist_group(name))

@@ -281,6 +281,7 @@ def test_pgd_benchmark_reports_dynamics_error_likelihood_and_returns():
         assert len(res["downstream"][agent]["pgd"]["per_seed"]) == r["seeds"] == 1
 
 
+@pytest.mark.timing
 def test_deploy_benchmark_reports_timing_and_a_clean_fuzz():
     r = _run("deploy")
     assert r["unsafe_commands_sent"] == 0 and r["changes_without_trip"] == 0  # the safety layer's two promises
@@ -423,6 +424,7 @@ def test_metaworld_benchmark_checks_its_metric():
     assert reach["steps_per_s_state_only"] > reach["steps_per_s_two_cameras_64px"] > 0
 
 
+@pytest.mark.timing
 def test_offline_speed_counts_the_work_of_each_update():
     r = _run("offline_speed")
     assert r["flop_counter_check"]["counted"] == r["flop_counter_check"]["expected"]

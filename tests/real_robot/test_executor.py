@@ -79,6 +79,7 @@ class _Chunker:
         return np.stack([base + np.array([0.01 * (i + 1), 0, 0, 0, 0]) for i in range(6)])
 
 
+@pytest.mark.timing
 @pytest.mark.parametrize("mode", ["sync", "async", "aligned"])
 def test_control_loop_with_injected_latency(mode):
     from real_robot.safety import SafeRobot, SafetyConfig

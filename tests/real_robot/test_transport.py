@@ -211,6 +211,7 @@ def test_curve_allow_list_keeps_strangers_out(tmp_path):
         RemoteRobot(addr, keys=keys, client="lab")
 
 
+@pytest.mark.timing
 def test_real_time_robot_in_its_own_process_under_the_safety_layer():
     from real_robot.executor import ExecutorConfig, run_episode
     from real_robot.safety import SafeRobot, SafetyConfig
