@@ -296,7 +296,8 @@ def main(quick: bool = False, cameras: str = "none", wm_episodes: int = 300, bc_
     if int(fidelity) and (readout != "mean" or gate):
         raise ValueError("the closed-loop fidelity stage runs the mean readout with the model's own gate; "
                          f"pass fidelity=0 with readout={readout!r} gate={gate!r}")
-    torch.set_num_threads(int(threads))
+    if not quick:  # quick (the tests): the process's own threads (one per xdist worker; two would oversubscribe)
+        torch.set_num_threads(int(threads))
     # the default run is the committed result; any other is written beside it, named by what differs
     suffix = "".join([f"-{'-'.join(cams)}"] * bool(cams) + [f"-{algo}"] * (algo != "grpo") + [f"-lr{lr:g}"] * (lr != 3e-5)
                      + [f"-minstd{min_std:g}"] * (min_std > 0) + [f"-it{iterations}"] * (iterations != 30)

@@ -162,11 +162,16 @@ class PrivilegedStatePolicy(torch.nn.Module):
 
 def state_features(obs: dict, vocab: list[str]) -> np.ndarray:
     """The learner's input: [observation.state, observation.environment_state, the instruction's words over `vocab`]
-    (the words say which zone a push goes to: the object channel lists both zones in a fixed order)."""
+    (the words say which zone a push goes to: the object channel lists both zones in a fixed order). Cube positions
+    are clipped to the table's box, as the estimated-state actor reads them (since 2026-12-06): a cube that fell off
+    the table reads at its edge instead of metres below, where it set the input's standardisation."""
+    from wmrl.core.arm import N_CUBES, clip_to_table
     from wmrl.core.features import OBS_ENV_STATE, OBS_STATE, TASK
     from wmrl.core.text import word_presence
 
     s, e = np.asarray(obs[OBS_STATE], np.float32), np.asarray(obs[OBS_ENV_STATE], np.float32)
+    if e.shape[-1] >= 3 * N_CUBES:  # the tabletop's channel (a shorter one: the learner's own checks on synthetic inputs)
+        e = clip_to_table(e)
     s, e = s.reshape(-1, s.shape[-1]), e.reshape(-1, e.shape[-1])
     parts = [s, e] + ([word_presence(obs[TASK], vocab).reshape(len(s), -1)] if vocab else [])
     return np.concatenate(parts, 1)
@@ -383,7 +388,8 @@ def main(quick: bool = False, episodes: int = 150, data_episodes: int = 400, hel
         episodes, data_episodes, heldout_episodes = 3, 3, 2
     if train_only and (not policies or any(not VARIANTS[n].get("cameras") for n in names)):
         raise ValueError("train_only trains pixel variants into a `policies` folder: name one, and pixel variants only")
-    torch.set_num_threads(2)
+    if not quick:  # quick (the tests): the process's own threads (one per xdist worker; two would oversubscribe)
+        torch.set_num_threads(2)
     t0 = time.time()
     results, minutes, data = {}, {}, {}
     for name in names:

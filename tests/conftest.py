@@ -90,6 +90,7 @@ def lerobot_checkpoints(tmp_path_factory):
 ONE_WORKER_FIXTURES = ("quick_demo",)
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups into the test ids
 def pytest_collection_modifyitems(config, items):
     for item in items:
         for name in ONE_WORKER_FIXTURES:

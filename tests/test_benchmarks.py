@@ -554,14 +554,19 @@ def test_imitation_ceiling_trains_pixel_policies_once_and_measures_them_elsewher
 
 
 def test_privileged_learner_reads_which_zone_the_instruction_names():
-    """The object channel lists both zones in a fixed order; only the instruction says which one a push goes to."""
+    """The object channel lists both zones in a fixed order; only the instruction says which one a push goes to. A
+    cube fallen off the table reads at the table's edge."""
     mod = runpy.run_path(str(BENCH / "imitation_ceiling.py"), run_name="bench")
     vocab = mod["task_vocab"]("push-red")
     assert {"purple", "yellow", "red"} <= set(vocab)
     obs = {"observation.state": np.zeros((2, 8), np.float32), "observation.environment_state": np.zeros((2, 13), np.float32),
            "task": ["push the red cube to the yellow zone", "push the red cube to the purple zone"]}
+    obs["observation.environment_state"][0, :3] = [0.2, 3.0, -5.0]  # the red cube fell off the table's side
     x = mod["state_features"](obs, vocab)
     assert x.shape == (2, 21 + len(vocab))
+    from wmrl.core.arm import OFF_TABLE_Z, TABLE_HIGH
+
+    np.testing.assert_allclose(x[0, 8:11], [0.2, TABLE_HIGH[1], OFF_TABLE_Z])  # read at the edge, as the actors do
     assert x[0, 21 + vocab.index("yellow")] == 1 and x[0, 21 + vocab.index("purple")] == 0
     assert x[1, 21 + vocab.index("purple")] == 1 and x[1, 21 + vocab.index("yellow")] == 0
 
