@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 from policies.estimated_state.modeling import EstimatedStateConfig, EstimatedStatePolicy, StateEstimator
 from policies.vla.bc import load_replay
 from sim import task_from_instruction
+from sim.tabletop.env import MIRROR_CAMERAS, MIRROR_ENV_STATE_SIGN, MIRROR_STATE_SIGN
 from wmrl.core.arm import cubes_on_table, on_table_mask
 from wmrl.core.features import ACTION, IS_LAST, OBS_ENV_STATE, OBS_STATE, TASK, image_key
 from wmrl.core.text import words
@@ -75,13 +76,24 @@ def fit(loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], params, X, Y
 
 
 def fit_estimator(est: StateEstimator, frames: dict, held: dict | None, steps: int, batch: int = 64,
-                  lr: float = 1e-3, seed: int = 0, log_every: int = 500, progress: bool = False) -> list:
+                  lr: float = 1e-3, seed: int = 0, log_every: int = 500, progress: bool = False,
+                  mirror: float = 0.0) -> list:
     """Stage 1. `frames`/`held`: {"images": {camera: uint8 (N, H, W, 3)}, observation.state, observation.environment_state}.
-    Returns the held-out position error every `log_every` steps (and at the end)."""
+    `mirror`: the share of each batch reflected through the cell's plane of symmetry (images flipped left-right,
+    the y coordinates and the base's yaw negated: `sim.tabletop.env.MIRROR_*`), a second layout for every recorded
+    one that keeps absolute positions consistent, unlike a shift. Returns the held-out position error every
+    `log_every` steps (and at the end)."""
     torch.manual_seed(seed)
     device = est.state_mean.device  # uint8 frames resident on the model's device: no host copy per step
     imgs = {c: torch.as_tensor(frames["images"][c], device=device) for c in est.cameras}
     S, E = (torch.as_tensor(frames[k], device=device) for k in (OBS_STATE, OBS_ENV_STATE))
+    if not 0.0 <= mirror <= 1.0:
+        raise ValueError(f"mirror: a share of each batch in [0, 1], got {mirror}")
+    if mirror and (not set(est.cameras) <= set(MIRROR_CAMERAS) or S.shape[1] != len(MIRROR_STATE_SIGN)
+                   or E.shape[1] != len(MIRROR_ENV_STATE_SIGN)):
+        raise ValueError(f"mirror: only for the tabletop's channels and cameras on its plane of symmetry "
+                         f"{MIRROR_CAMERAS}; got cameras {est.cameras}, state {S.shape[1]}, object channel {E.shape[1]}")
+    s_sign, e_sign = (torch.as_tensor(v, device=device) for v in (MIRROR_STATE_SIGN, MIRROR_ENV_STATE_SIGN))
     opt = torch.optim.Adam(est.parameters(), lr=lr)
     warmup = max(1, min(200, steps // 10))  # an unwarmed, unclipped run spiked (loss 0.01 -> 6.8) mid-training
     sched = torch.optim.lr_scheduler.SequentialLR(opt, [
@@ -93,7 +105,12 @@ def fit_estimator(est: StateEstimator, frames: dict, held: dict | None, steps: i
     for step in bar:
         est.train()
         idx = torch.randint(0, len(S), (batch,), device=device)
-        loss = est.loss({c: x[idx] for c, x in imgs.items()}, S[idx], E[idx])
+        im, s, e = {c: x[idx] for c, x in imgs.items()}, S[idx], E[idx]
+        if mirror:
+            flip = torch.rand(batch, device=device) < mirror
+            im = {c: torch.where(flip[:, None, None, None], x.flip(2), x) for c, x in im.items()}
+            s, e = torch.where(flip[:, None], s * s_sign, s), torch.where(flip[:, None], e * e_sign, e)
+        loss = est.loss(im, s, e)
         finite &= torch.isfinite(loss)  # a device flag, read at log steps (no host sync per step)
         opt.zero_grad()
         loss.backward()
@@ -172,7 +189,7 @@ def train_on_frames(frames: dict, held: dict | None, tasks: list[str], estimator
                     device: str = "cpu", progress: bool = True, min_std: float = 0.0,
                     actor_state_dims: tuple[int, ...] = (), estimator_batch: int = 64,
                     task_vocab: list[str] | None = None, log_every: int = 500,
-                    mask_off_table: bool = True) -> tuple[EstimatedStatePolicy, dict]:
+                    mask_off_table: bool = True, mirror: float = 0.0) -> tuple[EstimatedStatePolicy, dict]:
     """Both stages on frames in memory (`dataset_frames`' layout: images per camera, observation.state, the object
     channel, DART labels under `action`, `task`, and `has_action`; no images: an actor on the recorded object channel).
     `held`: the same for held-out episodes (the estimator's error is logged on them and becomes `estimate_noise`).
@@ -182,7 +199,8 @@ def train_on_frames(frames: dict, held: dict | None, tasks: list[str], estimator
     channel predicts, e.g. (4, 5, 6, 7), the tabletop's gripper opening and end-effector). `task_vocab`: the
     instruction words the actor reads (default: those of `tasks`). `log_every`: steps between held-out
     measurements of the estimator. `mask_off_table`: the estimator neither regresses nor scales by cubes that have
-    left the table (False: the earlier estimator, for ablations). Returns the policy (in eval mode;
+    left the table (False: the earlier estimator, for ablations). `mirror`: the share of the estimator's batches
+    reflected through the cell's plane of symmetry (`fit_estimator`). Returns the policy (in eval mode;
     `policy.save(folder)` writes it as safetensors + JSON) and its training record."""
     t0 = time.time()
     names = sorted({task_from_instruction(t) for t in tasks})
@@ -202,7 +220,7 @@ def train_on_frames(frames: dict, held: dict | None, tasks: list[str], estimator
     log = []
     if cfg.cameras:
         log = fit_estimator(policy.estimator, frames, held, estimator_steps, batch=estimator_batch, seed=seed,
-                            log_every=log_every, progress=progress)
+                            log_every=log_every, progress=progress, mirror=mirror)
         if held is not None:  # the error the actor meets when it reads a world model's object channel instead
             err = policy.estimator.estimate(held["images"], held[OBS_STATE]) - held[OBS_ENV_STATE]
             policy.cfg.estimate_noise = robust_std(err, on_table_mask(held[OBS_ENV_STATE])).tolist()
@@ -218,6 +236,6 @@ def train_on_frames(frames: dict, held: dict | None, tasks: list[str], estimator
               "actor_minutes": (time.time() - t1) / 60, "task": names[0], "instructions": list(tasks),
               "actor_log_std": policy.log_std.tolist(), "estimate_noise": policy.cfg.estimate_noise,
               "estimator_steps": estimator_steps if cfg.cameras else 0, "estimator_batch": estimator_batch,
-              "mask_off_table": bool(mask_off_table),
+              "mask_off_table": bool(mask_off_table), "mirror": float(mirror),
               "actor_steps": actor_steps, "device": str(device)}
     return policy, record

@@ -27,6 +27,13 @@ from wmrl.core.features import OBS_ENV_STATE, OBS_STATE, TASK, image_key
 STATE_NAMES = ["yaw", "shoulder", "elbow", "wrist", "gripper_opening", "ee_x", "ee_y", "ee_z"]
 ENV_STATE_NAMES = [f"{c}_{a}" for c in CUBE_COLOURS for a in "xyz"] + [f"zone_{z}_{a}" for z in ZONE_COLOURS for a in "xy"]
 TEXT_CHARSET = string.ascii_lowercase + string.digits + " "
+# The cell is symmetric about the plane y = 0 (arm base, table, zones' range, both cameras' optical axes on it):
+# reflecting a scene negates these coordinates of the two channels and flips both cameras' images left-right. Only
+# the key light (at y = 0.2) and the table's checker phase break it: a flipped image differs from the reflected
+# scene's render by ~7 grey levels per pixel, nearly all the checker's (a mirror augmentation of perception).
+MIRROR_STATE_SIGN = np.array([-1.0 if n in ("yaw", "ee_y") else 1.0 for n in STATE_NAMES], np.float32)
+MIRROR_ENV_STATE_SIGN = np.array([-1.0 if n.endswith("_y") else 1.0 for n in ENV_STATE_NAMES], np.float32)
+MIRROR_CAMERAS = ("front", "wrist")
 
 
 def validate_action(action, shape: tuple[int, ...], field: str = "action") -> np.ndarray:

@@ -324,3 +324,29 @@ def test_a_cube_fallen_off_the_table_is_neither_regressed_nor_scaled_by_nor_coun
     assert position_error_cm(pred_np, E)["cubes_xy_cm"] == pytest.approx(1.0, rel=1e-4)
     assert robust_std(pred_np - E, mask)[0] == pytest.approx(0.0, abs=1e-6)  # the 1 cm offset is constant
     assert robust_std(pred_np - E)[2] == pytest.approx(0.0, abs=1e-6) and robust_std(pred_np - E, mask)[2] == 0
+
+
+def test_the_mirror_augmentation_reflects_images_and_both_channels_together():
+    """With mirror=1 every frame the loss sees is the reflected scene: images flipped left-right, the base's yaw, the
+    hand's and every object's y negated; with 0 nothing changes; a camera off the plane of symmetry is refused."""
+    from sim.tabletop.env import MIRROR_ENV_STATE_SIGN, MIRROR_STATE_SIGN
+
+    rng = np.random.default_rng(0)
+    frames = _marker_frames(8, rng)
+    frames["images"]["front"][:, :, :10] = 7  # a left-right asymmetric image
+    seen = {}
+    for share in (0.0, 1.0):
+        est = _tiny().estimator
+        est.set_statistics(frames["observation.state"], frames["observation.environment_state"])
+        est.loss = lambda im, s, e: seen.setdefault(share, (im, s, e)) and est.standardised_loss(est(im, s), e)
+        fit_estimator(est, frames, None, steps=1, batch=8, mirror=share)
+    (im0, s0, e0), (im1, s1, e1) = seen[0.0], seen[1.0]  # same seed: the same frames drawn
+    torch.testing.assert_close(im1["front"], im0["front"].flip(2))
+    torch.testing.assert_close(s1, s0 * torch.as_tensor(MIRROR_STATE_SIGN))
+    torch.testing.assert_close(e1, e0 * torch.as_tensor(MIRROR_ENV_STATE_SIGN))
+    assert (s1[:, 0] == -s0[:, 0]).all() and (e1[:, 1] == -e0[:, 1]).all() and (e1[:, 0] == e0[:, 0]).all()
+    side = EstimatedStatePolicy(EstimatedStateConfig(cameras=("side",), width=8, hidden=32, layers=2)).estimator
+    with pytest.raises(ValueError, match="plane of symmetry"):
+        fit_estimator(side, {**frames, "images": {"side": frames["images"]["front"]}}, None, steps=1, mirror=0.5)
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        fit_estimator(_tiny().estimator, frames, None, steps=1, mirror=1.5)

@@ -237,3 +237,33 @@ def test_a_state_only_env_gives_the_cameras_geometry_without_rendering():
     with pytest.raises(ValueError, match="no camera 'top'"):
         blind.camera_geometry(("top",))
     seen.close(), blind.close()
+
+
+def test_the_mirror_signs_reflect_a_scene_through_the_cells_plane_of_symmetry():
+    """The reflected layout, driven by the reflected actions (y negated), gives the reflected channels step after
+    step, and the red cube sits where the left-right flipped image puts it (the perception augmentation's premise)."""
+    from dataclasses import replace
+
+    from sim.tabletop.env import MIRROR_ENV_STATE_SIGN, MIRROR_STATE_SIGN
+
+    def red_columns(img):
+        red = (img[..., 0] > 120) & (img[..., 1] < 60) & (img[..., 2] < 60)
+        return np.nonzero(red.any(0))[0].mean()
+
+    a, b = (TabletopEnv("push-red", cameras=("front",)) for _ in range(2))
+    obs, _ = a.reset(seed=3)
+    lay = a.layout
+    flip = lambda xy: {k: v * np.array([1, -1]) for k, v in xy.items()}  # noqa: E731
+    mirrored = replace(lay, cube_xy=flip(lay.cube_xy), cube_yaw={c: -y for c, y in lay.cube_yaw.items()},
+                       zone_xy=flip(lay.zone_xy))
+    mobs, _ = b.reset(seed=3, options={"layout": mirrored})
+    rng = np.random.default_rng(0)
+    for t in range(12):
+        np.testing.assert_allclose(mobs["observation.state"], obs["observation.state"] * MIRROR_STATE_SIGN, atol=2e-3)
+        np.testing.assert_allclose(mobs["observation.environment_state"],
+                                   obs["observation.environment_state"] * MIRROR_ENV_STATE_SIGN, atol=2e-3)
+        assert abs(red_columns(obs["observation.images.front"][:, ::-1]) - red_columns(mobs["observation.images.front"])) < 1.0
+        act = rng.uniform(-1, 1, 4)
+        obs, *_ = a.step(act)
+        mobs, *_ = b.step(act * np.array([1, -1, 1, 1]))
+    assert np.abs(obs["observation.state"][[0, 6]]).min() > 1e-3  # the arm left the plane: the check had teeth

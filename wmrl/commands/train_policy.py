@@ -75,7 +75,8 @@ class TrainPolicyConfig:
     extra: dict = field(default_factory=dict)
     """Further VLAConfig fields (e.g. hidden 512); for estimated-state: width, hidden, layers, holdout_episodes,
     estimator_batch (64; 128 on a GPU), cameras (a comma list, or none: the actor reads the recorded object channel, as from a tracked cell),
-    actor_state_dims (e.g. 4,5,6,7: the proprioception a world model's state channel predicts; for RL in imagination)."""
+    actor_state_dims (e.g. 4,5,6,7: the proprioception a world model's state channel predicts; for RL in imagination),
+    mirror (the share of the estimator's batches reflected through the cell's plane of symmetry, e.g. 0.5)."""
 
 
 POLICY_TYPES = ("vla", "estimated-state")
@@ -172,6 +173,7 @@ def _train_estimated_state(cfg: TrainPolicyConfig, progress: bool) -> dict:
                                            layers=int(cfg.extra.get("layers", 3)), seed=cfg.seed, device=cfg.device,
                                            progress=progress, cameras=_cameras(cfg.extra.get("cameras")),
                                            estimator_batch=int(cfg.extra.get("estimator_batch", 64)),
+                                           mirror=float(cfg.extra.get("mirror", 0.0)),
                                            actor_state_dims=_dims(cfg.extra.get("actor_state_dims")))
     commit_checkpoint(run / "checkpoints", cfg.estimator_steps + cfg.steps, policy.save)
     for row in record["estimator"]:
