@@ -36,7 +36,9 @@ a time (receding horizon), evaluated in the true simulator on the layouts `polic
   ablation of `mask_off_table`; every other variant masks it); `_noisy`: on data where cubes fall (noise 0.3, 20%
   perturbed, 400 episodes). `push_pixels_estimated_short_mirror`: the short one with half of each estimator batch
   reflected through the cell's plane of symmetry y = 0 (images flipped left-right, y coordinates and the base's yaw
-  negated: `sim.tabletop.env.MIRROR_*`): a second layout for every recorded frame, with absolute positions kept.
+  negated: `sim.tabletop.env.MIRROR_*`): a second layout for every recorded frame, with absolute positions kept;
+  `_mirror_actor`: the actor also learns every frame's reflection (the expert is symmetric: its label of a reflected
+  scene is the reflected label: exactly, on 3,000 frames of clean push episodes).
 
 Per variant: success with a 95% Wilson interval and per evaluation seed, the share of stalled episodes, the label
 MSE on the training frames and on held-out frames (30 other layouts, clean expert with the same noise), frames, and
@@ -103,6 +105,10 @@ VARIANTS = {
     "push_pixels_estimated_short_mirror": dict(task="push-red", hidden=512, layers=3, steps=5000, noise=0.1,
                                                perturbed=0.0, layouts=2.5, cameras=("front", "wrist"),
                                                estimator_steps=1000, mirror=0.5),
+    # and the actor on every frame's reflection too
+    "push_pixels_estimated_short_mirror_actor": dict(task="push-red", hidden=512, layers=3, steps=5000, noise=0.1,
+                                                     perturbed=0.0, layouts=2.5, cameras=("front", "wrist"),
+                                                     estimator_steps=1000, mirror=0.5, mirror_actor=True),
     # the same on data where cubes do fall (policy.py's collection: noise 0.3, 20% perturbed; the demo's is alike)
     "push_pixels_estimated_short_noisy": dict(task="push-red", hidden=512, layers=3, steps=5000, noise=0.3,
                                               perturbed=0.2, cameras=("front", "wrist"), estimator_steps=1000),
@@ -353,7 +359,7 @@ def _pixel_learner(v: dict, pixels: dict, held: dict, Yv, episodes: int, quick: 
                                          hidden=v["hidden"], layers=v["layers"], device=device, progress=not quick,
                                          estimator_batch=v.get("estimator_batch", 64), task_vocab=task_vocab(v["task"]),
                                          log_every=2 if quick else 500, mask_off_table=v.get("mask_off_table", True),
-                                         mirror=v.get("mirror", 0.0))
+                                         mirror=v.get("mirror", 0.0), mirror_actor=v.get("mirror_actor", False))
         record["device"] = device_name(device)
         if folder is not None:
             policy.save(folder)
@@ -369,7 +375,7 @@ def _pixel_learner(v: dict, pixels: dict, held: dict, Yv, episodes: int, quick: 
             "trained_on": record["device"], "train_minutes": record["estimator_minutes"] + record["actor_minutes"],
             "estimator_minutes": record["estimator_minutes"], "actor_minutes": record["actor_minutes"],
             "mask_off_table": record.get("mask_off_table", True),  # policies trained before 2026-12-05 did not
-            "mirror": record.get("mirror", 0.0),
+            "mirror": record.get("mirror", 0.0), "mirror_actor": record.get("mirror_actor", False),
             # what the mask has to act on: training and held-out frames in which some cube has left the table
             "frames_with_a_fallen_cube": int((~cubes_on_table(pixels[OBS_ENV_STATE])).any(1).sum()),
             "heldout_frames_with_a_fallen_cube": int((~cubes_on_table(held[OBS_ENV_STATE])).any(1).sum())}

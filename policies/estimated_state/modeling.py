@@ -149,14 +149,17 @@ class StateEstimator(nn.Module):
         return object_channel_mse(prediction, env_state, self.env_mean, self.env_std, self.mask_off_table)
 
     @torch.no_grad()
-    def estimate(self, images: dict, state: np.ndarray, batch: int = 512) -> np.ndarray:
-        """The object channel in metres for numpy inputs (any number of frames, in batches)."""
+    def estimate(self, images: dict, state: np.ndarray, batch: int = 512, flip: bool = False) -> np.ndarray:
+        """The object channel in metres for numpy inputs (any number of frames, in batches). `flip`: read the images
+        flipped left-right (a reflected scene, whose reflected `state` the caller passes)."""
         was = self.training
         self.eval()
         device = self.state_mean.device
         out = []
         for i in range(0, len(state), batch):
             im = {c: torch.as_tensor(np.asarray(images[c][i : i + batch]), device=device) for c in self.cameras}
+            if flip:
+                im = {c: x.flip(2) for c, x in im.items()}
             st = torch.as_tensor(np.asarray(state[i : i + batch], np.float32), device=device)
             out.append((self(im, st) * self.env_std + self.env_mean).cpu().numpy())
         self.train(was)

@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 from policies.estimated_state.modeling import EstimatedStateConfig, EstimatedStatePolicy, StateEstimator
 from policies.vla.bc import load_replay
 from sim import task_from_instruction
-from sim.tabletop.env import MIRROR_CAMERAS, MIRROR_ENV_STATE_SIGN, MIRROR_STATE_SIGN
+from sim.tabletop.env import MIRROR_ACTION_SIGN, MIRROR_CAMERAS, MIRROR_ENV_STATE_SIGN, MIRROR_STATE_SIGN
 from wmrl.core.arm import cubes_on_table, on_table_mask
 from wmrl.core.features import ACTION, IS_LAST, OBS_ENV_STATE, OBS_STATE, TASK, image_key
 from wmrl.core.text import words
@@ -189,7 +189,8 @@ def train_on_frames(frames: dict, held: dict | None, tasks: list[str], estimator
                     device: str = "cpu", progress: bool = True, min_std: float = 0.0,
                     actor_state_dims: tuple[int, ...] = (), estimator_batch: int = 64,
                     task_vocab: list[str] | None = None, log_every: int = 500,
-                    mask_off_table: bool = True, mirror: float = 0.0) -> tuple[EstimatedStatePolicy, dict]:
+                    mask_off_table: bool = True, mirror: float = 0.0, mirror_actor: bool = False
+                    ) -> tuple[EstimatedStatePolicy, dict]:
     """Both stages on frames in memory (`dataset_frames`' layout: images per camera, observation.state, the object
     channel, DART labels under `action`, `task`, and `has_action`; no images: an actor on the recorded object channel).
     `held`: the same for held-out episodes (the estimator's error is logged on them and becomes `estimate_noise`).
@@ -200,7 +201,9 @@ def train_on_frames(frames: dict, held: dict | None, tasks: list[str], estimator
     instruction words the actor reads (default: those of `tasks`). `log_every`: steps between held-out
     measurements of the estimator. `mask_off_table`: the estimator neither regresses nor scales by cubes that have
     left the table (False: the earlier estimator, for ablations). `mirror`: the share of the estimator's batches
-    reflected through the cell's plane of symmetry (`fit_estimator`). Returns the policy (in eval mode;
+    reflected through the cell's plane of symmetry (`fit_estimator`). `mirror_actor`: the actor also learns every
+    frame's reflection (the estimate of the flipped images, the reflected state and label: the scripted expert is
+    itself symmetric, its label of a reflected scene is the reflected label), twice the layouts it imitates. Returns the policy (in eval mode;
     `policy.save(folder)` writes it as safetensors + JSON) and its training record."""
     t0 = time.time()
     names = sorted({task_from_instruction(t) for t in tasks})
@@ -224,18 +227,28 @@ def train_on_frames(frames: dict, held: dict | None, tasks: list[str], estimator
         if held is not None:  # the error the actor meets when it reads a world model's object channel instead
             err = policy.estimator.estimate(held["images"], held[OBS_STATE]) - held[OBS_ENV_STATE]
             policy.cfg.estimate_noise = robust_std(err, on_table_mask(held[OBS_ENV_STATE])).tolist()
-        estimate = policy.estimator.estimate({c: x[act] for c, x in frames["images"].items()}, frames[OBS_STATE][act])
+        images = {c: x[act] for c, x in frames["images"].items()}
+        estimate = policy.estimator.estimate(images, frames[OBS_STATE][act])
     else:
         estimate = frames[OBS_ENV_STATE][act]
+    state, tasks, labels = frames[OBS_STATE][act], frames[TASK][act], frames[ACTION][act]
+    if mirror_actor:
+        if state.shape[1] != len(MIRROR_STATE_SIGN) or labels.shape[1] != len(MIRROR_ACTION_SIGN):
+            raise ValueError(f"mirror_actor: only for the tabletop's state ({len(MIRROR_STATE_SIGN)}) and end-effector "
+                             f"actions ({len(MIRROR_ACTION_SIGN)}); got {state.shape[1]} and {labels.shape[1]}")
+        m_state = state * MIRROR_STATE_SIGN
+        m_estimate = (policy.estimator.estimate(images, m_state, flip=True) if cfg.cameras
+                      else estimate * MIRROR_ENV_STATE_SIGN)
+        state, estimate = np.concatenate([state, m_state]), np.concatenate([estimate, m_estimate])
+        tasks, labels = np.concatenate([tasks, tasks]), np.concatenate([labels, labels * MIRROR_ACTION_SIGN])
     t1 = time.time()
-    mse = fit_actor(policy, frames[OBS_STATE][act], estimate, frames[TASK][act], frames[ACTION][act], actor_steps,
-                    seed=seed)
+    mse = fit_actor(policy, state, estimate, tasks, labels, actor_steps, seed=seed)
     policy.eval()
     record = {"frames": int(len(frames[OBS_STATE])), "held_out_frames": 0 if held is None else int(len(held[OBS_STATE])),
               "estimator": log, "actor_train_mse": mse, "estimator_minutes": (t1 - t0) / 60,
               "actor_minutes": (time.time() - t1) / 60, "task": names[0], "instructions": list(tasks),
               "actor_log_std": policy.log_std.tolist(), "estimate_noise": policy.cfg.estimate_noise,
               "estimator_steps": estimator_steps if cfg.cameras else 0, "estimator_batch": estimator_batch,
-              "mask_off_table": bool(mask_off_table), "mirror": float(mirror),
+              "mask_off_table": bool(mask_off_table), "mirror": float(mirror), "mirror_actor": bool(mirror_actor),
               "actor_steps": actor_steps, "device": str(device)}
     return policy, record

@@ -33,6 +33,7 @@ TEXT_CHARSET = string.ascii_lowercase + string.digits + " "
 # scene's render by ~7 grey levels per pixel, nearly all the checker's (a mirror augmentation of perception).
 MIRROR_STATE_SIGN = np.array([-1.0 if n in ("yaw", "ee_y") else 1.0 for n in STATE_NAMES], np.float32)
 MIRROR_ENV_STATE_SIGN = np.array([-1.0 if n.endswith("_y") else 1.0 for n in ENV_STATE_NAMES], np.float32)
+MIRROR_ACTION_SIGN = np.array([1.0, -1.0, 1.0, 1.0], np.float32)  # the end-effector delta (dx, dy, dz, gripper)
 MIRROR_CAMERAS = ("front", "wrist")
 
 

@@ -350,3 +350,28 @@ def test_the_mirror_augmentation_reflects_images_and_both_channels_together():
         fit_estimator(side, {**frames, "images": {"side": frames["images"]["front"]}}, None, steps=1, mirror=0.5)
     with pytest.raises(ValueError, match=r"\[0, 1\]"):
         fit_estimator(_tiny().estimator, frames, None, steps=1, mirror=1.5)
+
+
+def test_the_actor_also_learns_every_frames_reflection(monkeypatch):
+    """mirror_actor: the actor's data is every frame and its reflection: the reflected state and label, and the
+    estimator's reading of the flipped images (not the reflected estimate: the actor meets the estimator's own errors)."""
+    import policies.estimated_state.train as T
+    from sim.tabletop.env import MIRROR_ACTION_SIGN, MIRROR_STATE_SIGN
+
+    rng = np.random.default_rng(0)
+    frames = _marker_frames(12, rng)
+    frames.update({"action": rng.uniform(-1, 1, (12, 4)).astype(np.float32), "task": np.array(["push the red cube"] * 12),
+                   "has_action": np.arange(12) != 5})  # an episode's last frame carries no action
+    seen = {}
+    monkeypatch.setattr(T, "fit_actor", lambda policy, *args, **kw: seen.setdefault("args", (policy, *args)) and 0.0)
+    T.train_on_frames(frames, None, ["push the red cube"], estimator_steps=2, actor_steps=1, width=8, hidden=16,
+                      layers=1, progress=False, mirror_actor=True)
+    policy, state, estimate, tasks, labels = seen["args"][:5]
+    act = frames["has_action"]
+    np.testing.assert_array_equal(state, np.concatenate([frames["observation.state"][act],
+                                                         frames["observation.state"][act] * MIRROR_STATE_SIGN]))
+    np.testing.assert_array_equal(labels, np.concatenate([frames["action"][act], frames["action"][act] * MIRROR_ACTION_SIGN]))
+    assert len(tasks) == 22 and labels[11 + 0, 1] == -labels[0, 1]
+    flipped = {"front": frames["images"]["front"][act][:, :, ::-1].copy()}
+    np.testing.assert_allclose(estimate[11:], policy.estimator.estimate(flipped, state[11:]), atol=1e-5)
+    assert not np.allclose(estimate[11:], policy.estimator.estimate(frames["images"], frames["observation.state"])[act])

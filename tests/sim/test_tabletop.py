@@ -241,10 +241,12 @@ def test_a_state_only_env_gives_the_cameras_geometry_without_rendering():
 
 def test_the_mirror_signs_reflect_a_scene_through_the_cells_plane_of_symmetry():
     """The reflected layout, driven by the reflected actions (y negated), gives the reflected channels step after
-    step, and the red cube sits where the left-right flipped image puts it (the perception augmentation's premise)."""
+    step, the red cube sits where the left-right flipped image puts it (the perception augmentation's premise), and
+    the scripted expert's label of the reflected scene is the reflected label (the actor's)."""
     from dataclasses import replace
 
-    from sim.tabletop.env import MIRROR_ENV_STATE_SIGN, MIRROR_STATE_SIGN
+    from sim.experts import expert_action
+    from sim.tabletop.env import MIRROR_ACTION_SIGN, MIRROR_ENV_STATE_SIGN, MIRROR_STATE_SIGN
 
     def red_columns(img):
         red = (img[..., 0] > 120) & (img[..., 1] < 60) & (img[..., 2] < 60)
@@ -263,7 +265,11 @@ def test_the_mirror_signs_reflect_a_scene_through_the_cells_plane_of_symmetry():
         np.testing.assert_allclose(mobs["observation.environment_state"],
                                    obs["observation.environment_state"] * MIRROR_ENV_STATE_SIGN, atol=2e-3)
         assert abs(red_columns(obs["observation.images.front"][:, ::-1]) - red_columns(mobs["observation.images.front"])) < 1.0
-        act = rng.uniform(-1, 1, 4)
+        label = expert_action(obs["task"], obs["observation.state"], obs["observation.environment_state"], False)
+        np.testing.assert_allclose(expert_action(mobs["task"], mobs["observation.state"],
+                                                 mobs["observation.environment_state"], False),
+                                   label * MIRROR_ACTION_SIGN, atol=1e-2)
+        act = rng.uniform(-1, 1, 4) if t % 2 else label  # the expert's own steps move the cube
         obs, *_ = a.step(act)
-        mobs, *_ = b.step(act * np.array([1, -1, 1, 1]))
+        mobs, *_ = b.step(act * MIRROR_ACTION_SIGN)
     assert np.abs(obs["observation.state"][[0, 6]]).min() > 1e-3  # the arm left the plane: the check had teeth
