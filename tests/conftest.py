@@ -87,7 +87,8 @@ def lerobot_checkpoints(tmp_path_factory):
 
 # Session fixtures too slow to build once per xdist worker: the tests that use one run on one worker
 # (`pytest -n 2 --dist loadgroup`, the README's test command).
-ONE_WORKER_FIXTURES = ("quick_demo",)
+# (`ies_quick`: 25-33 s; `point_data`: 10 s, built on both workers before.)
+ONE_WORKER_FIXTURES = ("quick_demo", "ies_quick", "point_data")
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups into the test ids
@@ -96,3 +97,4 @@ def pytest_collection_modifyitems(config, items):
         for name in ONE_WORKER_FIXTURES:
             if name in getattr(item, "fixturenames", ()):
                 item.add_marker(pytest.mark.xdist_group(name))
+                break  # one group per test
