@@ -105,10 +105,18 @@ def test_train_policy_estimated_state_on_a_dataset(tiny_data, tiny_estimated_sta
     assert policy.cfg.tasks == ["push-red"] and policy.cfg.width == 8
     assert {"purple", "yellow"} <= set(policy.cfg.task_vocab)  # the words that name the zone reach the actor
     assert (tiny_estimated_state / "metrics.jsonl").exists()
-    for bad, match in ((dict(successful_only=True), "successful-only"), (dict(estimator_steps=0), "estimator-steps")):
+    for bad, match in ((dict(successful_only=True), "successful-only"), (dict(estimator_steps=0), "estimator-steps"),
+                       (dict(extra={"mirror": "1.5"}), r"mirror.*\[0, 1\]"),
+                       (dict(extra={"mirror_actor": "maybe"}), "mirror_actor: expected true or false")):
         with pytest.raises(ValueError, match=match):
             train_policy(TrainPolicyConfig(data=(tiny_data,), out=tmp_path / "x", type="estimated-state", **bad),
                          progress=False)
+        assert not (tmp_path / "x").exists()  # refused before a run folder is made
+    r = train_policy(TrainPolicyConfig(data=(tiny_data,), out=tmp_path / "m", type="estimated-state", steps=2,
+                                       estimator_steps=2, eval_episodes=0,
+                                       extra={"width": 8, "hidden": 16, "layers": 1, "holdout_episodes": 2,
+                                              "mirror": "0.5", "mirror_actor": "true"}), progress=False)
+    assert (r["mirror"], r["mirror_actor"]) == (0.5, True)
     with pytest.raises(ValueError, match="--type"):
         train_policy(TrainPolicyConfig(data=(tiny_data,), out=tmp_path / "y", type="act"), progress=False)
 

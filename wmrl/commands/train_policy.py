@@ -76,7 +76,9 @@ class TrainPolicyConfig:
     """Further VLAConfig fields (e.g. hidden 512); for estimated-state: width, hidden, layers, holdout_episodes,
     estimator_batch (64; 128 on a GPU), cameras (a comma list, or none: the actor reads the recorded object channel, as from a tracked cell),
     actor_state_dims (e.g. 4,5,6,7: the proprioception a world model's state channel predicts; for RL in imagination),
-    mirror (the share of the estimator's batches reflected through the cell's plane of symmetry, e.g. 0.5)."""
+    mirror (the share of the estimator's batches reflected through the cell's plane of symmetry, e.g. 0.5) and
+    mirror_actor (true: the actor also learns every frame's reflection; with mirror 0.5, +15 points on the short
+    recipe, README)."""
 
 
 POLICY_TYPES = ("vla", "estimated-state")
@@ -153,6 +155,14 @@ def _cameras(value) -> tuple[str, ...] | None:
     return () if str(value).lower() == "none" else tuple(c for c in str(value).split(",") if c)
 
 
+def _flag(name: str, value) -> bool:
+    """--extra NAME true|false (also 1/0, yes/no); default false."""
+    v = str(value if value is not None else "false").lower()
+    if v not in ("true", "false", "1", "0", "yes", "no"):
+        raise ValueError(f"--extra {name}: expected true or false, got {value!r}")
+    return v in ("true", "1", "yes")
+
+
 def _train_estimated_state(cfg: TrainPolicyConfig, progress: bool) -> dict:
     """Both supervised stages, the policy committed as the run's checkpoint, then the true-simulator evaluation."""
     from policies.estimated_state.train import train_estimated_state
@@ -165,6 +175,9 @@ def _train_estimated_state(cfg: TrainPolicyConfig, progress: bool) -> dict:
                          "frame, in minutes)")
     if cfg.steps < 1 or cfg.estimator_steps < 1:
         raise ValueError(f"--steps and --estimator-steps must be >= 1, got {cfg.steps} and {cfg.estimator_steps}")
+    mirror, mirror_actor = float(cfg.extra.get("mirror", 0.0)), _flag("mirror_actor", cfg.extra.get("mirror_actor"))
+    if not 0.0 <= mirror <= 1.0:
+        raise ValueError(f"--extra mirror: a share of the estimator's batches in [0, 1], got {mirror}")
     run = start_run(cfg)
     tracker = Tracker(run)
     policy, record = train_estimated_state(cfg.data, cfg.estimator_steps, cfg.steps,
@@ -173,7 +186,7 @@ def _train_estimated_state(cfg: TrainPolicyConfig, progress: bool) -> dict:
                                            layers=int(cfg.extra.get("layers", 3)), seed=cfg.seed, device=cfg.device,
                                            progress=progress, cameras=_cameras(cfg.extra.get("cameras")),
                                            estimator_batch=int(cfg.extra.get("estimator_batch", 64)),
-                                           mirror=float(cfg.extra.get("mirror", 0.0)),
+                                           mirror=mirror, mirror_actor=mirror_actor,
                                            actor_state_dims=_dims(cfg.extra.get("actor_state_dims")))
     commit_checkpoint(run / "checkpoints", cfg.estimator_steps + cfg.steps, policy.save)
     for row in record["estimator"]:
