@@ -203,8 +203,8 @@ def train_on_frames(frames: dict, held: dict | None, tasks: list[str], estimator
     left the table (False: the earlier estimator, for ablations). `mirror`: the share of the estimator's batches
     reflected through the cell's plane of symmetry (`fit_estimator`). `mirror_actor`: the actor also learns every
     frame's reflection (the estimate of the flipped images, the reflected state and label: the scripted expert is
-    itself symmetric, its label of a reflected scene is the reflected label), twice the layouts it imitates. Returns the policy (in eval mode;
-    `policy.save(folder)` writes it as safetensors + JSON) and its training record."""
+    itself symmetric, its label of a reflected scene is the reflected label), twice the layouts it imitates. Returns
+    the policy (in eval mode; `policy.save(folder)` writes it as safetensors + JSON) and its training record."""
     t0 = time.time()
     names = sorted({task_from_instruction(t) for t in tasks})
     if frames[OBS_ENV_STATE].shape[1] < 13:
@@ -231,7 +231,7 @@ def train_on_frames(frames: dict, held: dict | None, tasks: list[str], estimator
         estimate = policy.estimator.estimate(images, frames[OBS_STATE][act])
     else:
         estimate = frames[OBS_ENV_STATE][act]
-    state, tasks, labels = frames[OBS_STATE][act], frames[TASK][act], frames[ACTION][act]
+    state, frame_tasks, labels = frames[OBS_STATE][act], frames[TASK][act], frames[ACTION][act]
     if mirror_actor:
         if state.shape[1] != len(MIRROR_STATE_SIGN) or labels.shape[1] != len(MIRROR_ACTION_SIGN):
             raise ValueError(f"mirror_actor: only for the tabletop's state ({len(MIRROR_STATE_SIGN)}) and end-effector "
@@ -240,9 +240,10 @@ def train_on_frames(frames: dict, held: dict | None, tasks: list[str], estimator
         m_estimate = (policy.estimator.estimate(images, m_state, flip=True) if cfg.cameras
                       else estimate * MIRROR_ENV_STATE_SIGN)
         state, estimate = np.concatenate([state, m_state]), np.concatenate([estimate, m_estimate])
-        tasks, labels = np.concatenate([tasks, tasks]), np.concatenate([labels, labels * MIRROR_ACTION_SIGN])
+        frame_tasks = np.concatenate([frame_tasks, frame_tasks])
+        labels = np.concatenate([labels, labels * MIRROR_ACTION_SIGN])
     t1 = time.time()
-    mse = fit_actor(policy, state, estimate, tasks, labels, actor_steps, seed=seed)
+    mse = fit_actor(policy, state, estimate, frame_tasks, labels, actor_steps, seed=seed)
     policy.eval()
     record = {"frames": int(len(frames[OBS_STATE])), "held_out_frames": 0 if held is None else int(len(held[OBS_STATE])),
               "estimator": log, "actor_train_mse": mse, "estimator_minutes": (t1 - t0) / 60,

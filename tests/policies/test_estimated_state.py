@@ -117,6 +117,7 @@ def test_train_policy_estimated_state_on_a_dataset(tiny_data, tiny_estimated_sta
                                        extra={"width": 8, "hidden": 16, "layers": 1, "holdout_episodes": 2,
                                               "mirror": "0.5", "mirror_actor": "true"}), progress=False)
     assert (r["mirror"], r["mirror_actor"]) == (0.5, True)
+    assert r["instructions"] == dataset_frames([tiny_data])[2]  # the data's instructions, once each (what is evaluated)
     with pytest.raises(ValueError, match="--type"):
         train_policy(TrainPolicyConfig(data=(tiny_data,), out=tmp_path / "y", type="act"), progress=False)
 
