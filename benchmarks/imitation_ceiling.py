@@ -38,7 +38,8 @@ a time (receding horizon), evaluated in the true simulator on the layouts `polic
   reflected through the cell's plane of symmetry y = 0 (images flipped left-right, y coordinates and the base's yaw
   negated: `sim.tabletop.env.MIRROR_*`): a second layout for every recorded frame, with absolute positions kept;
   `_mirror_actor`: the actor also learns every frame's reflection (the expert is symmetric: its label of a reflected
-  scene is the reflected label: exactly, on 3,000 frames of clean push episodes).
+  scene is the reflected label: exactly, on 3,000 frames of clean push episodes). `_600`, `_600_mirror_actor`: the
+  plain and the reflected short recipe on 600 episodes.
 
 Per variant: success with a 95% Wilson interval and per evaluation seed, the share of stalled episodes, the label
 MSE on the training frames and on held-out frames (30 other layouts, clean expert with the same noise), frames, and
@@ -109,6 +110,12 @@ VARIANTS = {
     "push_pixels_estimated_short_mirror_actor": dict(task="push-red", hidden=512, layers=3, steps=5000, noise=0.1,
                                                      perturbed=0.0, layouts=2.5, cameras=("front", "wrist"),
                                                      estimator_steps=1000, mirror=0.5, mirror_actor=True),
+    # both on 600 episodes (1.5x the layouts): what a demo could collect beside its world model's data
+    "push_pixels_estimated_short_600": dict(task="push-red", hidden=512, layers=3, steps=5000, noise=0.1,
+                                            perturbed=0.0, layouts=1.5, cameras=("front", "wrist"), estimator_steps=1000),
+    "push_pixels_estimated_short_600_mirror_actor": dict(task="push-red", hidden=512, layers=3, steps=5000, noise=0.1,
+                                                         perturbed=0.0, layouts=1.5, cameras=("front", "wrist"),
+                                                         estimator_steps=1000, mirror=0.5, mirror_actor=True),
     # the same on data where cubes do fall (policy.py's collection: noise 0.3, 20% perturbed; the demo's is alike)
     "push_pixels_estimated_short_noisy": dict(task="push-red", hidden=512, layers=3, steps=5000, noise=0.3,
                                               perturbed=0.2, cameras=("front", "wrist"), estimator_steps=1000),
