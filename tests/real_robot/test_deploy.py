@@ -3,8 +3,10 @@
 import json
 
 import numpy as np
+import pytest
 
 
+@pytest.mark.timing  # a 20 Hz real-time loop and its measured delays: a busy neighbour worker makes commands late
 def test_deploy_runs_records_and_refuses_unsafe_settings(tmp_path, capsys):
     from wmrl.cli import main
     from wmrl.datasets import LeRobotV3Dataset
