@@ -75,6 +75,18 @@ def fit(loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], params, X, Y
         sched.step()
 
 
+def check_mirrorable(what: str, cameras, state_dim: int, env_state_dim: int, action_dim: int | None = None) -> None:
+    """Refuse a reflection (`mirror`, `mirror_actor`) of data that is not the tabletop's: its channels' widths, its
+    end-effector actions, and cameras on its plane of symmetry."""
+    dims = [(state_dim, len(MIRROR_STATE_SIGN)), (env_state_dim, len(MIRROR_ENV_STATE_SIGN))]
+    dims += [(action_dim, len(MIRROR_ACTION_SIGN))] if action_dim is not None else []
+    if not set(cameras) <= set(MIRROR_CAMERAS) or any(got != want for got, want in dims):
+        raise ValueError(f"{what}: only for the tabletop's channels (state {len(MIRROR_STATE_SIGN)}, object channel "
+                         f"{len(MIRROR_ENV_STATE_SIGN)}, actions {len(MIRROR_ACTION_SIGN)}) and cameras on its plane of "
+                         f"symmetry {MIRROR_CAMERAS}; got cameras {tuple(cameras)}, state {state_dim}, object channel "
+                         f"{env_state_dim}" + (f", actions {action_dim}" if action_dim is not None else ""))
+
+
 def fit_estimator(est: StateEstimator, frames: dict, held: dict | None, steps: int, batch: int = 64,
                   lr: float = 1e-3, seed: int = 0, log_every: int = 500, progress: bool = False,
                   mirror: float = 0.0) -> list:
@@ -89,10 +101,8 @@ def fit_estimator(est: StateEstimator, frames: dict, held: dict | None, steps: i
     S, E = (torch.as_tensor(frames[k], device=device) for k in (OBS_STATE, OBS_ENV_STATE))
     if not 0.0 <= mirror <= 1.0:
         raise ValueError(f"mirror: a share of each batch in [0, 1], got {mirror}")
-    if mirror and (not set(est.cameras) <= set(MIRROR_CAMERAS) or S.shape[1] != len(MIRROR_STATE_SIGN)
-                   or E.shape[1] != len(MIRROR_ENV_STATE_SIGN)):
-        raise ValueError(f"mirror: only for the tabletop's channels and cameras on its plane of symmetry "
-                         f"{MIRROR_CAMERAS}; got cameras {est.cameras}, state {S.shape[1]}, object channel {E.shape[1]}")
+    if mirror:
+        check_mirrorable("mirror", est.cameras, S.shape[1], E.shape[1])
     s_sign, e_sign = (torch.as_tensor(v, device=device) for v in (MIRROR_STATE_SIGN, MIRROR_ENV_STATE_SIGN))
     opt = torch.optim.Adam(est.parameters(), lr=lr)
     warmup = max(1, min(200, steps // 10))  # an unwarmed, unclipped run spiked (loss 0.01 -> 6.8) mid-training
@@ -233,9 +243,7 @@ def train_on_frames(frames: dict, held: dict | None, tasks: list[str], estimator
         estimate = frames[OBS_ENV_STATE][act]
     state, frame_tasks, labels = frames[OBS_STATE][act], frames[TASK][act], frames[ACTION][act]
     if mirror_actor:
-        if state.shape[1] != len(MIRROR_STATE_SIGN) or labels.shape[1] != len(MIRROR_ACTION_SIGN):
-            raise ValueError(f"mirror_actor: only for the tabletop's state ({len(MIRROR_STATE_SIGN)}) and end-effector "
-                             f"actions ({len(MIRROR_ACTION_SIGN)}); got {state.shape[1]} and {labels.shape[1]}")
+        check_mirrorable("mirror_actor", cfg.cameras, state.shape[1], estimate.shape[1], labels.shape[1])
         m_state = state * MIRROR_STATE_SIGN
         m_estimate = (policy.estimator.estimate(images, m_state, flip=True) if cfg.cameras
                       else estimate * MIRROR_ENV_STATE_SIGN)

@@ -384,3 +384,7 @@ def test_the_actor_also_learns_every_frames_reflection(monkeypatch):
     flipped = {"front": frames["images"]["front"][act][:, :, ::-1].copy()}
     np.testing.assert_allclose(estimate[11:], policy.estimator.estimate(flipped, state[11:]), atol=1e-5)
     assert not np.allclose(estimate[11:], policy.estimator.estimate(frames["images"], frames["observation.state"])[act])
+    side = {**frames, "images": {"side": frames["images"]["front"]}}  # a camera off the plane of symmetry
+    with pytest.raises(ValueError, match="mirror_actor: only for the tabletop"):
+        T.train_on_frames(side, None, ["push the red cube"], estimator_steps=2, actor_steps=1, width=8, hidden=16,
+                          layers=1, progress=False, mirror_actor=True)
