@@ -51,7 +51,7 @@ def main(quick: bool = False, size: str = "small", device: str = "cpu", steps_sc
          batch_size: int = 32, amp: bool = False, compile: str | None = None, train_only: bool = False,
          deterministic: bool = True, motion_weight: float = 3.0, episodes: int = 300, extra_envs: int = 2,
          eval_every: int = 500, seed: int = 0, state_unroll: int = 12, state_arm_rest: bool = False,
-         state_detach_hand: bool = False, unroll: bool = True) -> dict:
+         state_detach_hand: bool = False, unroll: bool = True, mirror: bool = False) -> dict:
     """The defaults are the committed CPU numbers. Anything else (e.g. `--size base --device cuda --steps-scale 5`)
     trains in its own work folder and writes `world-model-SIZE-DEVICE.json`, never the CPU result.
 
@@ -73,7 +73,8 @@ def main(quick: bool = False, size: str = "small", device: str = "cpu", steps_sc
     (`unroll_steps` 0; `...-nounroll`). With a constant learning rate and per-step randomness, that model is the
     full recipe's checkpoint at the end of its denoiser phase, so a device run cut there is measured as this.
     `seed`: the training seed (`TrainWMConfig.seed`; the data stay the same), for a second model of one recipe
-    (`...-sN`). The committed CPU result is the default with its deterministic baseline; `deterministic=false` alone
+    (`...-sN`). `mirror`: every training episode also trained on as its reflection through the cell's plane of
+    symmetry (`TrainWMConfig.mirror`; the held-out episodes are not reflected; `...-mirror`). The committed CPU result is the default with its deterministic baseline; `deterministic=false` alone
     writes `world-model-small-cpu.json` instead."""
     from wmrl.commands.collect import CollectConfig, collect
     from wmrl.eval.world_model import (auroc_plot, cube_error_at_episode_end, cube_error_in_true_sim, gain_plot,
@@ -87,14 +88,14 @@ def main(quick: bool = False, size: str = "small", device: str = "cpu", steps_sc
         raise ValueError(f"episodes must be >= 300 (the dataset with the held-out episodes), got {episodes}")
     n_eps, n_extra = (16, 0) if quick else (300, episodes - 300)
     default = (size, device, steps_scale, batch_size, float(motion_weight), episodes, seed, deterministic,
-               int(state_unroll), state_arm_rest, state_detach_hand, unroll) == ("small", "cpu", 1.0, 32, 3.0, 300, 0,
-                                                                                  True, 12, False, False, True)
+               int(state_unroll), state_arm_rest, state_detach_hand, unroll, mirror) == (
+        "small", "cpu", 1.0, 32, 3.0, 300, 0, True, 12, False, False, True, False)
     tag = "full" if default else (f"{size}-{device.split(':')[0]}" + (f"-x{steps_scale:g}" if steps_scale != 1 else "")
                                   + (f"-mw{float(motion_weight):g}" if float(motion_weight) != 3.0 else "")
                                   + (f"-ep{episodes}" if episodes != 300 else "") + (f"-s{seed}" if seed else "")
                                   + (f"-su{int(state_unroll)}" if int(state_unroll) != 12 else "")
                                   + ("-ar" if state_arm_rest else "") + ("-dh" if state_detach_hand else "")
-                                  + ("" if unroll else "-nounroll"))
+                                  + ("" if unroll else "-nounroll") + ("-mirror" if mirror else ""))
     work = Path(tempfile.mkdtemp(prefix="wmrl-bench-wm-")) if quick else WORK / tag  # quick: always fresh
     mix = dict(failures=0.3, noise=0.05, perturbed=0.25)
     base = TrainWMConfig(data=Path("."), out=Path("."))
@@ -102,7 +103,7 @@ def main(quick: bool = False, size: str = "small", device: str = "cpu", steps_sc
                  change_mask_windows=4, head_rollout_steps=20) if quick else dict(
         size=size, device=device, batch_size=batch_size, amp=amp, compile=compile, motion_weight=float(motion_weight),
         eval_every=int(eval_every), seed=int(seed), state_unroll=int(state_unroll), state_arm_rest=state_arm_rest,
-        state_detach_hand=state_detach_hand,
+        state_detach_hand=state_detach_hand, mirror=mirror,
         **{k: int(getattr(base, k) * steps_scale) for k in ("ae_steps", "state_steps", "dyn_steps", "unroll_steps")})
     if not unroll:
         steps["unroll_steps"] = 0
@@ -242,5 +243,5 @@ def main(quick: bool = False, size: str = "small", device: str = "cpu", steps_sc
             + (f" seed={seed}" if seed else "")
             + (f" state_unroll={int(state_unroll)}" if int(state_unroll) != 12 else "")
             + (" state_arm_rest=true" if state_arm_rest else "") + (" state_detach_hand=true" if state_detach_hand else "")
-            + ("" if unroll else " unroll=false"))
+            + ("" if unroll else " unroll=false") + (" mirror=true" if mirror else ""))
     return finish(f"world-model-{tag}", out, quick, command=f"wmrl bench world-model --json --options {opts}")

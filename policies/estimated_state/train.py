@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 from policies.estimated_state.modeling import EstimatedStateConfig, EstimatedStatePolicy, StateEstimator
 from policies.vla.bc import load_replay
 from sim import task_from_instruction
-from sim.tabletop.env import MIRROR_ACTION_SIGN, MIRROR_CAMERAS, MIRROR_ENV_STATE_SIGN, MIRROR_STATE_SIGN
+from sim.tabletop.env import MIRROR_ACTION_SIGN, MIRROR_ENV_STATE_SIGN, MIRROR_STATE_SIGN, check_mirrorable
 from wmrl.core.arm import cubes_on_table, on_table_mask
 from wmrl.core.features import ACTION, IS_LAST, OBS_ENV_STATE, OBS_STATE, TASK, image_key
 from wmrl.core.text import words
@@ -73,18 +73,6 @@ def fit(loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], params, X, Y
         value.backward()
         opt.step()
         sched.step()
-
-
-def check_mirrorable(what: str, cameras, state_dim: int, env_state_dim: int, action_dim: int | None = None) -> None:
-    """Refuse a reflection (`mirror`, `mirror_actor`) of data that is not the tabletop's: its channels' widths, its
-    end-effector actions, and cameras on its plane of symmetry."""
-    dims = [(state_dim, len(MIRROR_STATE_SIGN)), (env_state_dim, len(MIRROR_ENV_STATE_SIGN))]
-    dims += [(action_dim, len(MIRROR_ACTION_SIGN))] if action_dim is not None else []
-    if not set(cameras) <= set(MIRROR_CAMERAS) or any(got != want for got, want in dims):
-        raise ValueError(f"{what}: only for the tabletop's channels (state {len(MIRROR_STATE_SIGN)}, object channel "
-                         f"{len(MIRROR_ENV_STATE_SIGN)}, actions {len(MIRROR_ACTION_SIGN)}) and cameras on its plane of "
-                         f"symmetry {MIRROR_CAMERAS}; got cameras {tuple(cameras)}, state {state_dim}, object channel "
-                         f"{env_state_dim}" + (f", actions {action_dim}" if action_dim is not None else ""))
 
 
 def fit_estimator(est: StateEstimator, frames: dict, held: dict | None, steps: int, batch: int = 64,

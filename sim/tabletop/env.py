@@ -22,7 +22,8 @@ from sim.tabletop.tasks import MAX_STEPS, Layout, SceneState, parse_task, reward
 from sim.tabletop.twin import CUBE_COLOURS, REAL_WORLD, ZONE_COLOURS, TwinParams, apply_twin_params, read_nominal
 from wmrl.core.arm import EE_STEP, HOME_EE  # noqa: F401  (re-exported)
 from wmrl.core.control import TABLETOP
-from wmrl.core.features import OBS_ENV_STATE, OBS_STATE, TASK, image_key
+from wmrl.core.features import (ACTION, DONE, INDEX_FEATURES, INTERVENTION, IS_LAST, OBS_ENV_STATE, OBS_STATE, POLICY_ID,
+                                REWARD, SOURCE, SUCCESS, TASK, TERMINATED, TRUNCATED, camera_of, image_key, is_image_key)
 
 STATE_NAMES = ["yaw", "shoulder", "elbow", "wrist", "gripper_opening", "ee_x", "ee_y", "ee_z"]
 ENV_STATE_NAMES = [f"{c}_{a}" for c in CUBE_COLOURS for a in "xyz"] + [f"zone_{z}_{a}" for z in ZONE_COLOURS for a in "xy"]
@@ -35,6 +36,39 @@ MIRROR_STATE_SIGN = np.array([-1.0 if n in ("yaw", "ee_y") else 1.0 for n in STA
 MIRROR_ENV_STATE_SIGN = np.array([-1.0 if n.endswith("_y") else 1.0 for n in ENV_STATE_NAMES], np.float32)
 MIRROR_ACTION_SIGN = np.array([1.0, -1.0, 1.0, 1.0], np.float32)  # the end-effector delta (dx, dy, dz, gripper)
 MIRROR_CAMERAS = ("front", "wrist")
+# per-frame columns a reflection keeps as recorded: the step's scalars (the task's reward and success are symmetric)
+# and the instruction (zones are named by colour, not side)
+MIRROR_KEPT = frozenset({REWARD, DONE, TERMINATED, TRUNCATED, SUCCESS, IS_LAST, SOURCE, INTERVENTION, POLICY_ID, TASK,
+                         *INDEX_FEATURES})
+
+
+def check_mirrorable(what: str, cameras, state_dim: int | None, env_state_dim: int | None,
+                     action_dim: int | None = None) -> None:
+    """Refuse a reflection of data that is not the tabletop's: its channels' widths, its end-effector actions, and
+    cameras on its plane of symmetry (a width given as None: the data has no such column)."""
+    dims = [(state_dim, len(MIRROR_STATE_SIGN)), (env_state_dim, len(MIRROR_ENV_STATE_SIGN)),
+            (action_dim, len(MIRROR_ACTION_SIGN))]
+    if not set(cameras) <= set(MIRROR_CAMERAS) or any(got not in (None, want) for got, want in dims):
+        raise ValueError(f"{what}: only for the tabletop's channels (state {len(MIRROR_STATE_SIGN)}, object channel "
+                         f"{len(MIRROR_ENV_STATE_SIGN)}, actions {len(MIRROR_ACTION_SIGN)}) and cameras on its plane of "
+                         f"symmetry {MIRROR_CAMERAS}; got cameras {tuple(cameras)}, state {state_dim}, object channel "
+                         f"{env_state_dim}" + (f", actions {action_dim}" if action_dim is not None else ""))
+
+
+def mirror_episode(episode: dict, what: str = "mirror") -> dict:
+    """A recorded episode's reflection through the cell's plane of symmetry y = 0: an episode of the reflected layout
+    (both cameras' images flipped left-right, the y coordinates and the base's yaw negated in the two channels and
+    the actions). A column it cannot reflect (e.g. the simulator's `qpos`) is refused by name, never copied as is."""
+    width = lambda k: int(np.shape(episode[k])[-1]) if k in episode else None
+    check_mirrorable(what, [camera_of(k) for k in episode if is_image_key(k)], width(OBS_STATE), width(OBS_ENV_STATE),
+                     width(ACTION))
+    if unknown := sorted(k for k in episode if not is_image_key(k) and k not in MIRROR_KEPT | {OBS_STATE, OBS_ENV_STATE, ACTION}):
+        raise ValueError(f"{what}: no reflection known for the columns {unknown}; drop them first")
+    sign = {OBS_STATE: MIRROR_STATE_SIGN, OBS_ENV_STATE: MIRROR_ENV_STATE_SIGN, ACTION: MIRROR_ACTION_SIGN}
+    return {k: (np.ascontiguousarray(v[..., ::-1, :]) if is_image_key(k)  # (T, H, W, 3): W is the second last
+                else (np.asarray(v) * sign[k]).astype(np.asarray(v).dtype) if k in sign
+                else (list(v) if isinstance(v, list) else np.array(v, copy=True)))
+            for k, v in episode.items()}
 
 
 def validate_action(action, shape: tuple[int, ...], field: str = "action") -> np.ndarray:

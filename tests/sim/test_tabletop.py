@@ -246,7 +246,7 @@ def test_the_mirror_signs_reflect_a_scene_through_the_cells_plane_of_symmetry():
     from dataclasses import replace
 
     from sim.experts import expert_action
-    from sim.tabletop.env import MIRROR_ACTION_SIGN, MIRROR_ENV_STATE_SIGN, MIRROR_STATE_SIGN
+    from sim.tabletop.env import MIRROR_ACTION_SIGN, MIRROR_ENV_STATE_SIGN, MIRROR_STATE_SIGN, mirror_episode
 
     def red_columns(img):
         red = (img[..., 0] > 120) & (img[..., 1] < 60) & (img[..., 2] < 60)
@@ -260,6 +260,8 @@ def test_the_mirror_signs_reflect_a_scene_through_the_cells_plane_of_symmetry():
                        zone_xy=flip(lay.zone_xy))
     mobs, _ = b.reset(seed=3, options={"layout": mirrored})
     rng = np.random.default_rng(0)
+    keys = ("observation.state", "observation.environment_state", "observation.images.front")
+    rec = {"a": {k: [] for k in (*keys, "action", "next.reward", "next.success")}, "b": {k: [] for k in (*keys, "action", "next.reward", "next.success")}}
     for t in range(12):
         np.testing.assert_allclose(mobs["observation.state"], obs["observation.state"] * MIRROR_STATE_SIGN, atol=2e-3)
         np.testing.assert_allclose(mobs["observation.environment_state"],
@@ -270,6 +272,47 @@ def test_the_mirror_signs_reflect_a_scene_through_the_cells_plane_of_symmetry():
                                                  mobs["observation.environment_state"], False),
                                    label * MIRROR_ACTION_SIGN, atol=1e-2)
         act = rng.uniform(-1, 1, 4) if t % 2 else label  # the expert's own steps move the cube
-        obs, *_ = a.step(act)
-        mobs, *_ = b.step(act * MIRROR_ACTION_SIGN)
+        for side, o, x in (("a", obs, act), ("b", mobs, act * MIRROR_ACTION_SIGN)):
+            for k in keys:
+                rec[side][k].append(o[k])
+            rec[side]["action"].append(np.float32(x))
+        obs, r, *_, info = a.step(act)
+        mobs, mr, *_, minfo = b.step(act * MIRROR_ACTION_SIGN)
+        for side, rr, inf in (("a", r, info), ("b", mr, minfo)):
+            rec[side]["next.reward"].append(np.float32(rr))
+            rec[side]["next.success"].append(bool(inf["is_success"]))
     assert np.abs(obs["observation.state"][[0, 6]]).min() > 1e-3  # the arm left the plane: the check had teeth
+    # a recorded episode's reflection (what `train-wm --mirror` adds) is the reflected layout's episode
+    ep_a, ep_b = ({k: np.stack(v) for k, v in rec[s].items()} for s in ("a", "b"))
+    m = mirror_episode(ep_a)
+    for k in ("observation.state", "observation.environment_state", "next.reward"):
+        np.testing.assert_allclose(m[k], ep_b[k], atol=2e-3)
+    np.testing.assert_allclose(m["action"], ep_b["action"], atol=1e-6)
+    np.testing.assert_array_equal(m["next.success"], ep_b["next.success"])
+    assert max(abs(red_columns(x) - red_columns(y)) for x, y in zip(m["observation.images.front"], ep_b["observation.images.front"])) < 1.0
+    assert not np.allclose(m["observation.state"], ep_a["observation.state"], atol=1e-2)  # the reflection is another episode
+
+
+def test_mirror_episode_is_an_involution_and_refuses_what_it_cannot_reflect():
+    from sim.tabletop.env import mirror_episode
+
+    rng = np.random.default_rng(0)
+    ep = {"observation.images.front": rng.integers(0, 255, (3, 8, 6, 3), dtype=np.uint8),
+          "observation.state": rng.normal(size=(3, 8)).astype(np.float32),
+          "observation.environment_state": rng.normal(size=(3, 13)).astype(np.float32),
+          "action": rng.normal(size=(3, 4)).astype(np.float32), "next.reward": np.ones(3, np.float32),
+          "task": ["push the red cube to the blue zone"] * 3}
+    m = mirror_episode(ep)
+    assert m["observation.images.front"][0, 2, 0, 1] == ep["observation.images.front"][0, 2, 5, 1]  # columns flipped
+    np.testing.assert_array_equal(m["action"][:, 1], -ep["action"][:, 1])
+    np.testing.assert_array_equal(m["observation.state"][:, 0], -ep["observation.state"][:, 0])  # the base's yaw
+    assert m["task"] == ep["task"] and m["observation.state"].dtype == np.float32
+    back = mirror_episode(m)
+    for k, v in ep.items():
+        np.testing.assert_array_equal(np.asarray(back[k]), np.asarray(v))
+    with pytest.raises(ValueError, match=r"no reflection known for the columns \['qpos'\]"):
+        mirror_episode({**ep, "qpos": np.zeros((3, 27), np.float32)})
+    with pytest.raises(ValueError, match="actions 7"):  # another suite's 7-D actions
+        mirror_episode({**ep, "action": np.zeros((3, 7), np.float32)})
+    with pytest.raises(ValueError, match="got cameras \\('side',\\)"):
+        mirror_episode({"observation.images.side": ep["observation.images.front"]})

@@ -788,6 +788,35 @@ def test_missing_environment_state_names_the_feature_and_the_flag(tiny_data, tmp
     assert r["success_source"] == "frames"
 
 
+def test_mirror_trains_on_every_episode_and_its_reflection_and_refuses_other_data_before_any_run_folder(tiny_data, tmp_path):
+    from sim.tabletop.env import MIRROR_ACTION_SIGN
+    from wmrl.datasets import LeRobotV3Dataset, LeRobotV3Writer, write_episode
+    from wmrl.core.episode import features_for
+
+    _, train, _ = load_split(tiny_data, 0.25)
+    both = wm_train.with_reflections(train)
+    assert both.num_episodes == 2 * train.num_episodes and len(both) == 2 * len(train)
+    eids = list(both.episodes)
+    ep, m = both.get_episode(eids[2]), both.get_episode(eids[3])  # the second episode and its reflection
+    np.testing.assert_array_equal(m["observation.images.wrist"], ep["observation.images.wrist"][:, :, ::-1])
+    np.testing.assert_array_equal(m["action"], ep["action"] * MIRROR_ACTION_SIGN)
+    np.testing.assert_array_equal(m["next.success"], ep["next.success"])
+    r = train_world_model(_cfg(tiny_data, tmp_path / "r", mirror=True, ae_steps=2, state_steps=2, dyn_steps=2,
+                               unroll_steps=1, change_mask_steps=0, head_rollout_steps=0, videos=0), progress=False)
+    assert r["train_episodes"] == 2 * train.num_episodes
+    # a dataset of another geometry (here: 7-D actions) has no known reflection: refused before its run folder
+    w = None
+    for ep in LeRobotV3Dataset(tiny_data).iter_episodes():
+        ep = {k: v for k, v in ep.items() if k not in ("timestamp", "frame_index", "episode_index", "index", "task_index")}
+        ep["action"] = np.concatenate([ep["action"], np.zeros((len(ep["action"]), 3), np.float32)], 1)
+        w = w or LeRobotV3Writer(tmp_path / "d7", fps=10, features=features_for(ep))
+        write_episode(w, ep)
+    w.finalize()
+    with pytest.raises(ValueError, match="--mirror .*actions 7"):
+        train_world_model(_cfg(tmp_path / "d7", tmp_path / "r7", mirror=True), progress=False)
+    assert not (tmp_path / "r7").exists()
+
+
 def test_an_unknown_compile_mode_is_refused_before_any_run_folder(tiny_data, tmp_path):
     with pytest.raises(ValueError, match="--compile must be one of default, reduce-overhead, max-autotune, got 'fast'"):
         train_world_model(_cfg(tiny_data, tmp_path / "r", compile="fast"), progress=False)

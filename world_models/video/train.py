@@ -196,6 +196,10 @@ class TrainWMConfig:
     `--state-dagger-actors expert runs/bc` alternates: the states the policy RL starts from visits, beside the expert's."""
     extra_data: tuple[Path, ...] = ()
     """More datasets to train on (all episodes to training), e.g. true rollouts of an evolved policy (co-evolution)."""
+    mirror: bool = False
+    """Train on every training episode and its reflection through the cell's plane of symmetry y = 0 (images flipped
+    left-right, y and the base's yaw negated: `sim.tabletop.env.mirror_episode`), a second layout for each recorded
+    one (tabletop data only; held-out episodes are never reflected)."""
     init_from: Optional[Path] = None
     """Start from another run's checkpoint: all weights if its config matches (fine-tuning), all but the state channel's
     if only the channel differs (e.g. a new channel on an existing model: --ae-steps 0 --dyn-steps 0 --unroll-steps 0),
@@ -230,7 +234,7 @@ RUN_FIELDS = frozenset({"data", "out", "extra_data", "calibration_data", "init_f
                         "amp", "compile", "threads", "state_dagger_rounds"})
 # recipe options whose default turned on after runs were recorded without them (those runs trained with them off)
 RECIPE_ADDED_OFF = {"frame_blobs": False, "change_objects": False, "head_rollout_steps": 0, "change_pose_layer": False,
-                    "change_bf16": False}
+                    "change_bf16": False, "mirror": False}
 
 
 def recorded_recipe(config: dict) -> dict:
@@ -253,6 +257,19 @@ def load_split(data: Path, holdout: float, seed: int = 0, extra: tuple[Path, ...
     if dss[0].num_episodes - held.num_episodes < 2:
         raise ValueError(f"{data}: {dss[0].num_episodes} episodes are too few to train a world model")
     return dss[0], train, held
+
+
+def with_reflections(replay: EpisodeReplay, seed: int = 0) -> EpisodeReplay:
+    """A replay of every episode of `replay` followed by its reflection (`sim.tabletop.env.mirror_episode`), with
+    the same headroom for episodes added later (state DAgger)."""
+    from sim.tabletop.env import mirror_episode
+
+    out = EpisodeReplay(2 * replay.capacity, seed=seed)
+    for eid in list(replay.episodes):
+        ep = replay.get_episode(eid)
+        out.add_episode(ep)
+        out.add_episode(mirror_episode(ep, "--mirror"))
+    return out
 
 
 def model_config(cfg: TrainWMConfig, ds) -> WorldModelConfig:
@@ -560,9 +577,19 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
         if not got <= have:
             raise ValueError(f"--calibration-data {cfg.calibration_data}: its tasks {sorted(got - have)} are not the "
                              f"training data's {sorted(have)}")
+    if cfg.mirror:  # refused before any run folder: a dataset whose columns have no known reflection
+        from sim.tabletop.env import mirror_episode
+        from wmrl.datasets import LeRobotV3Dataset
+
+        for d in (cfg.data, *cfg.extra_data):
+            feats = LeRobotV3Dataset(d).features
+            mirror_episode({k: np.zeros((1, *(f.get("shape") or ())), np.float32) for k, f in feats.items()
+                            if k not in BOOKKEEPING | {"qpos", "qvel"}}, f"--mirror ({d})")
     run = start_run(cfg)
     torch.manual_seed(cfg.seed)
     ds, train, held = load_split(cfg.data, cfg.holdout, cfg.seed, cfg.extra_data)
+    if cfg.mirror:
+        train = with_reflections(train, cfg.seed)
     mcfg = model_config(cfg, ds)
     if dagger.rounds and not (cfg.state_channel and mcfg.env_state_dim):
         raise ValueError("--state-dagger-rounds trains the state channel: it needs the dataset's "
@@ -772,7 +799,8 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
     plot_curves(run / "metrics.jsonl", run / "losses.png", [("ae_loss", "fit_ae_loss", "val_ae_loss"),
                 ("state_loss", "fit_state_loss", "val_state_loss"), ("dyn_loss", "fit_dyn_loss", "val_dyn_loss"),
                 ("unroll_loss",)], title="world model: running, fixed training windows (fit), held-out (val)")
-    result = {"run_dir": str(run), "steps": step, "train_minutes": minutes, "success_source": model.success_source, **last}
+    result = {"run_dir": str(run), "steps": step, "train_minutes": minutes, "success_source": model.success_source,
+              "train_episodes": train.num_episodes, **last}
     if cfg.videos:
         from world_models.video.evaluate import write_side_by_side
 
