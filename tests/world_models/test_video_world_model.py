@@ -793,9 +793,10 @@ def test_mirror_trains_on_every_episode_and_its_reflection_and_refuses_other_dat
     from wmrl.datasets import LeRobotV3Dataset, LeRobotV3Writer, write_episode
     from wmrl.core.episode import features_for
 
-    _, train, _ = load_split(tiny_data, 0.25)
-    both = wm_train.with_reflections(train)
+    _, train, held = load_split(tiny_data, 0.25)
+    _, both, held_m = load_split(tiny_data, 0.25, mirror=True)
     assert both.num_episodes == 2 * train.num_episodes and len(both) == 2 * len(train)
+    assert held_m.num_episodes == held.num_episodes and len(held_m) == len(held)  # held-out episodes never reflected
     eids = list(both.episodes)
     ep, m = both.get_episode(eids[2]), both.get_episode(eids[3])  # the second episode and its reflection
     np.testing.assert_array_equal(m["observation.images.wrist"], ep["observation.images.wrist"][:, :, ::-1])

@@ -356,14 +356,16 @@ class EpisodeReplay:
     @classmethod
     def from_datasets(cls, paths, *, keys: Callable[[Any], set[str]] | None = None, drop: set[str] = BOOKKEEPING,
                       require: tuple[str, ...] = (), holdout: float = 0.0, where: Callable[[dict], bool] | None = None,
-                      transform: Callable[[dict], dict] | None = None, seed: int = 0) -> tuple[list, "EpisodeReplay", "EpisodeReplay"]:
+                      transform: Callable[[dict], dict] | None = None, augment: Callable[[dict], dict] | None = None,
+                      seed: int = 0) -> tuple[list, "EpisodeReplay", "EpisodeReplay"]:
         """The one way from LeRobot v3 datasets to replays: `(datasets, train, held)`.
 
         `paths`: one or more dataset folders. `holdout`: the last share of the *first* dataset's episodes go to
         `held` (at least one when > 0); every other episode trains. `keys(dataset)`: the features to keep (default:
         all but `drop`, the bookkeeping columns). `require`: features every dataset must have (one error naming the
         missing ones). `where(episode)`: keep only the episodes it accepts. `transform(episode)`: applied to each kept
-        episode before it is stored (e.g. relabelling its actions with an expert's)."""
+        episode before it is stored (e.g. relabelling its actions with an expert's). `augment(episode)`: every
+        training episode is also stored as this new one (e.g. its reflection), after it; held-out ones never are."""
         paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
         if not (isinstance(holdout, (int, float)) and 0 <= holdout < 1):
             raise ValueError(f"--holdout must be in [0, 1), got {holdout}")
@@ -373,7 +375,7 @@ class EpisodeReplay:
                 raise ValueError(f"{d.root}: dataset lacks {missing}; it has {sorted(d.features)}")
         first = dss[0]
         n_hold = max(1, int(round(first.num_episodes * holdout))) if holdout > 0 else 0
-        train = cls(sum(d.num_frames for d in dss), seed=seed)
+        train = cls(sum(d.num_frames for d in dss) * (2 if augment is not None else 1), seed=seed)
         held = cls(first.num_frames, seed=seed + 1)
         for j, d in enumerate(dss):
             keep = keys(d) if keys is not None else None
@@ -383,7 +385,10 @@ class EpisodeReplay:
                 dest = held if j == 0 and i >= first.num_episodes - n_hold else train
                 if transform is not None:
                     ep = transform(ep)
-                dest.add_episode({k: v for k, v in ep.items() if (k in keep if keep is not None else k not in drop)})
+                ep = {k: v for k, v in ep.items() if (k in keep if keep is not None else k not in drop)}
+                dest.add_episode(ep)
+                if augment is not None and dest is train:
+                    train.add_episode(augment(ep))
         return dss, train, held
 
     @classmethod

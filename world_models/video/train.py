@@ -38,6 +38,7 @@ from world_models.video.model import (CHANGE_MASK_FIELDS, VideoWorldModel, World
 from world_models.video.networks import TaskEncoder
 import sim
 from sim import task_from_instruction
+from sim.tabletop.env import mirror_episode
 from world_models.video.state_dagger import StateDaggerConfig, check_placeable, dagger_round, load_episodes, save_episodes
 
 
@@ -247,29 +248,20 @@ def recorded_recipe(config: dict) -> dict:
     return recipe
 
 
-def load_split(data: Path, holdout: float, seed: int = 0, extra: tuple[Path, ...] = (), keep: tuple[str, ...] = ()):
+def load_split(data: Path, holdout: float, seed: int = 0, extra: tuple[Path, ...] = (), keep: tuple[str, ...] = (),
+               mirror: bool = False):
     """The dataset as two replays: train episodes and held-out episodes (the last `holdout` share of `data`).
     Episodes of the `extra` datasets (e.g. rollouts of an evolved policy) all go to training. `keep`: bookkeeping
-    columns to keep (e.g. `qpos` for re-rendering held-out frames)."""
+    columns to keep (e.g. `qpos` for re-rendering held-out frames). `mirror`: every training episode followed by
+    its reflection (`sim.tabletop.env.mirror_episode`)."""
     needed = (STATE, ACTION, SUCC, REW, TERM, "observation.images.front", "observation.images.wrist")
     drop = (BOOKKEEPING | {"qpos", "qvel"}) - set(keep)
-    dss, train, held = EpisodeReplay.from_datasets([data, *extra], drop=drop, require=needed, holdout=holdout, seed=seed)
+    augment = (lambda ep: mirror_episode(ep, "--mirror")) if mirror else None
+    dss, train, held = EpisodeReplay.from_datasets([data, *extra], drop=drop, require=needed, holdout=holdout, seed=seed,
+                                                   augment=augment)
     if dss[0].num_episodes - held.num_episodes < 2:
         raise ValueError(f"{data}: {dss[0].num_episodes} episodes are too few to train a world model")
     return dss[0], train, held
-
-
-def with_reflections(replay: EpisodeReplay, seed: int = 0) -> EpisodeReplay:
-    """A replay of every episode of `replay` followed by its reflection (`sim.tabletop.env.mirror_episode`), with
-    the same headroom for episodes added later (state DAgger)."""
-    from sim.tabletop.env import mirror_episode
-
-    out = EpisodeReplay(2 * replay.capacity, seed=seed)
-    for eid in list(replay.episodes):
-        ep = replay.get_episode(eid)
-        out.add_episode(ep)
-        out.add_episode(mirror_episode(ep, "--mirror"))
-    return out
 
 
 def model_config(cfg: TrainWMConfig, ds) -> WorldModelConfig:
@@ -578,7 +570,6 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
             raise ValueError(f"--calibration-data {cfg.calibration_data}: its tasks {sorted(got - have)} are not the "
                              f"training data's {sorted(have)}")
     if cfg.mirror:  # refused before any run folder: a dataset whose columns have no known reflection
-        from sim.tabletop.env import mirror_episode
         from wmrl.datasets import LeRobotV3Dataset
 
         for d in (cfg.data, *cfg.extra_data):
@@ -587,9 +578,7 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
                             if k not in BOOKKEEPING | {"qpos", "qvel"}}, f"--mirror ({d})")
     run = start_run(cfg)
     torch.manual_seed(cfg.seed)
-    ds, train, held = load_split(cfg.data, cfg.holdout, cfg.seed, cfg.extra_data)
-    if cfg.mirror:
-        train = with_reflections(train, cfg.seed)
+    ds, train, held = load_split(cfg.data, cfg.holdout, cfg.seed, cfg.extra_data, mirror=cfg.mirror)
     mcfg = model_config(cfg, ds)
     if dagger.rounds and not (cfg.state_channel and mcfg.env_state_dim):
         raise ValueError("--state-dagger-rounds trains the state channel: it needs the dataset's "
