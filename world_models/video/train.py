@@ -235,7 +235,7 @@ RUN_FIELDS = frozenset({"data", "out", "extra_data", "calibration_data", "init_f
                         "amp", "compile", "threads", "state_dagger_rounds"})
 # recipe options whose default turned on after runs were recorded without them (those runs trained with them off)
 RECIPE_ADDED_OFF = {"frame_blobs": False, "change_objects": False, "head_rollout_steps": 0, "change_pose_layer": False,
-                    "change_bf16": False, "mirror": False}
+                    "change_bf16": False}
 
 
 def recorded_recipe(config: dict) -> dict:
