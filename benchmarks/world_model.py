@@ -74,8 +74,9 @@ def main(quick: bool = False, size: str = "small", device: str = "cpu", steps_sc
     full recipe's checkpoint at the end of its denoiser phase, so a device run cut there is measured as this.
     `seed`: the training seed (`TrainWMConfig.seed`; the data stay the same), for a second model of one recipe
     (`...-sN`). `mirror`: every training episode also trained on as its reflection through the cell's plane of
-    symmetry (`TrainWMConfig.mirror`; the held-out episodes are not reflected; `...-mirror`). The committed CPU result is the default with its deterministic baseline; `deterministic=false` alone
-    writes `world-model-small-cpu.json` instead."""
+    symmetry (`TrainWMConfig.mirror`; the held-out episodes are not reflected; `...-mirror`). The committed CPU
+    result is the default with its deterministic baseline; `deterministic=false` alone writes
+    `world-model-small-cpu.json` instead."""
     from wmrl.commands.collect import CollectConfig, collect
     from wmrl.eval.world_model import (auroc_plot, cube_error_at_episode_end, cube_error_in_true_sim, gain_plot,
                                        hallucination, pair_auroc, success_pairs, window_fidelity)

@@ -261,7 +261,7 @@ def test_the_mirror_signs_reflect_a_scene_through_the_cells_plane_of_symmetry():
     mobs, _ = b.reset(seed=3, options={"layout": mirrored})
     rng = np.random.default_rng(0)
     keys = ("observation.state", "observation.environment_state", "observation.images.front")
-    rec = {"a": {k: [] for k in (*keys, "action", "next.reward", "next.success")}, "b": {k: [] for k in (*keys, "action", "next.reward", "next.success")}}
+    rec = {side: {k: [] for k in (*keys, "action", "next.reward", "next.success")} for side in "ab"}
     for t in range(12):
         np.testing.assert_allclose(mobs["observation.state"], obs["observation.state"] * MIRROR_STATE_SIGN, atol=2e-3)
         np.testing.assert_allclose(mobs["observation.environment_state"],
