@@ -39,19 +39,35 @@ IMAGINATION_KEYS = ("motion_psnr_gain_h16", "motion_psnr_gain_h16_ci", "static_p
                     "latent_error_h1_model_motion", "error_split_h16")
 
 
+def _recorded_mirror(run: Path) -> bool:
+    """Whether a world-model run trained on reflections too (a config from before the option: it did not)."""
+    import yaml
+
+    from world_models.video.train import recorded_recipe
+
+    return bool(recorded_recipe(yaml.safe_load((run / "config.yaml").read_text()))["mirror"])
+
+
 def _trained(cfg) -> bool:
     """Whether `cfg.out`'s last checkpoint already reached the step budget of `cfg` (then nothing is trained, so a
     run trained on a lent device is measured on any machine without loading it there)."""
     state = cfg.out / "checkpoints/last/train_state.json"
+    if not state.exists():
+        return False
+    # a work folder trained before the reflections became the default is never measured as one trained with them
+    saved = _recorded_mirror(cfg.out)
+    if cfg.mirror is not None and saved != cfg.mirror:
+        raise ValueError(f"{cfg.out} was trained with mirror={saved}, this run asks for mirror={cfg.mirror}: "
+                         "remove the folder to retrain")
     budget = cfg.ae_steps + (cfg.state_steps if cfg.state_channel else 0) + cfg.dyn_steps + cfg.unroll_steps
-    return state.exists() and json.loads(state.read_text())["step"] >= budget
+    return json.loads(state.read_text())["step"] >= budget
 
 
 def main(quick: bool = False, size: str = "small", device: str = "cpu", steps_scale: float = 1.0,
          batch_size: int = 32, amp: bool = False, compile: str | None = None, train_only: bool = False,
          deterministic: bool = True, motion_weight: float = 3.0, episodes: int = 300, extra_envs: int = 2,
          eval_every: int = 500, seed: int = 0, state_unroll: int = 12, state_arm_rest: bool = False,
-         state_detach_hand: bool = False, unroll: bool = True, mirror: bool = False) -> dict:
+         state_detach_hand: bool = False, unroll: bool = True, mirror: bool = True) -> dict:
     """The defaults are the committed CPU numbers. Anything else (e.g. `--size base --device cuda --steps-scale 5`)
     trains in its own work folder and writes `world-model-SIZE-DEVICE.json`, never the CPU result.
 
@@ -73,8 +89,9 @@ def main(quick: bool = False, size: str = "small", device: str = "cpu", steps_sc
     (`unroll_steps` 0; `...-nounroll`). With a constant learning rate and per-step randomness, that model is the
     full recipe's checkpoint at the end of its denoiser phase, so a device run cut there is measured as this.
     `seed`: the training seed (`TrainWMConfig.seed`; the data stay the same), for a second model of one recipe
-    (`...-sN`). `mirror`: every training episode also trained on as its reflection through the cell's plane of
-    symmetry (`TrainWMConfig.mirror`; the held-out episodes are not reflected; `...-mirror`). The committed CPU
+    (`...-sN`). `mirror` (on): every training episode also trained on as its reflection through the cell's plane of
+    symmetry (`TrainWMConfig.mirror`, on for this data by default; the held-out episodes are not reflected);
+    `mirror=false` trains without (`...-nomirror`; the results before 2026-12-06 were, and their `-mirror` files with). The committed CPU
     result is the default with its deterministic baseline; `deterministic=false` alone writes
     `world-model-small-cpu.json` instead."""
     from wmrl.commands.collect import CollectConfig, collect
@@ -90,13 +107,13 @@ def main(quick: bool = False, size: str = "small", device: str = "cpu", steps_sc
     n_eps, n_extra = (16, 0) if quick else (300, episodes - 300)
     default = (size, device, steps_scale, batch_size, float(motion_weight), episodes, seed, deterministic,
                int(state_unroll), state_arm_rest, state_detach_hand, unroll, mirror) == (
-        "small", "cpu", 1.0, 32, 3.0, 300, 0, True, 12, False, False, True, False)
+        "small", "cpu", 1.0, 32, 3.0, 300, 0, True, 12, False, False, True, True)
     tag = "full" if default else (f"{size}-{device.split(':')[0]}" + (f"-x{steps_scale:g}" if steps_scale != 1 else "")
                                   + (f"-mw{float(motion_weight):g}" if float(motion_weight) != 3.0 else "")
                                   + (f"-ep{episodes}" if episodes != 300 else "") + (f"-s{seed}" if seed else "")
                                   + (f"-su{int(state_unroll)}" if int(state_unroll) != 12 else "")
                                   + ("-ar" if state_arm_rest else "") + ("-dh" if state_detach_hand else "")
-                                  + ("" if unroll else "-nounroll") + ("-mirror" if mirror else ""))
+                                  + ("" if unroll else "-nounroll") + ("" if mirror else "-nomirror"))
     work = Path(tempfile.mkdtemp(prefix="wmrl-bench-wm-")) if quick else WORK / tag  # quick: always fresh
     mix = dict(failures=0.3, noise=0.05, perturbed=0.25)
     base = TrainWMConfig(data=Path("."), out=Path("."))
@@ -137,7 +154,7 @@ def main(quick: bool = False, size: str = "small", device: str = "cpu", steps_sc
     model = VideoWorldModel.load(run / "checkpoints/last", device="cpu", state_gate=tcfg.state_gate).eval()
     _, train, held = load_split(data, 0.1, keep=("qpos",), extra=tcfg.extra_data)
     out: dict = {"dataset_episodes": n_eps + n_extra, "extra_envs": int(extra_envs) if n_extra else None, "data_mix": mix, "heldout_episodes": held.num_episodes,
-                 "train_episodes": train.num_episodes, "success_source": model.success_source,
+                 "train_episodes": train.num_episodes, "mirror": _recorded_mirror(run), "success_source": model.success_source,
                  "state_gate": model.cfg.state_gate if model.state_channel is not None else None}
 
     # ---- fidelity on the fixed window set, state errors
@@ -244,5 +261,5 @@ def main(quick: bool = False, size: str = "small", device: str = "cpu", steps_sc
             + (f" seed={seed}" if seed else "")
             + (f" state_unroll={int(state_unroll)}" if int(state_unroll) != 12 else "")
             + (" state_arm_rest=true" if state_arm_rest else "") + (" state_detach_hand=true" if state_detach_hand else "")
-            + ("" if unroll else " unroll=false") + (" mirror=true" if mirror else ""))
+            + ("" if unroll else " unroll=false") + ("" if mirror else " mirror=false"))
     return finish(f"world-model-{tag}", out, quick, command=f"wmrl bench world-model --json --options {opts}")

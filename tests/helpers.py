@@ -25,8 +25,8 @@ def tiny_wm_config(data, out, **kw):
     base = dict(data=data, out=out, size="tiny", ae_steps=30, state_steps=20, dyn_steps=30, unroll_steps=6, batch_size=8,
                 change_mask_steps=10, change_mask_windows=4,
                 # the older recipe (each later option has its own test; the demo's runs the defaults): no blobs, no
-                # object sources, no heads refitted on rollouts
-                frame_blobs=False, change_objects=False, change_pose_layer=False, head_rollout_steps=0,
+                # object sources, no heads refitted on rollouts, no reflected episodes
+                frame_blobs=False, change_objects=False, change_pose_layer=False, head_rollout_steps=0, mirror=False,
                 log_every=1, ckpt_every=1000, videos=0, holdout=0.25, overwrite=True)
     return TrainWMConfig(**{**base, **kw})
 

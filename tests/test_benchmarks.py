@@ -92,11 +92,16 @@ def test_world_model_benchmark_leaves_a_finished_training_alone(tmp_path):
     assert not trained(cfg)  # nothing saved yet
     (tmp_path / "run/checkpoints/last").mkdir(parents=True)
     (tmp_path / "run/checkpoints/last/train_state.json").write_text('{"step": 9}')
+    (tmp_path / "run/config.yaml").write_text("size: tiny\n")  # recorded before mirror existed: trained without
     assert not trained(cfg)  # 9 of 10 steps
     assert trained(TrainWMConfig(data=tmp_path, out=tmp_path / "run", ae_steps=2, state_steps=3, dyn_steps=4,
                                  unroll_steps=1, state_channel=False))  # 7 steps without the state channel: done
     (tmp_path / "run/checkpoints/last/train_state.json").write_text('{"step": 10}')
     assert trained(cfg)
+    # a run trained without reflections is never measured as one trained with them (the default since 2026-12-06)
+    with pytest.raises(ValueError, match="trained with mirror=False, this run asks for mirror=True"):
+        trained(TrainWMConfig(data=tmp_path, out=tmp_path / "run", ae_steps=2, state_steps=3, dyn_steps=4,
+                              unroll_steps=1, mirror=True))
 
 
 def test_world_model_posttrain_benchmark_compares_base_and_post_on_the_same_windows():

@@ -84,4 +84,4 @@ def test_a_fine_tune_keeps_its_sources_recipe_and_an_older_configs_options_stay_
     assert not {"device", "seed", "data", "out", "threads", "not_an_option"} & set(recipe)
     assert recorded_recipe({"change_objects": True, "head_rollout_steps": 1500}) == {
         "frame_blobs": False, "change_objects": True, "head_rollout_steps": 1500, "change_pose_layer": False,
-        "change_bf16": False}
+        "change_bf16": False, "mirror": False}

@@ -6,6 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import yaml
 from diffusers import EDMEulerScheduler
 from gymnasium.utils.env_checker import check_env
 
@@ -23,7 +24,8 @@ from world_models.video import train as wm_train
 from world_models.video.evaluate import auroc, held_level, bootstrap_ci, fixed_windows, matched_max, pair_auroc_ci, pair_auroc_difference, paired_difference
 from world_models.video.model import FRAMES_PER_PASS, VideoWorldModel, WorldModelConfig, commanded_pose, integrate_poses
 from world_models.video.state_channel import StateChannel, StateChannelConfig
-from world_models.video.train import TrainWMConfig, WindowSampler, load_split, train_world_model, unrolled_batch
+from world_models.video.train import (TrainWMConfig, WindowSampler, load_split, resolve_mirror, train_world_model,
+                                      unrolled_batch)
 
 VOCAB = ["push", "the", "red", "cube", "to", "yellow", "purple", "zone"]
 TASK = "push the red cube to the yellow zone"
@@ -802,9 +804,12 @@ def test_mirror_trains_on_every_episode_and_its_reflection_and_refuses_other_dat
     np.testing.assert_array_equal(m["observation.images.wrist"], ep["observation.images.wrist"][:, :, ::-1])
     np.testing.assert_array_equal(m["action"], ep["action"] * MIRROR_ACTION_SIGN)
     np.testing.assert_array_equal(m["next.success"], ep["next.success"])
-    r = train_world_model(_cfg(tiny_data, tmp_path / "r", mirror=True, ae_steps=2, state_steps=2, dyn_steps=2,
+    # the default (None) reflects data that can be, and the run's config records that it did
+    r = train_world_model(_cfg(tiny_data, tmp_path / "r", mirror=None, ae_steps=2, state_steps=2, dyn_steps=2,
                                unroll_steps=1, change_mask_steps=0, head_rollout_steps=0, videos=0), progress=False)
-    assert r["train_episodes"] == 2 * train.num_episodes
+    assert r["train_episodes"] == 2 * train.num_episodes and r["mirror"] is True
+    assert yaml.safe_load((tmp_path / "r/config.yaml").read_text())["mirror"] is True
+    assert resolve_mirror(_cfg(tiny_data, tmp_path / "x", mirror=False)) is False
     # a dataset of another geometry (here: 7-D actions) has no known reflection: refused before its run folder
     w = None
     for ep in LeRobotV3Dataset(tiny_data).iter_episodes():
@@ -816,6 +821,9 @@ def test_mirror_trains_on_every_episode_and_its_reflection_and_refuses_other_dat
     with pytest.raises(ValueError, match="--mirror .*actions 7"):
         train_world_model(_cfg(tmp_path / "d7", tmp_path / "r7", mirror=True), progress=False)
     assert not (tmp_path / "r7").exists()
+    assert resolve_mirror(_cfg(tmp_path / "d7", tmp_path / "r7", mirror=None)) is False  # the default: as recorded
+    with pytest.raises(ValueError, match=r"--mirror .*actions 7"):  # extra data are checked too
+        resolve_mirror(_cfg(tiny_data, tmp_path / "r7", mirror=True, extra_data=(tmp_path / "d7",)))
 
 
 def test_an_unknown_compile_mode_is_refused_before_any_run_folder(tiny_data, tmp_path):

@@ -197,10 +197,13 @@ class TrainWMConfig:
     `--state-dagger-actors expert runs/bc` alternates: the states the policy RL starts from visits, beside the expert's."""
     extra_data: tuple[Path, ...] = ()
     """More datasets to train on (all episodes to training), e.g. true rollouts of an evolved policy (co-evolution)."""
-    mirror: bool = False
+    mirror: Optional[bool] = None
     """Train on every training episode and its reflection through the cell's plane of symmetry y = 0 (images flipped
     left-right, y and the base's yaw negated: `sim.tabletop.env.mirror_episode`), a second layout for each recorded
-    one (tabletop data only; held-out episodes are never reflected)."""
+    one (held-out episodes are never reflected). None: on where every dataset can be reflected (the tabletop's
+    channels, actions and cameras), else off; True refuses data that cannot be, naming why. On the headline recipe,
+    two training seeds: frames-only success AUROC 0.87 / 0.89 (0.85 / 0.80 without), masked PSNR gain +3.2 / +3.1 dB,
+    end-effector at h16 1.20 / 1.33 cm (README "Reflected training episodes")."""
     init_from: Optional[Path] = None
     """Start from another run's checkpoint: all weights if its config matches (fine-tuning), all but the state channel's
     if only the channel differs (e.g. a new channel on an existing model: --ae-steps 0 --dyn-steps 0 --unroll-steps 0),
@@ -235,7 +238,7 @@ RUN_FIELDS = frozenset({"data", "out", "extra_data", "calibration_data", "init_f
                         "amp", "compile", "threads", "state_dagger_rounds"})
 # recipe options whose default turned on after runs were recorded without them (those runs trained with them off)
 RECIPE_ADDED_OFF = {"frame_blobs": False, "change_objects": False, "head_rollout_steps": 0, "change_pose_layer": False,
-                    "change_bf16": False}
+                    "change_bf16": False, "mirror": False}
 
 
 def recorded_recipe(config: dict) -> dict:
@@ -246,6 +249,26 @@ def recorded_recipe(config: dict) -> dict:
     recipe.update({f.name: config[f.name] for f in fields(TrainWMConfig)
                    if f.name in config and f.name not in RUN_FIELDS})
     return recipe
+
+
+def resolve_mirror(cfg: TrainWMConfig) -> bool:
+    """`cfg.mirror` decided before any run folder: whether every dataset's columns have a known reflection
+    (`sim.tabletop.env.mirror_episode` on a one-frame episode of each dataset's features). None: on exactly then;
+    True: such a dataset is refused, naming the column or widths; False: off."""
+    if cfg.mirror is False:
+        return False
+    from wmrl.datasets import LeRobotV3Dataset
+
+    try:
+        for d in (cfg.data, *cfg.extra_data):
+            feats = LeRobotV3Dataset(d).features
+            mirror_episode({k: np.zeros((1, *(f.get("shape") or ())), np.float32) for k, f in feats.items()
+                            if k not in BOOKKEEPING | {"qpos", "qvel"}}, f"--mirror ({d})")
+    except ValueError:
+        if cfg.mirror:
+            raise
+        return False
+    return True
 
 
 def load_split(data: Path, holdout: float, seed: int = 0, extra: tuple[Path, ...] = (), keep: tuple[str, ...] = (),
@@ -569,13 +592,7 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
         if not got <= have:
             raise ValueError(f"--calibration-data {cfg.calibration_data}: its tasks {sorted(got - have)} are not the "
                              f"training data's {sorted(have)}")
-    if cfg.mirror:  # refused before any run folder: a dataset whose columns have no known reflection
-        from wmrl.datasets import LeRobotV3Dataset
-
-        for d in (cfg.data, *cfg.extra_data):
-            feats = LeRobotV3Dataset(d).features
-            mirror_episode({k: np.zeros((1, *(f.get("shape") or ())), np.float32) for k, f in feats.items()
-                            if k not in BOOKKEEPING | {"qpos", "qvel"}}, f"--mirror ({d})")
+    cfg = replace(cfg, mirror=resolve_mirror(cfg))  # the config.yaml records what was trained on
     run = start_run(cfg)
     torch.manual_seed(cfg.seed)
     ds, train, held = load_split(cfg.data, cfg.holdout, cfg.seed, cfg.extra_data, mirror=cfg.mirror)
@@ -789,7 +806,7 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
                 ("state_loss", "fit_state_loss", "val_state_loss"), ("dyn_loss", "fit_dyn_loss", "val_dyn_loss"),
                 ("unroll_loss",)], title="world model: running, fixed training windows (fit), held-out (val)")
     result = {"run_dir": str(run), "steps": step, "train_minutes": minutes, "success_source": model.success_source,
-              "train_episodes": train.num_episodes, **last}
+              "train_episodes": train.num_episodes, "mirror": cfg.mirror, **last}
     if cfg.videos:
         from world_models.video.evaluate import write_side_by_side
 
