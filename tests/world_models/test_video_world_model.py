@@ -1,6 +1,7 @@
 import dataclasses
 import json
 import math
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -810,6 +811,13 @@ def test_mirror_trains_on_every_episode_and_its_reflection_and_refuses_other_dat
     assert r["train_episodes"] == 2 * train.num_episodes and r["mirror"] is True
     assert yaml.safe_load((tmp_path / "r/config.yaml").read_text())["mirror"] is True
     assert resolve_mirror(_cfg(tiny_data, tmp_path / "x", mirror=False)) is False
+    # data from a robot (a real or twin cell need not be symmetric) is reflected only when asked for
+    robot = tmp_path / "robot"
+    shutil.copytree(tiny_data, robot)
+    meta = json.loads((robot / "meta/wmrl.json").read_text())
+    (robot / "meta/wmrl.json").write_text(json.dumps({**meta, "robot": "sim-real"}))
+    assert resolve_mirror(_cfg(robot, tmp_path / "x", mirror=None)) is False
+    assert resolve_mirror(_cfg(robot, tmp_path / "x", mirror=True)) is True
     # a dataset of another geometry (here: 7-D actions) has no known reflection: refused before its run folder
     w = None
     for ep in LeRobotV3Dataset(tiny_data).iter_episodes():

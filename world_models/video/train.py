@@ -14,6 +14,7 @@ run continues exactly. Checkpoints (safetensors + JSON) every `ckpt_every` steps
 
 from __future__ import annotations
 
+import json
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass, fields, replace
@@ -252,9 +253,10 @@ def recorded_recipe(config: dict) -> dict:
 
 
 def resolve_mirror(cfg: TrainWMConfig) -> bool:
-    """`cfg.mirror` decided before any run folder: whether every dataset's columns have a known reflection
-    (`sim.tabletop.env.mirror_episode` on a one-frame episode of each dataset's features). None: on exactly then;
-    True: such a dataset is refused, naming the column or widths; False: off."""
+    """`cfg.mirror` decided before any run folder. True: every dataset's columns must have a known reflection
+    (`sim.tabletop.env.mirror_episode` on a one-frame episode of its features), else refused naming the column or
+    widths. None: on where they do and every dataset was recorded in the tabletop simulator (its meta/wmrl.json:
+    the tabletop's objects, no `robot`; a real or twin cell's data need not be symmetric), else off. False: off."""
     if cfg.mirror is False:
         return False
     from wmrl.datasets import LeRobotV3Dataset
@@ -268,6 +270,12 @@ def resolve_mirror(cfg: TrainWMConfig) -> bool:
         if cfg.mirror:
             raise
         return False
+    if cfg.mirror is None:
+        for d in (cfg.data, *cfg.extra_data):
+            meta = Path(d) / "meta" / "wmrl.json"
+            meta = json.loads(meta.read_text()) if meta.exists() else {}
+            if "robot" in meta or (meta.get("control") or {}).get("object_state") != "tabletop":
+                return False
     return True
 
 
