@@ -55,7 +55,7 @@ def main(quick: bool = False, run: str = "runs/demo", task: str = "push-red", wi
     from world_models.video.change_mask import native_bf16
     from world_models.video.evaluate import paired_difference as paired
     from world_models.video.model import VideoWorldModel
-    from world_models.video.train import load_split
+    from world_models.video.train import load_split, recorded_recipe
 
     if quick:  # a tiny model on a tiny dataset: a smoke test of the pipeline, not a result
         import tempfile
@@ -71,7 +71,8 @@ def main(quick: bool = False, run: str = "runs/demo", task: str = "push-red", wi
         raise ValueError(f"{wm}: its world model has no change mask to refit (change_mask_steps 0)")
     layer_steps = cfg.get("change_layer_steps") or 2 * cfg["change_mask_steps"]
     extra = tuple(Path(p) for p in cfg.get("extra_data") or ())
-    _, train, _ = load_split(Path(cfg["data"]), cfg["holdout"], cfg["seed"], extra)  # as the run's training split it
+    _, train, _ = load_split(Path(cfg["data"]), cfg["holdout"], cfg["seed"], extra,  # as the run's training split it
+                             mirror=recorded_recipe(cfg)["mirror"])
     _, _, held = load_split(Path(cfg["data"]), cfg["holdout"], keep=("qpos",))  # as the demo's evaluation does
     calib = train if not cfg.get("calibration_data") else load_split(Path(cfg["calibration_data"]), 0.0, cfg["seed"])[1]
     variants = {"float32": (layer_steps, False), "bf16": (layer_steps, True)}
