@@ -91,8 +91,8 @@ def main(quick: bool = False, size: str = "small", device: str = "cpu", steps_sc
     `seed`: the training seed (`TrainWMConfig.seed`; the data stay the same), for a second model of one recipe
     (`...-sN`). `mirror` (on): every training episode also trained on as its reflection through the cell's plane of
     symmetry (`TrainWMConfig.mirror`, on for this data by default; the held-out episodes are not reflected);
-    `mirror=false` trains without (`...-nomirror`; the results before 2026-12-06 were, and their `-mirror` files with). The committed CPU
-    result is the default with its deterministic baseline; `deterministic=false` alone writes
+    `mirror=false` trains without (`...-nomirror`; the results before 2026-12-06 were, and their `-mirror` files
+    with). The committed CPU result is the default with its deterministic baseline; `deterministic=false` alone writes
     `world-model-small-cpu.json` instead."""
     from wmrl.commands.collect import CollectConfig, collect
     from wmrl.eval.world_model import (auroc_plot, cube_error_at_episode_end, cube_error_in_true_sim, gain_plot,
