@@ -71,7 +71,8 @@ def main(quick: bool = False, work: str = "", task: str = "push-red", episodes: 
     for k in ("rank_spearman", "rank_kendall", "success_abs_error", "n_policies", "hallucinated_success_before",
               "hallucinated_success_after", "hallucination_imagined_successes"):
         out[k] = s[k]
-    for k in ("rank_spearman_ci", "rank_spearman_with_anchors", "rank_mmrv", "rank_noise_ceiling", "episodes_per_policy"):
+    for k in ("rank_spearman_ci", "rank_spearman_with_anchors", "rank_mmrv", "rank_mmrv_noise_ceiling", "rank_noise_ceiling",
+              "episodes_per_policy"):
         if k in s:  # the paired protocol's statistics (with >= 2 learned policies in the population)
             out[k] = s[k]
     # Ctrl-World: fine-tune BC on the world model's imagined successes (the co-evolved world model)

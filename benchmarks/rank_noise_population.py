@@ -48,8 +48,8 @@ def main(quick: bool = False, task: str = "metaworld-push", episodes: int = 20, 
                             episodes=2 if quick else int(episodes), num_envs=2 if quick else 10,
                             out=run / ("rank_noise_quick" if quick else "rank_noise"), overwrite=True),
                  progress=not quick)
-    keys = ("rank_spearman", "rank_spearman_ci", "rank_spearman_with_anchors", "rank_mmrv", "rank_noise_ceiling",
-            "rank_noise_ceiling_ci", "success_abs_error", "n_policies", "episodes_per_policy")
+    keys = ("rank_spearman", "rank_spearman_ci", "rank_spearman_with_anchors", "rank_mmrv", "rank_mmrv_noise_ceiling",
+            "rank_noise_ceiling", "rank_noise_ceiling_ci", "success_abs_error", "n_policies", "episodes_per_policy")
     out = {"task": task, "noise_levels": list(levels), **{k: r[k] for k in keys if k in r},
            "population": [{k: p[k] for k in ("policy", "imagined_success", "imagined_ci95", "true_success", "true_ci95",
                                              "true_repeat_success") if k in p} for p in r["policies"]],

@@ -145,7 +145,7 @@ def main(quick: bool = False, work: str = "", world_model: str = "", episodes: i
         seed=seed, allow_seen_layouts=seed != FRESH_LAYOUTS, state_readout=readout, state_gate=gate,
         out=base / (name + ("-quick" if quick else "")), overwrite=True), progress=not quick))
     keys = ("rank_spearman", "rank_spearman_ci", "rank_spearman_progress", "rank_spearman_progress_ci",
-            "rank_spearman_with_anchors", "rank_kendall", "rank_mmrv",
+            "rank_spearman_with_anchors", "rank_kendall", "rank_mmrv", "rank_mmrv_progress", "rank_mmrv_noise_ceiling",
             "rank_noise_ceiling", "rank_noise_ceiling_ci", "success_abs_error", "n_policies", "episodes_per_policy")
     rows = [{k: p[k] for k in ("policy", "imagined_success", "imagined_ci95", "true_success", "true_ci95",
                                "true_repeat_success", "imagined_flagged") if k in p} for p in r["policies"]]

@@ -1036,3 +1036,46 @@ def test_change_mask_benchmark_pairs_the_masked_and_plain_decodes_of_the_same_ro
     for cam in ("front", "wrist"):
         assert r[f"change_mask_mse_masked_{cam}"] > 0 and r[f"change_mask_mse_plain_{cam}"] > 0
     assert "imagination_masked_delta_t_psnr_h8_motion" in r  # controllability at the setting imagination samples with
+
+
+def test_rank_report_rescores_stored_outcomes_and_refuses_runs_that_do_not_match_their_statistics(tmp_path):
+    """The stored rankings' outcomes give today's statistics (here MMRV's noise ceiling, absent when they were run);
+    a ranking.json whose stored Spearman its outcomes do not give is refused, as is a folder without one."""
+    from wmrl.eval.rank import ranking_report
+
+    def row(policy, imagined, true, repeat):
+        return {"policy": policy, "imagined_outcomes": [1] * imagined + [0] * (10 - imagined),
+                "true_outcomes": [1] * true + [0] * (10 - true), "true_repeat_outcomes": [1] * repeat + [0] * (10 - repeat),
+                "imagined_progress": [imagined / 10] * 10}
+
+    rows = [row("runs/a", 2, 1, 2), row("runs/b", 5, 4, 9), row("runs/c", 8, 7, 8), row("random", 0, 0, 0)]
+    stored = {k: v for k, v in ranking_report(rows, n_boot=20).items() if k not in ("rank_mmrv_noise_ceiling", "anchors")}
+    run = tmp_path / "rank-old"
+    run.mkdir()
+    (run / "ranking.json").write_text(json.dumps({**stored, "policies": rows, "first_layout_seed": 7}))
+    (run / "config.yaml").write_text("world_model: runs/wm\n")
+    r = _run("rank_report", runs=str(run))["rows"][0]
+    assert r["rank_mmrv_noise_ceiling"] == pytest.approx((0 + 0.3 + 0.3) / 3)  # the repeat puts b above c
+    assert r["world_model"] == "runs/wm" and r["first_layout_seed"] == 7 and r["stored"]["rank_spearman"] == 1.0
+    # a second run on the same true episodes whose world model swaps b and c: paired, B minus A
+    swapped = [dict(r) for r in rows]
+    swapped[1]["imagined_outcomes"], swapped[2]["imagined_outcomes"] = rows[2]["imagined_outcomes"], rows[1]["imagined_outcomes"]
+    other = tmp_path / "rank-new"
+    other.mkdir()
+    (other / "ranking.json").write_text(json.dumps({**ranking_report(swapped, n_boot=20), "policies": swapped}))
+    r = _run("rank_report", runs=f"{run},{other}")
+    (d,) = r["paired"]
+    assert (d["a"], d["b"]) == ("rank-old", "rank-new") and d["n_policies"] == 3  # the anchor left out
+    assert d["spearman_b_minus_a"] == pytest.approx(r["rows"][1]["rank_spearman"] - 1.0) == -0.5  # 1 - 6*2/(3*8)
+    assert d["mmrv_b_minus_a"] == pytest.approx(r["rows"][1]["rank_mmrv"]) and r["rows"][1]["rank_mmrv"] == pytest.approx(0.2)  # b, c: 0.3 each
+    assert d["spearman_progress_b_minus_a"] == 0.0  # the progress scores were not swapped
+    lo, hi = d["spearman_b_minus_a_ci"]
+    assert lo <= d["spearman_b_minus_a"] <= hi
+    swapped[0]["true_outcomes"] = [1] * 10  # other true episodes: not paired
+    (other / "ranking.json").write_text(json.dumps({**ranking_report(swapped, n_boot=20), "policies": swapped}))
+    assert _run("rank_report", runs=f"{run},{other}")["paired"] == []
+    (run / "ranking.json").write_text(json.dumps({**stored, "rank_spearman": 0.5, "policies": rows}))
+    with pytest.raises(ValueError, match="differs from the stored"):
+        _run("rank_report", runs=str(run))
+    with pytest.raises(ValueError, match="no ranking.json"):
+        _run("rank_report", runs=str(tmp_path))

@@ -51,6 +51,10 @@ def test_ranking_report_keeps_anchors_out_of_the_headline():
     assert r["rank_spearman"] == pytest.approx(1.0) and r["n_policies"] == 3 and r["rank_mmrv"] == 0.0
     assert r["rank_spearman_with_anchors"] < 0.5 and r["anchors"] == ["scripted", "random"]
     assert r["rank_noise_ceiling"] == pytest.approx(1.0) and r["episodes_per_policy"] == 10
+    assert r["rank_mmrv_noise_ceiling"] == 0.0  # the repeat orders the three learned policies as the first evaluation
+    rows[1]["true_repeat_outcomes"] = [1] * 9 + [0]  # the repeat now puts b (0.4 at first) above c (0.7)
+    # the violations, weighted by the first evaluation's gaps: b's worst 0.3 (against c), c's 0.3 (against b), a's none
+    assert ranking_report(rows, n_boot=20)["rank_mmrv_noise_ceiling"] == pytest.approx((0 + 0.3 + 0.3) / 3)
     assert r["success_abs_error"] == pytest.approx(0.1)
     with pytest.raises(ValueError, match="2 learned"):
         ranking_report(rows[2:])
@@ -68,6 +72,8 @@ def test_the_progress_score_ranks_policies_whose_imagined_successes_are_capped()
     r = ranking_report(rows, n_boot=200)
     assert np.isnan(r["rank_spearman"])  # constant imagined success: no ranking from it
     assert r["rank_spearman_progress"] == pytest.approx(1.0)  # the anchor (progress 0.9, true 0) is left out
+    # a tie in imagination counts against every policy truly better: (0.7 + 0.4 + 0 + 0.2) / 4 from success alone
+    assert r["rank_mmrv_progress"] == 0.0 and r["rank_mmrv"] == pytest.approx((0.7 + 0.4 + 0.0 + 0.2) / 4)
     lo, hi = r["rank_spearman_progress_ci"]
     assert lo <= 1.0 <= hi + 1e-9
     rows[0]["imagined_progress"] = [0.8] * 10  # the weakest now looks best: one policy out of place

@@ -162,7 +162,8 @@ def is_anchor(spec: str) -> bool:
     return spec.partition(":")[0] in ANCHORS
 
 
-def _spearman(a: np.ndarray, b: np.ndarray) -> float:
+def spearman(a: np.ndarray, b: np.ndarray) -> float:
+    """Spearman's rho of two score arrays; NaN where either is constant (no order to compare)."""
     from scipy import stats
 
     return float(stats.spearmanr(a, b).statistic) if a.std() > 0 and b.std() > 0 else float("nan")
@@ -187,7 +188,7 @@ def rank_statistics(imagined: list[float], true: list[float]) -> dict:
     if a.shape != b.shape or len(a) < 2:
         raise ValueError(f"need two equally long lists of at least 2 scores, got {len(a)} and {len(b)}")
     tau = stats.kendalltau(a, b).statistic if a.std() > 0 and b.std() > 0 else float("nan")
-    return {"rank_spearman": _spearman(a, b), "rank_kendall": float(tau), "rank_mmrv": mmrv(a, b),
+    return {"rank_spearman": spearman(a, b), "rank_kendall": float(tau), "rank_mmrv": mmrv(a, b),
             "success_abs_error": float(np.abs(a - b).mean()), "n_policies": int(len(a))}
 
 
@@ -208,7 +209,7 @@ def bootstrap_spearman(x_outcomes: list, y_outcomes: list, n_boot: int = 2000, s
             ix = rng.integers(0, len(x), len(x))
             a[i] = x[ix].mean()
             b[i] = y[ix if paired and len(y) == len(x) else rng.integers(0, len(y), len(y))].mean()
-        rhos.append(_spearman(a, b))
+        rhos.append(spearman(a, b))
     rhos = np.asarray(rhos)
     rhos = rhos[np.isfinite(rhos)]
     if not len(rhos):
@@ -219,9 +220,9 @@ def bootstrap_spearman(x_outcomes: list, y_outcomes: list, n_boot: int = 2000, s
 def ranking_report(rows: list[dict], n_boot: int = 2000, seed: int = 0) -> dict:
     """The issue's ranking keys from per-policy rows (`policy`, per-episode 0/1 `imagined_outcomes` and
     `true_outcomes` on paired starts, optionally `true_repeat_outcomes` on other starts): Spearman with anchors
-    excluded (+ bootstrap CI), with anchors, MMRV, mean absolute success error, and the true-vs-true noise ceiling
-    (the Spearman of two independent true evaluations of the same population: no model can be expected to beat
-    it at this number of episodes)."""
+    excluded (+ bootstrap CI), with anchors, MMRV, mean absolute success error, and the true-vs-true noise ceilings
+    (the Spearman and the MMRV of two independent true evaluations of the same population: no model can be expected
+    to beat them at this number of episodes)."""
     learned = [r for r in rows if not is_anchor(r["policy"])]
     if len(learned) < 2:
         raise ValueError(f"ranking needs at least 2 learned (non-anchor) policies, got {len(learned)}")
@@ -229,22 +230,25 @@ def ranking_report(rows: list[dict], n_boot: int = 2000, seed: int = 0) -> dict:
     out = rank_statistics(rate(learned, "imagined_outcomes"), rate(learned, "true_outcomes"))
     out["rank_spearman_ci"] = list(bootstrap_spearman([r["imagined_outcomes"] for r in learned],
                                                       [r["true_outcomes"] for r in learned], n_boot, seed))
-    out["rank_spearman_with_anchors"] = (_spearman(np.asarray(rate(rows, "imagined_outcomes")),
+    out["rank_spearman_with_anchors"] = (spearman(np.asarray(rate(rows, "imagined_outcomes")),
                                                    np.asarray(rate(rows, "true_outcomes")))
                                          if len(rows) > len(learned) else out["rank_spearman"])
     if all("true_repeat_outcomes" in r for r in learned):
-        out["rank_noise_ceiling"] = _spearman(np.asarray(rate(learned, "true_outcomes")),
+        out["rank_noise_ceiling"] = spearman(np.asarray(rate(learned, "true_outcomes")),
                                               np.asarray(rate(learned, "true_repeat_outcomes")))
         out["rank_noise_ceiling_ci"] = list(bootstrap_spearman([r["true_outcomes"] for r in learned],
                                                                [r["true_repeat_outcomes"] for r in learned], n_boot,
                                                                seed, paired=False))
+        # MMRV's floor at this number of episodes: the second true evaluation scored as if it were the model's
+        out["rank_mmrv_noise_ceiling"] = mmrv(rate(learned, "true_repeat_outcomes"), rate(learned, "true_outcomes"))
     if all("imagined_progress" in r for r in learned):
         # the imagined progress score: each episode's best dense task reward (1 at success), so a policy whose
         # pushes fall short of the zone in imagination still scores by how far it got, against true success
-        out["rank_spearman_progress"] = _spearman(np.asarray(rate(learned, "imagined_progress")),
+        out["rank_spearman_progress"] = spearman(np.asarray(rate(learned, "imagined_progress")),
                                                   np.asarray(rate(learned, "true_outcomes")))
         out["rank_spearman_progress_ci"] = list(bootstrap_spearman([r["imagined_progress"] for r in learned],
                                                                    [r["true_outcomes"] for r in learned], n_boot, seed))
+        out["rank_mmrv_progress"] = mmrv(rate(learned, "imagined_progress"), rate(learned, "true_outcomes"))
     out["episodes_per_policy"] = int(min(len(r["true_outcomes"]) for r in rows))
     out["anchors"] = [r["policy"] for r in rows if is_anchor(r["policy"])]
     return out

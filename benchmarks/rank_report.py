@@ -1,0 +1,100 @@
+"""Stored rankings re-scored with today's statistics: nothing is simulated or imagined again.
+
+A ranking run (`wmrl rank`, `wmrl bench rank-state-population`, the demo's ranking) keeps every policy's per-episode
+outcomes in its `ranking.json` (imagined and true success on paired layouts, the second true evaluation on other
+layouts, the imagined progress score). This benchmark recomputes `wmrl.eval.rank.ranking_report` from those outcomes
+for each run folder given, so runs made before a statistic existed (e.g. MMRV's true-vs-true noise ceiling) are
+compared on the same statistics, side by side, with the world model and first layout each run used.
+
+    wmrl bench rank-report --json --options runs=RUN_A,RUN_B tag=reflections
+
+The per-run rows carry the run's own stored statistics too (`stored`), and the recomputed Spearman must equal the
+stored one (the same outcomes, the same formula): a run whose stored and recomputed Spearman differ is refused,
+since its outcomes are not the ones its statistics were computed from.
+
+Runs that ranked the same policies on the same true episodes (the same layouts: their true outcomes are equal) and
+differ only in the world model are compared pairwise (`paired`): the later run minus the earlier, for Spearman, MMRV
+and the progress score's Spearman, with a bootstrap interval that resamples each policy's episodes once for both
+models and the true side, so the layouts' own noise, shared by both, does not widen it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from wmrl.benchutil import finish
+
+STORED = ("rank_spearman", "rank_mmrv", "rank_noise_ceiling", "rank_spearman_progress")
+
+
+def report(run: Path, n_boot: int = 2000) -> dict:
+    """`ranking_report` recomputed from `run`/ranking.json's per-policy outcomes, with the run's world model and
+    first layout from its config.yaml."""
+    from wmrl.eval.rank import ranking_report
+
+    path = run / "ranking.json"
+    if not path.is_file():
+        raise ValueError(f"{run}: no ranking.json (not a ranking run folder)")
+    stored = json.loads(path.read_text())
+    rows = stored.get("policies")
+    if not rows or any("imagined_outcomes" not in r or "true_outcomes" not in r for r in rows):
+        raise ValueError(f"{path}: its policies carry no per-episode outcomes (imagined_outcomes, true_outcomes)")
+    out = {k: v for k, v in ranking_report(rows, n_boot=n_boot).items() if k != "anchors"}
+    old = {k: stored[k] for k in STORED if k in stored}
+    if not np.isclose(out["rank_spearman"], old.get("rank_spearman", out["rank_spearman"]), equal_nan=True):
+        raise ValueError(f"{path}: recomputed Spearman {out['rank_spearman']:.4f} differs from the stored "
+                         f"{old['rank_spearman']:.4f}")
+    cfg = yaml.safe_load((run / "config.yaml").read_text()) if (run / "config.yaml").is_file() else {}
+    return {"run": run.name, "world_model": str(cfg.get("world_model", "")), "first_layout_seed": stored.get("first_layout_seed"),
+            **out, "stored": old}
+
+
+def paired_difference(a: list[dict], b: list[dict], n_boot: int = 2000, seed: int = 0) -> dict:
+    """B minus A over the learned policies (anchors left out, as in the headline) on the same true episodes: Spearman
+    and MMRV of imagined success against true success, and the progress score's Spearman, with 95% bootstrap
+    intervals over episodes resampled per policy, the same indices for A, B and the true outcomes."""
+    from wmrl.eval.rank import spearman, is_anchor, mmrv
+
+    keep = [i for i, r in enumerate(a) if not is_anchor(r["policy"])]
+    arr = lambda rows, k: [np.asarray(rows[i][k], float) for i in keep]  # noqa: E731
+    true, ia, ib = arr(a, "true_outcomes"), arr(a, "imagined_outcomes"), arr(b, "imagined_outcomes")
+    progress = all("imagined_progress" in r for r in a + b)
+    pa, pb = (arr(a, "imagined_progress"), arr(b, "imagined_progress")) if progress else (ia, ib)
+
+    def stats(ix) -> np.ndarray:
+        m = lambda xs: np.array([x[i].mean() for x, i in zip(xs, ix)])  # noqa: E731
+        t = m(true)
+        return np.array([spearman(m(ib), t) - spearman(m(ia), t), mmrv(m(ib), t) - mmrv(m(ia), t),
+                         spearman(m(pb), t) - spearman(m(pa), t)])
+
+    point = stats([np.arange(len(x)) for x in true])
+    rng = np.random.default_rng(seed)
+    boot = np.array([stats([rng.integers(0, len(x), len(x)) for x in true]) for _ in range(n_boot)])
+    ci = [[float(np.nanpercentile(boot[:, j], 2.5)), float(np.nanpercentile(boot[:, j], 97.5))] for j in range(3)]
+    names = ["spearman", "mmrv"] + ["spearman_progress"] * progress
+    return {**{f"{n}_b_minus_a": float(point[j]) for j, n in enumerate(names)},
+            **{f"{n}_b_minus_a_ci": ci[j] for j, n in enumerate(names)}, "n_policies": len(keep)}
+
+
+def same_true_episodes(a: list[dict], b: list[dict]) -> bool:
+    """The same policies, in the same order, with the same true outcomes episode for episode."""
+    return len(a) == len(b) and all(x["policy"] == y["policy"] and x["true_outcomes"] == y["true_outcomes"]
+                                    for x, y in zip(a, b))
+
+
+def main(quick: bool = False, runs: str = "", tag: str = "") -> dict:
+    """`runs`: comma-separated ranking run folders. `tag`: the result's name (rank-report-TAG)."""
+    folders = [Path(r) for r in str(runs).split(",") if r]
+    if not folders:
+        raise ValueError("runs: give at least one ranking run folder (runs=DIR1,DIR2)")
+    n_boot = 200 if quick else 2000
+    rows = [report(f, n_boot=n_boot) for f in folders]
+    policies = [json.loads((f / "ranking.json").read_text())["policies"] for f in folders]
+    paired = [{"a": rows[i]["run"], "b": rows[j]["run"], **paired_difference(policies[i], policies[j], n_boot)}
+              for i in range(len(rows)) for j in range(i + 1, len(rows)) if same_true_episodes(policies[i], policies[j])]
+    return finish("rank-report" + (f"-{tag}" if tag else ""), {"rows": rows, "paired": paired}, quick,
+                  command=f"wmrl bench rank-report --json --options runs={runs}" + (f" tag={tag}" if tag else ""))
