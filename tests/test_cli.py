@@ -72,6 +72,7 @@ def test_demo_quick_runs_the_whole_loop_and_writes_every_report_section(quick_de
                   "world_model_eval/auroc_pairs.png"):
         assert media in html and (out / media).exists(), media
     s = json.loads((out / "summary.json").read_text())
+    assert "mirror: true" in (out / "world_model" / "config.yaml").read_text()  # tabletop data: reflections by default
     population = json.loads((out / "ranking" / "ranking.json").read_text())["policies"]
     learned = [p for p in population if p["policy"].partition(":")[0] not in ("scripted", "random")]
     assert s["true_env_steps_during_rl"] == 0 and len(population) >= 8 and s["n_policies"] == len(learned) >= 2
