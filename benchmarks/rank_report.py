@@ -33,7 +33,7 @@ STORED = ("rank_spearman", "rank_mmrv", "rank_noise_ceiling", "rank_spearman_pro
 
 def report(run: Path, n_boot: int = 2000) -> dict:
     """`ranking_report` recomputed from `run`/ranking.json's per-policy outcomes, with the run's world model and
-    first layout from its config.yaml."""
+    first layout from its config.yaml, and the per-policy rows it read (`policies`)."""
     from wmrl.eval.rank import ranking_report
 
     path = run / "ranking.json"
@@ -50,7 +50,7 @@ def report(run: Path, n_boot: int = 2000) -> dict:
                          f"{old['rank_spearman']:.4f}")
     cfg = yaml.safe_load((run / "config.yaml").read_text()) if (run / "config.yaml").is_file() else {}
     return {"run": run.name, "world_model": str(cfg.get("world_model", "")), "first_layout_seed": stored.get("first_layout_seed"),
-            **out, "stored": old}
+            **out, "stored": old, "policies": rows}
 
 
 def paired_difference(a: list[dict], b: list[dict], n_boot: int = 2000, seed: int = 0) -> dict:
@@ -93,7 +93,7 @@ def main(quick: bool = False, runs: str = "", tag: str = "") -> dict:
         raise ValueError("runs: give at least one ranking run folder (runs=DIR1,DIR2)")
     n_boot = 200 if quick else 2000
     rows = [report(f, n_boot=n_boot) for f in folders]
-    policies = [json.loads((f / "ranking.json").read_text())["policies"] for f in folders]
+    policies = [r.pop("policies") for r in rows]  # read once, by `report`
     paired = [{"a": rows[i]["run"], "b": rows[j]["run"], **paired_difference(policies[i], policies[j], n_boot)}
               for i in range(len(rows)) for j in range(i + 1, len(rows)) if same_true_episodes(policies[i], policies[j])]
     return finish("rank-report" + (f"-{tag}" if tag else ""), {"rows": rows, "paired": paired}, quick,
