@@ -14,6 +14,10 @@ from wmrl.eval.rank import is_anchor, rank_statistics
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
+# the benchmarks whose quick mode trains `benchutil.tiny_world_model`: on one xdist worker, which builds it once
+TINY_WORLD_MODEL = pytest.mark.xdist_group("tiny_world_model")
+
+
 def _run(name, **options):
     return runpy.run_path(str(BENCH / f"{name}.py"), run_name="bench")["main"](quick=True, **options)
 
@@ -104,6 +108,7 @@ def test_world_model_benchmark_leaves_a_finished_training_alone(tmp_path):
                               unroll_steps=1, mirror=True))
 
 
+@TINY_WORLD_MODEL
 def test_world_model_posttrain_benchmark_compares_base_and_post_on_the_same_windows():
     r = _run("world_model_posttrain", moving_weight=1.0, old_ema=0.5)  # the reward's moving pixels, the soft-updated old model
     he = f"h{r['horizon']}"
@@ -122,6 +127,7 @@ def test_world_model_posttrain_benchmark_compares_base_and_post_on_the_same_wind
     assert s["rows"][0]["reward_mean"] != s["rows"][1]["reward_mean"]  # other steps, other samples
 
 
+@TINY_WORLD_MODEL
 def test_world_model_frame_head_benchmark_scores_every_refit_on_the_same_rollouts():
     r = _run("world_model_frame_head")
     assert set(r["variants"]) == {"trained", "refit_again", "pos_weight_1", "horizon_80", "fresh"}
@@ -223,6 +229,7 @@ def test_conv_layout_benchmark_times_both_layouts_alternately_and_restores_the_f
     assert isinstance(r["bf16_native"], bool)
 
 
+@TINY_WORLD_MODEL
 def test_mask_fit_precision_benchmark_repeats_the_runs_fit_and_pairs_both_precisions(tmp_path):
     """The refit starts where the run's training started its change mask: in the run's own precision (bf16 where this
     CPU computes it natively, the default) it repeats the run's fit weight for weight; both precisions' gains are

@@ -118,16 +118,29 @@ def finish(name: str, result: dict, quick: bool, command: str | None = None) -> 
 
 
 
+_TINY_BUILT: list[Path] = []  # this process's one build of the tiny recipe (it is the same every time)
+
+
 def tiny_world_model(work: Path) -> Path:
     """Quick mode of the world-model benchmarks: a tiny push-red dataset (`work/data`) and world model (`work/model`),
-    a smoke test of a pipeline, not a result. Returns `work`."""
+    a smoke test of a pipeline, not a result. Returns `work`. Built once per process and copied after that (the
+    recipe and its seeds are fixed: the copy is what a second build would give; the model's config still names the
+    first build's data, which stays where it is)."""
+    import shutil
+    import tempfile
+
     from wmrl.commands.collect import CollectConfig, collect
     from world_models.video.train import TrainWMConfig, train_world_model
 
-    collect(CollectConfig(task="push-red", episodes=8, out=work / "data", failures=0.5, num_envs=1), progress=False)
-    train_world_model(TrainWMConfig(data=work / "data", out=work / "model", size="tiny", ae_steps=20, state_steps=20,
-                                    dyn_steps=20, unroll_steps=0, batch_size=8, videos=0, change_mask_steps=5,
-                                    change_mask_windows=2, head_rollout_steps=0), progress=False)
+    if not _TINY_BUILT or not (_TINY_BUILT[0] / "model").exists():
+        built = Path(tempfile.mkdtemp(prefix="wmrl-tiny-world-model-"))
+        collect(CollectConfig(task="push-red", episodes=8, out=built / "data", failures=0.5, num_envs=1), progress=False)
+        train_world_model(TrainWMConfig(data=built / "data", out=built / "model", size="tiny", ae_steps=20, state_steps=20,
+                                        dyn_steps=20, unroll_steps=0, batch_size=8, videos=0, change_mask_steps=5,
+                                        change_mask_windows=2, head_rollout_steps=0), progress=False)
+        _TINY_BUILT[:] = [built]
+    for part in ("data", "model"):
+        shutil.copytree(_TINY_BUILT[0] / part, work / part, dirs_exist_ok=True)
     return work
 
 

@@ -1,4 +1,5 @@
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -304,6 +305,18 @@ def test_rank_writes_statistics_and_scatter(trained, tiny_data, tmp_path):
     for x in r["policies"]:  # paired: the same seeds in both environments, another set for the noise ceiling
         assert x["imagined_seeds"] == x["true_seeds"] != x["true_repeat_seeds"]
         assert np.mean(x["true_outcomes"]) == x["true_success"]
+
+
+def test_rank_max_steps_cuts_the_episodes_in_both_worlds(trained, tiny_data, tmp_path):
+    """The expert that succeeds from these layouts (above) needs 13-33 steps: cut to 2, it fails in both worlds
+    (no imagined success either: nothing moved the cube); the length is recorded, and 0 is refused."""
+    cfg = RankConfig(policies=("scripted", "random"), world_model=trained, data=tiny_data, episodes=2, num_envs=2,
+                     noise_ceiling=False, max_steps=2, out=tmp_path / "rank")
+    r = run_rank(cfg, progress=False)
+    scripted = next(x for x in r["policies"] if x["policy"] == "scripted")
+    assert scripted["true_success"] == 0.0 and scripted["imagined_success"] == 0.0 and r["max_steps"] == 2
+    with pytest.raises(ValueError, match="--max-steps"):
+        run_rank(replace(cfg, max_steps=0, out=tmp_path / "zero"), progress=False)
 
 
 def test_rank_reports_the_share_of_imagined_episodes_the_hallucination_flag_stopped(trained, tiny_data):

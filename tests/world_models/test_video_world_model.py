@@ -1554,7 +1554,7 @@ def test_training_fits_the_change_mask_on_the_models_rollouts_and_it_lowers_thei
     assert any("change_mask_mse_masked_front" in r for r in rows)
     _, train, _ = load_split(tiny_data, 0.25)
     torch.manual_seed(0)
-    info = fit_change_mask(model, train, windows=4, steps=150)
+    info = fit_change_mask(model, train, windows=4, steps=50)  # 0.78x / 0.58x the plain decode's error at 40 steps
     for cam in model.cfg.cameras:  # on the pairs it was fitted on: better than the plain decode
         assert info[f"change_mask_mse_masked_{cam}"] < info[f"change_mask_mse_plain_{cam}"]
     # the pairs are the plain decode's (the mask learns on what it corrects), whatever the flag was

@@ -78,6 +78,8 @@ class DemoConfig:
     as `local`; 2.3 instead of 3.7 min on 2 cores, README session 52: a policy's true-simulator episodes use one
     core), or `local`.
     Without Ray installed the demo says so and ranks locally."""
+    rank_max_steps: Optional[int] = None
+    """The ranking's episode length in both worlds (None: the task's own; `--quick`: 20 steps, a smoke run)."""
     num_envs: int = 2
     seed: int = 0
     overwrite: bool = False
@@ -87,7 +89,7 @@ class DemoConfig:
 CALIBRATION_SEEDS = 500_000  # the calibration episodes' first reset seed (the training episodes' start at --seed)
 QUICK = dict(episodes=10, calibration_episodes=3, wm_size="tiny", wm_ae_steps=40, wm_dyn_steps=40, bc_steps=40, rl_iterations=2, rl_groups=2,
              rl_group_size=2, coevo_budget=2, coevo_steps=6, coevo_rl_iterations=1, hallucination_episodes=3, eval_episodes=4, rank_episodes=2,
-             wm_eval_windows=12, wm_eval_pairs=3, rank_workers="local")
+             wm_eval_windows=12, wm_eval_pairs=3, rank_workers="local", rank_max_steps=20)
 
 
 class Stages:
@@ -198,7 +200,8 @@ def run_demo(cfg: DemoConfig, progress: bool = True) -> dict:
     rank = stage("ranking", lambda: run_rank(RankConfig(
         policies=tuple(population), world_model=run / "coevolution" / "world_model", task=cfg.task,
         episodes=cfg.rank_episodes, num_envs=min(10, cfg.rank_episodes), out=run / "ranking", overwrite=True,
-        seed=FRESH_LAYOUTS + cfg.seed, workers=workers, num_workers=min(len(population), os.cpu_count() or 1)),
+        seed=FRESH_LAYOUTS + cfg.seed, workers=workers, num_workers=min(len(population), os.cpu_count() or 1),
+        max_steps=cfg.rank_max_steps),
         progress=progress))  # layouts the demo's data was not recorded on
 
     summary = {

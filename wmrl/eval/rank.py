@@ -83,6 +83,8 @@ class RankConfig:
     (the members stepped from their mean; `WorldModelEnv`)."""
     state_gate: str = ""
     """How the state channel's rollouts apply the contact gate (hard | soft | sample | shared); default: the model's own."""
+    max_steps: Optional[int] = None
+    """The episodes' length in both worlds (default: the task's own); shorter episodes make a quick smoke run."""
     out: Path = Path("runs/rank")
     overwrite: bool = False
     resume: bool = False
@@ -336,13 +338,14 @@ def score_policy(spec: str, world_model: str, data: str, task: str, episodes: in
 def score_population(specs: list[str], world_model: str, data: str, task: str, episodes: int, num_envs: int,
                      seed: int, workers: str = "local", num_workers: int = 2, progress: bool = True,
                      noise_ceiling: bool = True, stop_cm: float = 0.0, state_readout: str = "mean",
-                     state_gate: str = "") -> list[dict]:
+                     state_gate: str = "", max_steps: int | None = None) -> list[dict]:
     if workers not in WORKERS:
         raise ValueError(f"workers: expected one of {WORKERS}, got {workers!r}")
     for s in specs:  # fail before any work on a bad spec
         parse_policy_spec(s)
     args = (world_model, data, task, episodes, num_envs, seed)
-    kw = dict(noise_ceiling=noise_ceiling, stop_cm=stop_cm, state_readout=state_readout, state_gate=state_gate)
+    kw = dict(noise_ceiling=noise_ceiling, stop_cm=stop_cm, state_readout=state_readout, state_gate=state_gate,
+              max_steps=max_steps)
     if workers == "local":
         from tqdm.auto import tqdm
 
@@ -463,6 +466,8 @@ def seen_layouts(folders: list[str | Path], seed: int, episodes: int, repeat: bo
 
 
 def run_rank(cfg: RankConfig, progress: bool = True) -> dict:
+    if cfg.max_steps is not None and cfg.max_steps < 1:
+        raise ValueError(f"--max-steps: expected a positive episode length (or none: the task's own), got {cfg.max_steps}")
     if cfg.state_readout not in READOUTS:
         raise ValueError(f"--state-readout: expected one of {READOUTS}, got {cfg.state_readout!r}")
     if cfg.state_gate and cfg.state_gate not in GATES:
@@ -482,12 +487,13 @@ def run_rank(cfg: RankConfig, progress: bool = True) -> dict:
     t0 = time.time()
     rows = score_population(list(cfg.policies), str(cfg.world_model), str(data), cfg.task, cfg.episodes, cfg.num_envs,
                             cfg.seed, cfg.workers, cfg.num_workers, progress, cfg.noise_ceiling, cfg.stop_cm,
-                            cfg.state_readout, cfg.state_gate)
+                            cfg.state_readout, cfg.state_gate, cfg.max_steps)
     learned = [r for r in rows if not is_anchor(r["policy"])]
     stats = (ranking_report(rows, cfg.bootstrap, cfg.seed) if len(learned) >= 2 else
              rank_statistics([r["imagined_success"] for r in rows], [r["true_success"] for r in rows]))
     plot_scatter(rows, run / "ranking.png", stats)
     result = {**stats, "policies": rows, "first_layout_seed": cfg.seed, "seen_layouts": len(seen),
+              "max_steps": cfg.max_steps or sim.episode_horizon(cfg.task),
               "seen_layout_sources": {src: len(x) for src, x in by_source.items()},
               "minutes": (time.time() - t0) / 60, "run_dir": str(run)}
     write_json(run / "ranking.json", result)
