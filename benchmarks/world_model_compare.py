@@ -1,7 +1,8 @@
 """Two world-model benchmark runs on the same held-out windows, paired window by window: does B beat A?
 
 `wmrl bench world-model-compare --json --options a=TAG b=TAG` with TAGs of `runs/bench-world-model/<TAG>` (the work
-folders `wmrl bench world-model` trains in, e.g. `small-cpu-x4` and `small-cpu-x4-ep1200`). Both models roll out
+folders `wmrl bench world-model` trains in, e.g. `small-cpu-x4` and `small-cpu-x4-ep1200`), or paths of `wmrl demo`
+run folders (their `world_model/` and `dataset/`, e.g. `a=runs/demo59 b=runs/demo60`). Both models roll out
 from the same 240 held-out windows (`fixed_windows`, seed 0) under the recorded actions, at each model's default
 sampling steps and at 1 step (as imagination samples). Per window: PSNR gain over copy-last at h16 (whole frame,
 and masked to the arm and cubes, and the mask split into the arm's and the cubes' pixels), and B's minus A's, with a
@@ -30,12 +31,22 @@ SUMMARY_KEYS = ("static_psnr_gap_to_ceiling", "psnr_h16_model_motion_front", "ps
                                                 for cam in ("", "_front", "_wrist") for pts in ("", "_recorded_points")))
 
 
+def _run_folders(ref: str) -> tuple[Path, Path]:
+    """(world model run, dataset) of a world-model benchmark TAG or a `wmrl demo` run folder."""
+    for model, data in ((WORK / ref / "model", WORK / ref / "data"), (Path(ref) / "world_model", Path(ref) / "dataset")):
+        if (model / "checkpoints").exists() and (data / "meta" / "info.json").exists():
+            return model, data
+    raise ValueError(f"{ref!r}: neither a folder of runs/bench-world-model (model/, data/) nor a demo run folder "
+                     "(world_model/, dataset/)")
+
+
 def main(quick: bool = False, a: str = "", b: str = "", windows: int = 240, auroc: bool = False, pairs: int = 130,
          gate_a: str = "", gate_b: str = "") -> dict:
     """`auroc`: also success AUROC on `pairs` seeds' success / near-success pairs (`wmrl.eval.world_model.pair_auroc`,
     matched length, 1 Euler step as imagination samples), B's minus A's with a paired bootstrap interval.
     `gate_a`, `gate_b`: the state channel's contact gate in A's or B's rollouts instead of the checkpoint's
     (`state_channel.GATES`; it changes no weight, so A and B may be the same run)."""
+    from wmrl.core.checkpoint import resolve_checkpoint
     from wmrl.eval.world_model import pair_auroc, success_pairs, window_fidelity
     from world_models.video.evaluate import pair_auroc_difference
     from world_models.video.evaluate import paired_difference as paired
@@ -59,21 +70,21 @@ def main(quick: bool = False, a: str = "", b: str = "", windows: int = 240, auro
                                         dyn_steps=10, unroll_steps=0, batch_size=8, videos=0, change_mask_steps=5, change_mask_windows=2,
                                         head_rollout_steps=20),
                           progress=False)
-        runs = {"a": work, "b": work}
+        runs = {"a": (work / "model", work / "data"), "b": (work / "model", work / "data")}
         windows, pairs = 8, min(pairs, 4)
     else:
         if not a or not b:
             raise ValueError("options a=TAG b=TAG are required (work folders under runs/bench-world-model)")
-        runs = {"a": WORK / a, "b": WORK / b}
-    models = {k: VideoWorldModel.load(r / "model/checkpoints/last", device="cpu", state_gate=gates[k] or None).eval()
+        runs = {"a": _run_folders(a), "b": _run_folders(b)}
+    models = {k: VideoWorldModel.load(resolve_checkpoint(r[0]), device="cpu", state_gate=gates[k] or None).eval()
               for k, r in runs.items()}
-    _, _, held = load_split(runs["a"] / "data", 0.1, keep=("qpos",))
-    _, _, held_b = load_split(runs["b"] / "data", 0.1)
+    _, _, held = load_split(runs["a"][1], 0.1, keep=("qpos",))
+    _, _, held_b = load_split(runs["b"][1], 0.1)
     same = held.episodes == held_b.episodes and all(
         np.array_equal(held.data[k][: held.high_water], held_b.data[k][: held_b.high_water])
         for k in ("action", "observation.images.front", "observation.images.wrist"))
     if not same:
-        raise ValueError(f"{runs['a']} and {runs['b']} hold out different episodes: their windows cannot be paired")
+        raise ValueError(f"{runs['a'][1]} and {runs['b'][1]} hold out different episodes: their windows cannot be paired")
     out: dict = {"a": str(a or "tiny"), "b": str(b or "tiny"), "n_windows": windows}
     for name, steps in (("", None), ("imagination_", 1)):
         full = {k: window_fidelity(m, held, "push-red", windows, 16, seed=0, steps=steps, controllability=False)
@@ -113,7 +124,8 @@ def main(quick: bool = False, a: str = "", b: str = "", windows: int = 240, auro
             out[f"imagination_success_auroc_matched_{path}_b_minus_a_ci"] = d["ci"]
         out["success_auroc_real_frames_head_a"] = res["a"]["success_auroc_real_frames_head"]
     out["gate_a"], out["gate_b"] = (g or "the checkpoint's" for g in (gate_a, gate_b))
-    name = f"world-model-compare-{a}{f'-gate-{gate_a}' * bool(gate_a)}-vs-{b}{f'-gate-{gate_b}' * bool(gate_b)}"
+    name = (f"world-model-compare-{Path(a).name}{f'-gate-{gate_a}' * bool(gate_a)}"
+            f"-vs-{Path(b).name}{f'-gate-{gate_b}' * bool(gate_b)}")
     return finish(name if not quick else "world-model-compare", out, quick,
                   command=f"wmrl bench world-model-compare --json --options a={a} b={b}" + (" auroc=true" if auroc else "")
                   + f" gate_a={gate_a}" * bool(gate_a) + f" gate_b={gate_b}" * bool(gate_b))

@@ -852,7 +852,7 @@ def test_state_channel_closed_loop_pairs_imagination_and_the_simulator_on_the_sa
         bench["main"](quick=True)
 
 
-def test_world_model_compare_pairs_windows_so_a_model_against_itself_differs_by_nothing():
+def test_world_model_compare_pairs_windows_so_a_model_against_itself_differs_by_nothing(tmp_path):
     r = _run("world_model_compare", auroc=True)  # quick: one tiny model as both A and B, same sampling noise
     for name in ("", "imagination_"):
         assert r[f"{name}psnr_h16_motion_b_minus_a"] == 0.0 and r[f"{name}psnr_h16_motion_b_wins"] == 0.5
@@ -866,6 +866,9 @@ def test_world_model_compare_pairs_windows_so_a_model_against_itself_differs_by_
     assert r["imagination_success_auroc_matched_frames_a"] == r["imagination_success_auroc_matched_frames_b"]
     with pytest.raises(ValueError, match="gate_b='pushy'"):  # refused before anything is trained or loaded
         _run("world_model_compare", gate_b="pushy")
+    compare = runpy.run_path(str(BENCH / "world_model_compare.py"), run_name="bench")["main"]
+    with pytest.raises(ValueError, match="neither a folder of runs/bench-world-model"):  # a tag or a demo run folder
+        compare(a=str(tmp_path), b=str(tmp_path))
 
 
 def test_state_channel_visited_error_scores_models_on_the_same_continuations(trained):
