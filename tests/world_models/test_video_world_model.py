@@ -1619,6 +1619,37 @@ def test_the_masks_fit_in_bf16_computes_its_convolutions_in_bf16_keeps_float32_w
     assert isinstance(cm.native_bf16("cpu"), bool)
 
 
+def test_amp_trains_the_denoiser_in_bf16_where_asked_or_native_and_keeps_float32_weights(tiny_data, tmp_path, monkeypatch):
+    """`--amp`: the denoiser's forward passes in the dynamics and unrolled phases compute in bf16 (autocast), the
+    weights stay float32; False keeps float32; None follows `native_bf16` (patched here both ways). The choice is
+    logged (`amp_bf16`)."""
+    import world_models.video.change_mask as cm
+    from world_models.video.networks import UNet
+
+    seen = []
+    original = UNet.forward
+
+    def forward(self, x, *a, **k):
+        out = original(self, x, *a, **k)
+        if torch.is_grad_enabled():  # a training step's pass (the fixed-window losses run without gradients)
+            seen.append(out.dtype)
+        return out
+
+    monkeypatch.setattr(UNet, "forward", forward)
+    for amp, native, want in ((True, False, torch.bfloat16), (False, True, torch.float32), (None, True, torch.bfloat16),
+                              (None, False, torch.float32)):
+        monkeypatch.setattr(cm, "native_bf16", lambda device, native=native: native)
+        seen.clear()
+        run = tmp_path / f"amp-{amp}-{native}"
+        train_world_model(tiny_wm_config(tiny_data, run, ae_steps=2, state_steps=2, dyn_steps=2, unroll_steps=2,
+                                         change_mask_steps=0, eval_every=0, amp=amp), progress=False)
+        assert seen and set(seen) == {want}, (amp, native, set(seen))
+        model = VideoWorldModel.load(run / "checkpoints/last")
+        assert all(p.dtype == torch.float32 for p in model.unet.parameters())
+        logged = [json.loads(x)["amp_bf16"] for x in (run / "metrics.jsonl").read_text().splitlines() if "amp_bf16" in x]
+        assert logged == [float(want == torch.bfloat16)]
+
+
 def test_the_fits_after_training_read_the_calibration_data_and_other_tasks_data_is_refused(trained, tiny_data, tmp_path,
                                                                                            monkeypatch):
     """--calibration-data: the change mask's and the rollout heads' fits see that dataset's episodes (hooked: their
