@@ -10,7 +10,8 @@ bootstrap 95% interval and the share of windows B wins, on motion and static win
 episodes resampled (`..._ci_episodes`, `..._b_wins_episodes`: the windows come from a dozen or so episodes, so the
 per-window interval is optimistic). The check of the metric, in the same run: A against itself with other sampling noise
 (its difference must sit near 0 and its wins near 0.5). Both runs must hold the same held-out episodes (refused
-otherwise: their frames and actions are compared). Each model's own summary says where its masked error sits: the
+otherwise: their episodes and actions must be equal, their frames within a mean of `MAX_FRAME_DIFF` grey levels,
+reported as `heldout_frames_mean_abs_diff`). Each model's own summary says where its masked error sits: the
 arm's and the cubes' gains per camera, with a mask that has object sources also decoded from the recorded [hand, cube]
 points (the ceiling of an exact state channel), and the channel's hand and object errors at h16 on motion windows.
 """
@@ -24,6 +25,7 @@ import numpy as np
 from wmrl.benchutil import finish
 
 WORK = Path(__file__).resolve().parent.parent / "runs" / "bench-world-model"
+MAX_FRAME_DIFF = 0.1  # grey levels, mean over the held-out frames: above it the two runs saw other frames
 SUMMARY_KEYS = ("static_psnr_gap_to_ceiling", "psnr_h16_model_motion_front", "psnr_h16_model_motion_wrist",
                 "psnr_h16_model_static_front", "psnr_h16_model_static_wrist", "psnr_h16_copy_motion_front",
                 "psnr_h16_copy_motion_wrist", "error_split_h16", "ee_error_cm_h16", "hand_error_cm_h16_motion",
@@ -80,12 +82,19 @@ def main(quick: bool = False, a: str = "", b: str = "", windows: int = 240, auro
               for k, r in runs.items()}
     _, _, held = load_split(runs["a"][1], 0.1, keep=("qpos",))
     _, _, held_b = load_split(runs["b"][1], 0.1)
-    same = held.episodes == held_b.episodes and all(
-        np.array_equal(held.data[k][: held.high_water], held_b.data[k][: held_b.high_water])
-        for k in ("action", "observation.images.front", "observation.images.wrist"))
+    # the same episodes and actions; the frames may differ in a few pixels: two collections with the same seed
+    # decode to 0.04-0.13% of values differing (mean 0.0006-0.003 grey levels; demo59 against demo60)
+    frame_diff = {k: float(np.abs(held.data[k][: held.high_water].astype(np.float32)
+                                  - held_b.data[k][: held_b.high_water].astype(np.float32)).mean())
+                  if held.high_water == held_b.high_water else float("inf")
+                  for k in ("observation.images.front", "observation.images.wrist")}
+    same = (held.episodes == held_b.episodes and np.array_equal(held.data["action"][: held.high_water],
+                                                                  held_b.data["action"][: held_b.high_water])
+            and max(frame_diff.values()) <= MAX_FRAME_DIFF)
     if not same:
         raise ValueError(f"{runs['a'][1]} and {runs['b'][1]} hold out different episodes: their windows cannot be paired")
-    out: dict = {"a": str(a or "tiny"), "b": str(b or "tiny"), "n_windows": windows}
+    out: dict = {"a": str(a or "tiny"), "b": str(b or "tiny"), "n_windows": windows,
+                 "heldout_frames_mean_abs_diff": frame_diff}
     for name, steps in (("", None), ("imagination_", 1)):
         full = {k: window_fidelity(m, held, "push-red", windows, 16, seed=0, steps=steps, controllability=False)
                 for k, m in models.items()}

@@ -227,8 +227,8 @@ class TrainWMConfig:
     amp: Optional[bool] = None
     """bf16 autocast in the denoiser's training steps (the dynamics and unrolled phases; weights, Adam and the loss
     stay float32). None: where the hardware computes bf16 natively (`change_mask.native_bf16`: a CPU with AVX-512
-    BF16 or AMX, a CUDA device), else float32. On the demo's 2-core CPU a dynamics step took 0.82x and an unrolled
-    step 0.76x the time (README, session 60)."""
+    BF16 or AMX, a CUDA device), else float32. On the demo's 2-core CPU its world model trained in 13.5 instead of
+    15.1 minutes (README, session 60: demo60 against demo59)."""
     compile: Optional[str] = None
     """torch.compile the training losses and the autoencoder: default, reduce-overhead (CUDA graphs) or
     max-autotune. Pays on a GPU, where small batches are bound by kernel launches; checkpoints are unchanged."""
