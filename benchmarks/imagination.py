@@ -58,7 +58,7 @@ def main(quick: bool = False, work: str = "", task: str = "push-red", episodes: 
     run = work / ("demo" if default else task)
     resume = (run / "config.yaml").exists()
     s = run_demo(DemoConfig(task=task, out=run, quick=quick, resume=resume, overwrite=False), progress=not quick)
-    episodes = 4 if quick else int(episodes)
+    episodes = 2 if quick else int(episodes)
     seeds = [500_000, 600_000, 700_000]
     bc = VLAPolicy.load(resolve_checkpoint(run / "policy_bc")).eval()
     rl = VLAPolicy.load(resolve_checkpoint(run / "policy_rl")).eval()

@@ -132,7 +132,7 @@ def main(quick: bool = False, size: str = "small", device: str = "cpu", steps_sc
                                   num_envs=envs, **mix), progress=not quick)
     run = work / "model"
     resume = (run / "checkpoints/last/train_state.json").exists()
-    tcfg = TrainWMConfig(data=data, out=run, videos=3, resume=resume, overwrite=not resume,
+    tcfg = TrainWMConfig(data=data, out=run, videos=1 if quick else 3, resume=resume, overwrite=not resume,
                          extra_data=(extra,) if n_extra else (), **steps)
     if not _trained(tcfg):
         train_world_model(tcfg, progress=not quick)
@@ -141,7 +141,7 @@ def main(quick: bool = False, size: str = "small", device: str = "cpu", steps_sc
     det_resume = (det_run / "checkpoints/last/train_state.json").exists()
     dcfg = TrainWMConfig(data=data, out=det_run, deterministic=True, init_from=run, state_channel=False, videos=0,
                          resume=det_resume, overwrite=not det_resume, extra_data=tcfg.extra_data,
-                         **{**steps, "ae_steps": 0, "state_steps": 0})
+                         **{**steps, "ae_steps": 0, "state_steps": 0, **({"head_rollout_steps": 0} if quick else {})})
     if deterministic and not _trained(dcfg):
         train_world_model(dcfg, progress=not quick)
     if train_only:

@@ -1,6 +1,6 @@
 """A vector env for many envs on a few cores: K worker processes, each stepping its slice of the envs synchronously.
 
-gymnasium's `AsyncVectorEnv` spawns one process per env, which stops scaling long before the 1,000 envs of a
+gymnasium's `AsyncVectorEnv` starts one process per env, which stops scaling long before the 1,000 envs of a
 large-batch RL iteration (and costs a process each); one `SyncVectorEnv` uses one core. `BatchedVectorEnv` sits
 between: envs 0..N-1 are split into K contiguous slices, worker k holds a `SyncVectorEnv` of its slice, and a step
 sends every worker its actions before waiting for any. Semantics are the synchronous env's (NEXT_STEP autoreset),
@@ -75,7 +75,9 @@ class BatchedVectorEnv(gym.vector.VectorEnv):
         self.num_envs = num_envs
         base, extra = divmod(num_envs, workers)
         self.sizes = [base + (k < extra) for k in range(workers)]
-        ctx = mp.get_context("spawn")
+        import sim  # the package's __init__; this module is imported from it only lazily
+
+        ctx = mp.get_context(sim.worker_start_method())
         self._conns, self._procs, self._steps = [], [], [0] * workers
         for n in self.sizes:
             parent, child = ctx.Pipe()

@@ -86,7 +86,7 @@ def lerobot_checkpoints(tmp_path_factory):
 
 
 # Session fixtures too slow to build once per xdist worker: the tests that use one run on one worker
-# (`pytest -n 2 --dist loadgroup`, the README's test command).
+# (`pytest -n 3 --dist loadgroup`, the README's test command).
 # (`ies_quick`: 25-33 s; `point_data`: 10 s, built on both workers before.)
 ONE_WORKER_FIXTURES = ("quick_demo", "ies_quick", "point_data")
 

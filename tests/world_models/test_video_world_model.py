@@ -1620,14 +1620,14 @@ def test_the_masks_fit_in_bf16_computes_its_convolutions_in_bf16_keeps_float32_w
 
 
 def test_amp_trains_the_denoiser_in_bf16_where_asked_or_native_and_keeps_float32_weights(tiny_data, tmp_path, monkeypatch):
-    """`--amp`: the denoiser's forward passes in the dynamics and unrolled phases compute in bf16 (autocast), the
-    weights stay float32; False keeps float32; None follows `native_bf16` (patched here both ways). The choice is
-    logged (`amp_bf16`)."""
+    """`--amp`: the autoencoder's and the denoiser's forward passes in their training phases compute in bf16
+    (autocast), the weights stay float32; False keeps float32; None follows `native_bf16` (patched here both ways).
+    The choice is logged (`amp_bf16`)."""
     import world_models.video.change_mask as cm
-    from world_models.video.networks import UNet
+    from world_models.video.networks import FrameAutoencoder, UNet
 
-    seen = []
-    original = UNet.forward
+    seen, seen_ae = [], []
+    original, original_decode = UNet.forward, FrameAutoencoder.decode
 
     def forward(self, x, *a, **k):
         out = original(self, x, *a, **k)
@@ -1635,17 +1635,25 @@ def test_amp_trains_the_denoiser_in_bf16_where_asked_or_native_and_keeps_float32
             seen.append(out.dtype)
         return out
 
+    def decode(self, z):
+        out = original_decode(self, z)
+        if torch.is_grad_enabled() and z.requires_grad:  # the autoencoder phase (later phases decode frozen latents)
+            seen_ae.append(out.dtype)
+        return out
+
     monkeypatch.setattr(UNet, "forward", forward)
+    monkeypatch.setattr(FrameAutoencoder, "decode", decode)
     for amp, native, want in ((True, False, torch.bfloat16), (False, True, torch.float32), (None, True, torch.bfloat16),
                               (None, False, torch.float32)):
         monkeypatch.setattr(cm, "native_bf16", lambda device, native=native: native)
-        seen.clear()
+        seen.clear(), seen_ae.clear()
         run = tmp_path / f"amp-{amp}-{native}"
         train_world_model(tiny_wm_config(tiny_data, run, ae_steps=2, state_steps=2, dyn_steps=2, unroll_steps=2,
                                          change_mask_steps=0, eval_every=0, amp=amp), progress=False)
         assert seen and set(seen) == {want}, (amp, native, set(seen))
+        assert seen_ae and set(seen_ae) == {want}, (amp, native, set(seen_ae))
         model = VideoWorldModel.load(run / "checkpoints/last")
-        assert all(p.dtype == torch.float32 for p in model.unet.parameters())
+        assert all(p.dtype == torch.float32 for m in (model.unet, model.ae) for p in m.parameters())
         logged = [json.loads(x)["amp_bf16"] for x in (run / "metrics.jsonl").read_text().splitlines() if "amp_bf16" in x]
         assert logged == [float(want == torch.bfloat16)]
 

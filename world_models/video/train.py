@@ -225,10 +225,11 @@ class TrainWMConfig:
     seed: int = 0
     device: str = "cpu"
     amp: Optional[bool] = None
-    """bf16 autocast in the denoiser's training steps (the dynamics and unrolled phases; weights, Adam and the loss
-    stay float32). None: where the hardware computes bf16 natively (`change_mask.native_bf16`: a CPU with AVX-512
-    BF16 or AMX, a CUDA device), else float32. On the demo's 2-core CPU its world model trained in 13.5 instead of
-    15.1 minutes (README, session 60: demo60 against demo59)."""
+    """bf16 autocast in the training steps of the autoencoder and the denoiser (the autoencoder, dynamics and
+    unrolled phases; weights, Adam and the losses stay float32). None: where the hardware computes bf16 natively
+    (`change_mask.native_bf16`: a CPU with AVX-512 BF16 or AMX, a CUDA device), else float32. On the demo's 2-core
+    CPU the denoiser's phases took 0.76-0.82x the time (README, session 60: demo60 against demo59), the autoencoder's
+    steps 0.72-0.74x (session 61)."""
     compile: Optional[str] = None
     """torch.compile the training losses and the autoencoder: default, reduce-overhead (CUDA graphs) or
     max-autotune. Pays on a GPU, where small batches are bound by kernel launches; checkpoints are unchanged."""
@@ -362,8 +363,8 @@ def ae_weights(x: torch.Tensor, n_cameras: int, fg_weight: float) -> torch.Tenso
 def ae_loss(model: VideoWorldModel, x: torch.Tensor, fg_weight: float) -> torch.Tensor:
     """The autoencoder's loss on frames x (cameras * B, 3, H, W): foreground-weighted reconstruction error and a
     small latent penalty."""
-    z = model.ae.encode(x)
-    return (ae_weights(x, len(model.cfg.cameras), fg_weight) * (model.ae.decode(z) - x) ** 2).mean() + 1e-4 * (z**2).mean()
+    z = model.ae.encode(x).float()  # float32 error and penalty under bf16 autocast
+    return (ae_weights(x, len(model.cfg.cameras), fg_weight) * (model.ae.decode(z).float() - x) ** 2).mean() + 1e-4 * (z**2).mean()
 
 
 EVAL_BATCHES = 4  # batches of fixed windows per evaluation (per split)
@@ -716,7 +717,8 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
             if "val" in eval_samplers:
                 eval_samplers["val"].lat = encode_all(model, held)
         if phase == 0:
-            loss = ae_loss(model, sampler.frames(B, gen), cfg.fg_weight)
+            with amp:
+                loss = ae_loss(model, sampler.frames(B, gen), cfg.fg_weight)
             opt, info = opts["ae"], {"ae_loss": loss}
         elif phase == 1 or phase >= 4:
             while phase >= 4 and dagger_ready <= phase - 4:  # a round's episodes: collected once, kept for resume
