@@ -27,7 +27,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/lint-imports --no-cache  # the layer contract in pyproject.toml: an upward import fails the build
-	# three workers on two cores, one torch thread each: with two, ~13% of the CPU sat idle while tests waited on
+	# three workers on two cores, one torch thread each: with two, ~12% of the CPU sat idle while tests waited on
 	# simulator processes and Ray (measured: 10.7 against 10.0 min); the tests that time themselves run alone afterwards
 	$(BIN)/python -m pytest -q -n 3 --dist loadgroup -m "not timing" --durations=20
 	$(BIN)/python -m pytest -q -m timing
