@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from wmrl.benchutil import finish
+from wmrl.benchutil import finish, world_model_run_folders
 
 WORK = Path(__file__).resolve().parent.parent / "runs" / "bench-world-model"
 MAX_FRAME_DIFF = 0.1  # grey levels, mean over the held-out frames: above it the two runs saw other frames
@@ -31,15 +31,6 @@ SUMMARY_KEYS = ("static_psnr_gap_to_ceiling", "psnr_h16_model_motion_front", "ps
                 "psnr_h16_copy_motion_wrist", "error_split_h16", "ee_error_cm_h16", "hand_error_cm_h16_motion",
                 "object_error_cm_h16_motion", *(f"masked_psnr_gain_h16_{part}{cam}{pts}" for part in ("arm", "objects")
                                                 for cam in ("", "_front", "_wrist") for pts in ("", "_recorded_points")))
-
-
-def _run_folders(ref: str) -> tuple[Path, Path]:
-    """(world model run, dataset) of a world-model benchmark TAG or a `wmrl demo` run folder."""
-    for model, data in ((WORK / ref / "model", WORK / ref / "data"), (Path(ref) / "world_model", Path(ref) / "dataset")):
-        if (model / "checkpoints").exists() and (data / "meta" / "info.json").exists():
-            return model, data
-    raise ValueError(f"{ref!r}: neither a folder of runs/bench-world-model (model/, data/) nor a demo run folder "
-                     "(world_model/, dataset/)")
 
 
 def main(quick: bool = False, a: str = "", b: str = "", windows: int = 240, auroc: bool = False, pairs: int = 130,
@@ -77,7 +68,7 @@ def main(quick: bool = False, a: str = "", b: str = "", windows: int = 240, auro
     else:
         if not a or not b:
             raise ValueError("options a=TAG b=TAG are required (work folders under runs/bench-world-model)")
-        runs = {"a": _run_folders(a), "b": _run_folders(b)}
+        runs = {"a": world_model_run_folders(a, WORK), "b": world_model_run_folders(b, WORK)}
     models = {k: VideoWorldModel.load(resolve_checkpoint(r[0]), device="cpu", state_gate=gates[k] or None).eval()
               for k, r in runs.items()}
     _, _, held = load_split(runs["a"][1], 0.1, keep=("qpos",))

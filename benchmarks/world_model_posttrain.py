@@ -2,8 +2,9 @@
 measured against its base on the same fixed held-out windows.
 
 - Base: a world-model benchmark run (`runs/bench-world-model/<base>/model` and its dataset `.../data`; `base=full`
-  is the committed CPU run of `wmrl bench world-model`, `base=base-cuda-x2` the lent-GPU one). Post-training works
-  in `runs/bench-world-model-posttrain/<base>/` (resumed when there).
+  is the committed CPU run of `wmrl bench world-model`, `base=base-cuda-x2` the lent-GPU one), or a `wmrl demo` run
+  folder (`base=runs/demo62`: its `world_model` and `dataset`). Post-training works in
+  `runs/bench-world-model-posttrain/<base's name>/` (resumed when there).
 - Both models roll out from the same held-out windows (`fixed_windows`, seed 0) for 32 control steps under the
   recorded actions, sampled as imagination samples (`steps` Euler steps), `seeds` sampling seeds per model averaged
   per window. Per window: PSNR (mean over cameras) at h4 (the first chunk), h16 and h32, SSIM at h32, copy-last's
@@ -17,7 +18,10 @@ Options: `iterations`, `lr`, `histories` (real histories per iteration), `candid
 `PostTrainWMConfig`), `candidate_steps` (Euler steps when sampling the candidates, default `steps`: a 1-step sample
 sits near the conditional mean, so one history's candidates hardly differ; the comparison still samples at `steps`),
 `spread` (e.g. 1,3,8: no post-training, only how much one history's candidates differ at each number of Euler
-steps, `candidate_spread`; written to world-model-posttrain-spread-<base>.json); a non-default setting gets its own work folder and result file. The downstream keys (ranking, hallucinated success)
+steps, `candidate_spread`; written to world-model-posttrain-spread-<base>.json), `objective` (`nft`, or `forcing`: the
+denoising loss on the real future with the model's own rollout as context), `min_horizon` / `horizon` (post-training's
+rollout lengths; `objective=forcing min_horizon=4 horizon=4` is the control: the same number of steps of plain
+teacher-forced training); a non-default setting gets its own work folder and result file. The downstream keys (ranking, hallucinated success)
 are not measured by this script yet.
 """
 
@@ -30,12 +34,22 @@ from pathlib import Path
 
 import numpy as np
 
-from wmrl.benchutil import finish, tiny_world_model
+from wmrl.benchutil import finish, tiny_world_model, world_model_run_folders
 
 ROOT = Path(__file__).resolve().parent.parent
 H_MAX = 32  # the long horizon the keys name (h32)
 
-def candidate_spread(src: Path, counts: list[int], histories: int, candidates: int, horizon: int, seed: int = 0) -> dict:
+def _source(base: str) -> tuple[Path, Path]:
+    """(world model run, dataset) of the base: a world-model benchmark run (`runs/bench-world-model/<base>`) or a
+    `wmrl demo` run folder."""
+    try:
+        return world_model_run_folders(base, ROOT / "runs" / "bench-world-model")
+    except ValueError as e:
+        raise ValueError(f"{e}: run `wmrl bench world-model --json` first (it trains runs/bench-world-model/full), or "
+                         "pass base=<a folder there> or base=<a demo run folder>") from None
+
+
+def candidate_spread(src: tuple[Path, Path], counts: list[int], histories: int, candidates: int, horizon: int, seed: int = 0) -> dict:
     """How much one history's post-training candidates differ, by the Euler steps they are sampled with: the same
     histories (train split, as post-training draws them) rolled out `candidates` times each for `horizon` control
     steps at every count in `counts`, scored by the post-training reward (`post_train.fidelity`). The within-group
@@ -46,8 +60,8 @@ def candidate_spread(src: Path, counts: list[int], histories: int, candidates: i
     from world_models.video.post_train import rollouts
     from world_models.video.train import WindowSampler, encode_all, load_split
 
-    model = VideoWorldModel.load(src / "model" / "checkpoints" / "last").eval()
-    _, train, _ = load_split(src / "data", 0.1, seed)
+    model = VideoWorldModel.load(src[0] / "checkpoints" / "last").eval()
+    _, train, _ = load_split(src[1], 0.1, seed)
     sampler = WindowSampler(train, "cpu", model.cfg, lat=encode_all(model, train))
     rows = []
     for n in counts:
@@ -88,7 +102,8 @@ def _per_window(model, held, starts, steps: int, seeds: list[int], H: int) -> di
 
 def main(quick: bool = False, base: str = "full", iterations: int = 40, windows: int = 120, seeds: int = 2,
          steps: int = 1, lr: float = 3e-5, histories: int = 8, candidates: int = 4, moving_weight: float = 0.0,
-         old_ema: float = 0.0, candidate_steps: int = 0, spread: str = "") -> dict:
+         old_ema: float = 0.0, candidate_steps: int = 0, spread: str = "", objective: str = "nft",
+         min_horizon: int = 8, horizon: int = H_MAX) -> dict:
     from world_models.video.evaluate import bootstrap_ci, fixed_windows, psnr
     from world_models.video.model import VideoWorldModel
     from world_models.video.post_train import PostTrainWMConfig, post_train_world_model
@@ -97,20 +112,24 @@ def main(quick: bool = False, base: str = "full", iterations: int = 40, windows:
     iterations, windows, seeds, steps, lr = int(iterations), int(windows), int(seeds), int(steps), float(lr)  # --options: strings
     histories, candidates, moving_weight, old_ema = int(histories), int(candidates), float(moving_weight), float(old_ema)
     candidate_steps = int(candidate_steps) or steps  # Euler steps of the candidates; the comparison samples at `steps`
+    min_horizon, horizon = int(min_horizon), int(horizon)  # post-training's rollout lengths (evaluated at H_MAX)
     if quick:
         tmp = Path(tempfile.mkdtemp(prefix="wmrl-bench-post-"))
-        src, work, iterations, windows, seeds = tiny_world_model(tmp), tmp, 2, 4, 1
+        src, work, iterations, windows, seeds = (tmp / "model", tmp / "data"), tiny_world_model(tmp), 2, 4, 1
     elif spread:
-        src = ROOT / "runs" / "bench-world-model" / base
+        src = _source(base)
     else:
-        tag = base + ("" if (iterations, lr) == (40, 3e-5) else f"-it{iterations}-lr{lr:g}")  # one folder per setting
-        tag += "" if (histories, candidates) == (8, 4) else f"-w{histories}g{candidates}"
+        src = _source(base)
+        tag = Path(base).name + ("" if (iterations, lr) == (40, 3e-5) else f"-it{iterations}-lr{lr:g}")  # one folder per setting
+        if objective == "nft":
+            tag += "" if (histories, candidates) == (8, 4) else f"-w{histories}g{candidates}"
+        else:  # one rollout per history
+            tag += "" if histories == 8 else f"-w{histories}"
         tag += (f"-mw{moving_weight:g}" if moving_weight else "") + (f"-ema{old_ema:g}" if old_ema else "")
         tag += f"-cs{candidate_steps}" if candidate_steps != steps else ""
-        src, work = ROOT / "runs" / "bench-world-model" / base, ROOT / "runs" / "bench-world-model-posttrain" / tag
-        if not (src / "model" / "checkpoints" / "last").exists():
-            raise ValueError(f"no world-model benchmark run at {src}: run `wmrl bench world-model --json` first (it "
-                             "trains runs/bench-world-model/full), or pass base=<a folder there>")
+        tag += (f"-{objective}" if objective != "nft" else "") + (f"-minh{min_horizon}" if min_horizon != 8 else "")
+        tag += f"-h{horizon}" if horizon != H_MAX else ""
+        work = ROOT / "runs" / "bench-world-model-posttrain" / tag
     if spread:
         counts = [int(x) for x in str(spread).split(",") if x]
         out = candidate_spread(src, counts, 2 if quick else histories, 2 if quick else candidates, 8 if quick else H_MAX)
@@ -120,18 +139,19 @@ def main(quick: bool = False, base: str = "full", iterations: int = 40, windows:
     post = work / "post"
     resume = (post / "checkpoints" / "last").exists()
     t0 = time.time()
-    pcfg = PostTrainWMConfig(world_model=src / "model", data=src / "data", out=post, iterations=iterations,
-                             sampling_steps=candidate_steps, horizon=8 if quick else H_MAX, min_horizon=4 if quick else 8,
+    pcfg = PostTrainWMConfig(world_model=src[0], data=src[1], out=post, iterations=iterations,
+                             sampling_steps=candidate_steps, horizon=8 if quick else horizon,
+                             min_horizon=4 if quick else min_horizon, objective=objective,
                              windows=2 if quick else histories, candidates=2 if quick else candidates, lr=lr,
-                             moving_weight=moving_weight, old_ema=old_ema,
+                             moving_weight=moving_weight, old_ema=old_ema, ref_coef=1.0 if objective == "nft" else None,
                              resume=resume, overwrite=not resume)
     done = resume and json.loads((post / "checkpoints/last/train_state.json").read_text())["step"] >= iterations
     res = {} if done else post_train_world_model(pcfg, progress=not quick)
     minutes = (time.time() - t0) / 60
 
-    base_m = VideoWorldModel.load(src / "model" / "checkpoints" / "last").eval()
+    base_m = VideoWorldModel.load(src[0] / "checkpoints" / "last").eval()
     post_m = VideoWorldModel.load(post / "checkpoints" / "last").eval()
-    _, _, held = load_split(src / "data", 0.1)
+    _, _, held = load_split(src[1], 0.1)
     H = 8 if quick else H_MAX
     wins = fixed_windows(held, windows, H, base_m.cfg.context, seed=0)
     starts = [(w["episode"], w["start"]) for w in wins]
@@ -146,7 +166,8 @@ def main(quick: bool = False, base: str = "full", iterations: int = 40, windows:
             for h in (H // 2, H)}
     m = lambda x: float(np.mean(x[motion]))
     hm, he = f"h{H // 2}", f"h{H}"
-    out = {"base": str((src / "model").relative_to(ROOT)) if not quick else "tiny", "post_iterations": iterations,
+    out = {"base": str(src[0].resolve().relative_to(ROOT)) if not quick else "tiny", "objective": objective,
+           "post_iterations": iterations, "min_horizon": min_horizon, "post_horizon": horizon,
            "lr": lr, "histories": histories, "candidates": candidates, "moving_weight": moving_weight, "old_ema": old_ema,
            "sampling_steps": steps, "candidate_steps": candidate_steps, "sampling_seeds": seeds, "horizon": H, "n_windows": len(wins),
            "n_motion_windows": int(motion.sum()),
@@ -173,8 +194,12 @@ def main(quick: bool = False, base: str = "full", iterations: int = 40, windows:
            "post_train_minutes": res["post_train_minutes"] if res else None}
     name = "world-model-posttrain" + ("" if quick or tag == "full" else f"-{tag}")
     return finish(name, out, quick, command=f"wmrl bench world-model-posttrain --json --options base={base} "
-                                           f"iterations={iterations} lr={lr:g} histories={histories} candidates={candidates}"
+                                           f"iterations={iterations} lr={lr:g} histories={histories}"
+                                           + (f" candidates={candidates}" if objective == "nft" else "")
                                            + (f" moving_weight={moving_weight:g}" if moving_weight else "")
                                            + (f" old_ema={old_ema:g}" if old_ema else "")
                                            + (f" candidate_steps={candidate_steps}" if candidate_steps != steps else "")
+                                           + (f" objective={objective}" if objective != "nft" else "")
+                                           + (f" min_horizon={min_horizon}" if min_horizon != 8 else "")
+                                           + (f" horizon={horizon}" if horizon != H_MAX else "")
                                            if not quick else None)

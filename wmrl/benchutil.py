@@ -118,6 +118,16 @@ def finish(name: str, result: dict, quick: bool, command: str | None = None) -> 
 
 
 
+def world_model_run_folders(ref: str | Path, work: Path) -> tuple[Path, Path]:
+    """(world model run, dataset) of a world-model benchmark tag (a folder of `work`, with model/ and data/) or of a
+    `wmrl demo` run folder (world_model/ and dataset/)."""
+    for model, data in ((work / ref / "model", work / ref / "data"), (Path(ref) / "world_model", Path(ref) / "dataset")):
+        if (model / "checkpoints").exists() and (data / "meta" / "info.json").exists():
+            return model, data
+    raise ValueError(f"{str(ref)!r}: neither a folder of {work.parent.name}/{work.name} (model/, data/) nor a demo run folder "
+                     "(world_model/, dataset/)")
+
+
 _TINY_BUILT: list[Path] = []  # this process's one build of the tiny recipe (it is the same every time)
 
 

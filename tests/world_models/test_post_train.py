@@ -126,9 +126,43 @@ def test_only_the_denoiser_moves_and_the_base_stays_as_it_was(trained, tiny_data
     assert r["iterations"] == 2 and np.isfinite(r["loss"])
 
 
-@pytest.mark.parametrize("old_ema", [0.0, 0.5])
+def test_forcing_trains_on_the_recorded_future_with_the_models_own_chunks_as_context(trained, tiny_data, monkeypatch, tmp_path):
+    seen = {"steps": []}
+    real_own, real_step = pt.own_rollouts, pt.forcing_step
+
+    def own_rollouts(model, d, *a, **kw):
+        seen["d"], (chunks, lat) = d, (out := real_own(model, d, *a, **kw))
+        seen["chunks"], seen["lat"] = chunks, lat
+        return out
+
+    def forcing_step(model, batch):
+        seen["steps"].append(batch)
+        return real_step(model, batch)
+
+    monkeypatch.setattr(pt, "own_rollouts", own_rollouts)
+    monkeypatch.setattr(pt, "forcing_step", forcing_step)
+    post_train_world_model(_cfg(trained, tiny_data, tmp_path / "p", iterations=1, objective="forcing", min_horizon=8,
+                                candidates=1, minibatch=3), progress=False)
+    d, chunks, lat = seen["d"], seen["chunks"], seen["lat"]
+    H, K = 4, d["ctx"].shape[1]
+    assert len(chunks) == 2 and lat.shape[1] == 8
+    torch.testing.assert_close(chunks[0]["ctx"], d["ctx"])  # the first chunk: real context
+    # the second: the model's own first chunk as its context (not the recorded frames), the recorded chunk as target
+    torch.testing.assert_close(chunks[1]["ctx"], torch.cat([d["ctx"], lat[:, :H]], 1)[:, -K:])
+    assert not torch.allclose(chunks[1]["ctx"][:, -1], d["future"][:, H - 1])
+    for c in range(2):
+        torch.testing.assert_close(chunks[c]["future"], d["future"][:, c * H : (c + 1) * H])
+    # every chunk reaches the loss once, in minibatches
+    got = torch.cat([b["future"] for b in seen["steps"]])
+    assert [len(b["future"]) for b in seen["steps"]] == [3, 1]
+    assert sorted(got.flatten(1).sum(1).tolist()) == pytest.approx(
+        sorted(torch.cat([c["future"] for c in chunks]).flatten(1).sum(1).tolist()))
+
+
+@pytest.mark.parametrize("old_ema", [0.0, 0.5, "forcing"])
 def test_resume_reproduces_the_next_iteration(trained, tiny_data, tmp_path, old_ema):
-    kw = dict(old_ema=old_ema, moving_weight=1.0) if old_ema else {}  # with a soft-updated old model, kept in the checkpoint
+    # with a soft-updated old model, kept in the checkpoint; the forcing objective draws its noise from torch's generator
+    kw = dict(objective="forcing") if old_ema == "forcing" else dict(old_ema=old_ema, moving_weight=1.0) if old_ema else {}
     post_train_world_model(_cfg(trained, tiny_data, tmp_path / "a", iterations=3, **kw), progress=False)
     post_train_world_model(_cfg(trained, tiny_data, tmp_path / "b", iterations=2, **kw), progress=False)
     post_train_world_model(_cfg(trained, tiny_data, tmp_path / "b", iterations=3, resume=True, overwrite=False, **kw),
@@ -142,7 +176,9 @@ def test_resume_reproduces_the_next_iteration(trained, tiny_data, tmp_path, old_
 def test_bad_configurations_are_refused_before_a_run_folder_exists(trained, tiny_data, tmp_path):
     for kw, msg in (({"candidates": 1}, "candidates must be >= 2"), ({"horizon": 6}, "multiples of the model's chunk"),
                     ({"min_horizon": 12}, "min-horizon <= --horizon"), ({"beta": 0.0}, "beta > 0"),
-                    ({"old_ema": 1.0}, "old-ema < 1"), ({"moving_weight": -1.0}, "moving-weight >= 0")):
+                    ({"old_ema": 1.0}, "old-ema < 1"), ({"moving_weight": -1.0}, "moving-weight >= 0"),
+                    ({"objective": "reward"}, "objective: expected one of"),
+                    ({"objective": "forcing", "ref_coef": 1.0}, "belong to nft")):
         with pytest.raises(ValueError, match=msg):
             post_train_world_model(_cfg(trained, tiny_data, tmp_path / "x", **kw), progress=False)
         assert not (tmp_path / "x").exists()

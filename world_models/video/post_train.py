@@ -29,6 +29,17 @@ outputs. Post-training closes that gap with reinforcement learning on the model 
    and after each iteration theta_old <- eta theta_old + (1 - eta) theta (kept in the checkpoint, so a run resumes
    exactly).
 
+With `objective="forcing"` the same loop post-trains by supervision instead (the autoregressive self-forcing of
+video diffusion, e.g. Huang et al. 2025, "Self Forcing"; here with the real future as the target): each history is
+rolled out once as imagination samples it, and every chunk's ordinary denoising loss (`VideoWorldModel.dynamics_loss`,
+the training objective) is taken on the *real* future chunk with the model's *own* earlier chunks as its context, so
+the model learns to steer back from its own drift. Why a second objective: on this simulator the generation is
+nearly deterministic given its conditioning (one history's candidates differ 35x less than histories do; README,
+long-horizon post-training), so DiffusionNFT's group advantages have little to rank, while the real future is
+always there to regress on. The first chunk of every rollout has real context, so one-chunk prediction keeps being
+trained (there is no separate trust-region term). Training itself unrolls 2 chunks (`train.unrolled_batch`);
+imagination chains 10-40.
+
 Only the denoiser is trained (U-Net and conditioning); the autoencoder, heads and state channel stay as they are.
 """
 
@@ -64,7 +75,10 @@ class PostTrainWMConfig:
     windows: int = 8
     """Shared real histories per iteration."""
     candidates: int = 4
-    """Rollouts per history (one group for the advantages)."""
+    """Rollouts per history (one group for the advantages; nft only: forcing rolls each history out once)."""
+    objective: str = "nft"
+    """"nft": DiffusionNFT on candidates ranked by fidelity; "forcing": the denoising loss on the real future with
+    the model's own rollout as context (see the module's docstring)."""
     horizon: int = 32
     """Control steps of the longest rollout (a multiple of the model's chunk)."""
     min_horizon: int = 8
@@ -73,8 +87,8 @@ class PostTrainWMConfig:
     """Euler steps per generated chunk, as imagination samples (`wmrl imagine`, `wmrl rank`)."""
     beta: float = 1.0
     """DiffusionNFT's guidance strength b."""
-    ref_coef: float = 1.0
-    """Weight of the trust region to the frozen base model."""
+    ref_coef: Optional[float] = None
+    """Weight of the trust region to the frozen base model (nft only; default 1.0)."""
     lr: float = 3e-5
     moving_weight: float = 0.0
     """Weight of the moving pixels' PSNR / 10 dB in the reward (0: the whole frames only; see `fidelity`)."""
@@ -94,6 +108,9 @@ class PostTrainWMConfig:
     threads: Optional[int] = None
     overwrite: bool = False
     resume: bool = False
+
+
+OBJECTIVES = ("nft", "forcing")
 
 
 def nft_targets(d: torch.Tensor, d_old: torch.Tensor, beta: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -156,27 +173,40 @@ def denoiser_parameters(model: VideoWorldModel) -> list[torch.nn.Parameter]:
 
 
 @torch.no_grad()
-def rollouts(model: VideoWorldModel, sampler: WindowSampler, W: int, G: int, L: int, steps: int,
-             gen: torch.Generator, moving_weight: float = 0.0, threshold: int = 12) -> tuple[list[dict], np.ndarray]:
-    """G autoregressive rollouts of L control steps from each of W real histories under the recorded actions.
-    Returns the generated chunks (inputs and sample, per chunk, rollouts along the batch) and the rewards (W*G,),
-    `fidelity` with `moving_weight` and `threshold`."""
+def own_rollouts(model: VideoWorldModel, d: dict, G: int, L: int, steps: int, gen: torch.Generator,
+                 mean: bool | None = False) -> tuple[list[dict], torch.Tensor]:
+    """G autoregressive rollouts of L control steps from each window of `d` (`WindowSampler.sample` with L future
+    frames) under the recorded actions, every chunk after the first conditioned on the model's own earlier chunks.
+    `mean`: as `sample_future` (False: candidates that differ; None: as imagination samples). Returns per chunk the
+    denoiser's inputs, its sample `x0` (the standardised change) and the recorded future chunk (`future`, `mask`),
+    rollouts along the batch (window-major); and the generated latents (W*G, L, C, S, S)."""
     K, H = model.cfg.context, model.cfg.chunk
-    d = sampler.sample(W, K, L, gen, min_future=L, reset_prob=0.0)
     rep = lambda t: t.repeat_interleave(G, 0)
     ctx, anchor, pose0, poses = rep(d["ctx"]), rep(d["anchor"]), rep(_pose0(model, d)), rep(d["poses"])
+    future, mask = rep(d["future"]), rep(d["mask"])
     states = rep(d["states"]) if "states" in d else None  # frame_state: the recorded states, like the actions
-    z0, start_pose = ctx[:, -1].clone(), pose0
     chunks, lats = [], []
     for c in range(L // H):
-        p = poses[:, c * H : (c + 1) * H]
+        p, j = poses[:, c * H : (c + 1) * H], slice(c * H, (c + 1) * H)
         st = None if states is None else states[:, c * H : (c + 1) * H + 1]
-        fut = model.sample_future(ctx, anchor, pose0, p, steps=steps, generator=gen, mean=False, states=st)  # candidates differ
+        fut = model.sample_future(ctx, anchor, pose0, p, steps=steps, generator=gen, mean=mean, states=st)
         chunks.append({"ctx": ctx, "anchor": anchor, "pose0": pose0, "poses": p, "x0": model.to_residual(fut, ctx[:, -1]),
-                       **({} if st is None else {"states": st})})
+                       "future": future[:, j], "mask": mask[:, j], **({} if st is None else {"states": st})})
         lats.append(fut)
         ctx, pose0 = torch.cat([ctx, fut], 1)[:, -K:], p[:, -1]
-    lat = torch.cat(lats, 1)  # (N, L, C, S, S)
+    return chunks, torch.cat(lats, 1)
+
+
+@torch.no_grad()
+def rollouts(model: VideoWorldModel, sampler: WindowSampler, W: int, G: int, L: int, steps: int,
+             gen: torch.Generator, moving_weight: float = 0.0, threshold: int = 12) -> tuple[list[dict], np.ndarray]:
+    """G autoregressive rollouts of L control steps from each of W real histories under the recorded actions
+    (`own_rollouts`, candidates that differ). Returns the generated chunks and the rewards (W*G,), `fidelity` with
+    `moving_weight` and `threshold`."""
+    d = sampler.sample(W, model.cfg.context, L, gen, min_future=L, reset_prob=0.0)
+    chunks, lat = own_rollouts(model, d, G, L, steps, gen)
+    rep = lambda t: t.repeat_interleave(G, 0)
+    z0, start_pose, poses = rep(d["ctx"][:, -1]), rep(_pose0(model, d)), rep(d["poses"])
     i, fut = d["i"], d["fut_idx"]
     images = {f"observation.images.{c}": sampler.images[c] for c in model.cfg.cameras}  # uint8, on the device
     frames0 = {k: v[i].repeat_interleave(G, 0).cpu().numpy() for k, v in images.items()}
@@ -209,18 +239,33 @@ def nft_step(model, old, ref, batch: dict, r: torch.Tensor, cfg: PostTrainWMConf
     w = edm_loss_weight(sigma, mc.sigma_data)
     l_nft = nft_loss(d, d_old, x0, r, w, cfg.beta).mean()
     l_ref = (w * ((d - d_ref) ** 2).flatten(1).mean(1)).mean()
-    return l_nft + cfg.ref_coef * l_ref, {"nft_loss": float(l_nft.detach()), "ref_loss": float(l_ref.detach())}
+    ref_coef = 1.0 if cfg.ref_coef is None else cfg.ref_coef
+    return l_nft + ref_coef * l_ref, {"nft_loss": float(l_nft.detach()), "ref_loss": float(l_ref.detach())}
+
+
+def forcing_step(model: VideoWorldModel, batch: dict) -> tuple[torch.Tensor, dict]:
+    """The loss of one minibatch of chunks (`own_rollouts`): the training objective (`dynamics_loss`, its noise from
+    torch's global generator) on the recorded future chunk, with the rollout's own earlier chunks as context."""
+    loss = model.dynamics_loss(batch["ctx"], batch["anchor"], batch["future"], batch["pose0"], batch["poses"],
+                               batch["mask"], batch.get("states"))
+    return loss, {"forcing_loss": float(loss.detach())}
 
 
 def post_train_world_model(cfg: PostTrainWMConfig, progress: bool = True) -> dict:
     for name in ("iterations", "windows", "minibatch"):
         if getattr(cfg, name) <= 0:
             raise ValueError(f"--{name.replace('_', '-')} must be positive, got {getattr(cfg, name)}")
-    if cfg.candidates < 2:
+    if cfg.objective not in OBJECTIVES:
+        raise ValueError(f"--objective: expected one of {OBJECTIVES}, got {cfg.objective!r}")
+    nft = cfg.objective == "nft"
+    if nft and cfg.candidates < 2:
         raise ValueError(f"--candidates must be >= 2 (advantages are relative within a group), got {cfg.candidates}")
+    if not nft and (cfg.ref_coef is not None or cfg.old_ema or cfg.moving_weight):
+        raise ValueError("--objective forcing regresses on the real future: --ref-coef, --old-ema and --moving-weight "
+                         "belong to nft (its real-context chunks keep one-chunk prediction trained)")
     if not 0 < cfg.min_horizon <= cfg.horizon:
         raise ValueError(f"need 0 < --min-horizon <= --horizon, got {cfg.min_horizon} and {cfg.horizon}")
-    if cfg.beta <= 0 or cfg.ref_coef < 0 or cfg.lr <= 0:
+    if cfg.beta <= 0 or (cfg.ref_coef or 0) < 0 or cfg.lr <= 0:
         raise ValueError(f"need --beta > 0, --ref-coef >= 0, --lr > 0; got {cfg.beta}, {cfg.ref_coef}, {cfg.lr}")
     if not 0 <= cfg.old_ema < 1 or cfg.moving_weight < 0 or not 0 <= cfg.moving_threshold < 255:
         raise ValueError(f"need 0 <= --old-ema < 1, --moving-weight >= 0, 0 <= --moving-threshold < 255; got "
@@ -228,7 +273,7 @@ def post_train_world_model(cfg: PostTrainWMConfig, progress: bool = True) -> dic
     base_ck = resolve_checkpoint(cfg.world_model)
     ref = VideoWorldModel.load(base_ck, device=cfg.device).eval()
     H = ref.cfg.chunk
-    if ref.cfg.deterministic:
+    if nft and ref.cfg.deterministic:
         raise ValueError(f"{cfg.world_model} is the deterministic variant: post-training ranks a diffusion model's "
                          "own samples, and a deterministic model has one per history")
     if cfg.horizon % H or cfg.min_horizon % H:
@@ -266,10 +311,18 @@ def post_train_world_model(cfg: PostTrainWMConfig, progress: bool = True) -> dic
         gen = torch.Generator(device=cfg.device).manual_seed(cfg.seed * 1_000_003 + it)  # resumes exactly
         L = int(lengths[torch.randint(len(lengths), (1,), generator=gen, device=cfg.device).item()])
         model.eval()
-        old = ema if ema is not None else copy.deepcopy(model).eval()  # the model that generates these samples
-        chunks, reward = rollouts(old, sampler, cfg.windows, cfg.candidates, L, cfg.sampling_steps, gen,
-                                  cfg.moving_weight, cfg.moving_threshold)
-        r = torch.as_tensor(optimality(reward, cfg.candidates), dtype=torch.float32, device=cfg.device)
+        if nft:
+            old = ema if ema is not None else copy.deepcopy(model).eval()  # the model that generates these samples
+            chunks, reward = rollouts(old, sampler, cfg.windows, cfg.candidates, L, cfg.sampling_steps, gen,
+                                      cfg.moving_weight, cfg.moving_threshold)
+            r = torch.as_tensor(optimality(reward, cfg.candidates), dtype=torch.float32, device=cfg.device)
+            stats = {"reward_mean": float(reward.mean()),
+                     "reward_group_std": float(reward.reshape(-1, cfg.candidates).std(1).mean())}
+        else:  # one rollout per history, as imagination samples; every chunk's target is the recorded one
+            d = sampler.sample(cfg.windows, model.cfg.context, L, gen, min_future=L, reset_prob=0.0)
+            chunks, _ = own_rollouts(model, d, 1, L, cfg.sampling_steps, gen, mean=None)
+            r, stats = torch.zeros(cfg.windows, device=cfg.device), {}
+            torch.manual_seed(cfg.seed * 1_000_003 + it)  # dynamics_loss draws from the global generator
         batch = {k: torch.cat([c[k] for c in chunks]) for k in chunks[0]}
         rr = r.repeat(len(chunks))  # every chunk of a rollout carries its rollout's optimality
         perm = torch.randperm(len(rr), generator=gen, device=cfg.device)
@@ -277,7 +330,8 @@ def post_train_world_model(cfg: PostTrainWMConfig, progress: bool = True) -> dic
         losses = []
         for j in range(0, len(perm), cfg.minibatch):
             ids = perm[j : j + cfg.minibatch]
-            loss, info = nft_step(model, old, ref, {k: v[ids] for k, v in batch.items()}, rr[ids], cfg, gen)
+            mb = {k: v[ids] for k, v in batch.items()}
+            loss, info = nft_step(model, old, ref, mb, rr[ids], cfg, gen) if nft else forcing_step(model, mb)
             if not torch.isfinite(loss):
                 raise RuntimeError(f"post-training loss became non-finite at iteration {it + 1}; the last good "
                                    f"checkpoint is in {run / 'checkpoints' / 'last'}")
@@ -290,8 +344,7 @@ def post_train_world_model(cfg: PostTrainWMConfig, progress: bool = True) -> dic
             with torch.no_grad():
                 for po, p in zip(denoiser_parameters(ema), denoiser_parameters(model)):
                     po.lerp_(p, 1.0 - cfg.old_ema)
-        log = {"iteration": it + 1, "horizon": L, "reward_mean": float(reward.mean()),
-               "reward_group_std": float(reward.reshape(-1, cfg.candidates).std(1).mean()),
+        log = {"iteration": it + 1, "horizon": L, **stats,
                **{k: float(np.mean([x[k] for x in losses])) for k in losses[0]}, "seconds": time.time() - t0}
         tracker.log(log, step=it + 1)
         if (it + 1) % cfg.ckpt_every == 0 or it + 1 == cfg.iterations:
