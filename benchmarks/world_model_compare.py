@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from wmrl.benchutil import finish, world_model_run_folders
+from wmrl.benchutil import finish, tiny_world_model, world_model_run_folders
 
 WORK = Path(__file__).resolve().parent.parent / "runs" / "bench-world-model"
 MAX_FRAME_DIFF = 0.1  # grey levels, mean over the held-out frames: above it the two runs saw other frames
@@ -50,19 +50,10 @@ def main(quick: bool = False, a: str = "", b: str = "", windows: int = 240, auro
     gates = {"a": gate_a, "b": gate_b}
     if any(g and g not in GATES for g in gates.values()):
         raise ValueError(f"gate_a={gate_a!r}, gate_b={gate_b!r}: expected gates in {GATES} (or none: the checkpoint's)")
-    if quick:  # two tiny models on one tiny dataset: a smoke test of the pipeline, not a result
+    if quick:  # one tiny model as both A and B: a smoke test of the pipeline, not a result
         import tempfile
 
-        from wmrl.commands.collect import CollectConfig, collect
-        from world_models.video.train import TrainWMConfig, train_world_model
-
-        work = Path(tempfile.mkdtemp(prefix="wmrl-bench-wm-compare-"))
-        # near-success failures run the whole 80 steps, so the held-out episode holds 16-step windows
-        collect(CollectConfig(task="push-red", episodes=10, out=work / "data", failures=1.0, num_envs=1), progress=False)
-        train_world_model(TrainWMConfig(data=work / "data", out=work / "model", size="tiny", ae_steps=10, state_steps=10,
-                                        dyn_steps=10, unroll_steps=0, batch_size=8, videos=0, change_mask_steps=5, change_mask_windows=2,
-                                        head_rollout_steps=20),
-                          progress=False)
+        work = tiny_world_model(Path(tempfile.mkdtemp(prefix="wmrl-bench-wm-compare-")), long=True)
         runs = {"a": (work / "model", work / "data"), "b": (work / "model", work / "data")}
         windows, pairs = 8, min(pairs, 4)
     else:

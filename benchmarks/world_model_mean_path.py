@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from wmrl.benchutil import finish
+from wmrl.benchutil import finish, tiny_world_model
 
 ROOT = Path(__file__).resolve().parent.parent
 KEYS = ("motion_psnr_gain_h16", "motion_psnr_gain_h16_ci", "static_psnr_gain_h16", "masked_psnr_gain_h16",
@@ -94,16 +94,8 @@ def main(quick: bool = False, source: str = "runs/bench-imagination/demo", windo
 
 def _tiny_source(work: Path) -> None:
     """Quick mode: a tiny dataset and world model as the source (a smoke test of the pipeline, not a result)."""
-    from wmrl.commands.collect import CollectConfig, collect
-    from world_models.video.train import TrainWMConfig, train_world_model
-
-    # mostly near-success failures: they run the full 80 steps, so the held-out episode fits 16-step windows
-    collect(CollectConfig(task="push-red", episodes=10, out=work / "data", failures=0.9, num_envs=1), progress=False)
-    train_world_model(TrainWMConfig(data=work / "data", out=work / "src_run", size="tiny", ae_steps=20, state_steps=4,
-                                    dyn_steps=4, unroll_steps=0, batch_size=8, videos=0, change_mask_steps=5, change_mask_windows=2,
-                                    head_rollout_steps=0),
-                      progress=False)
-    shutil.copytree(work / "src_run" / "checkpoints" / "last", work / "source")
+    tiny_world_model(work, long=True)  # 80-step episodes: the held-out episode fits 16-step windows
+    shutil.copytree(work / "model" / "checkpoints" / "last", work / "source")
 
 
 def _picture(models: dict, held, starts: list, path: Path) -> str:

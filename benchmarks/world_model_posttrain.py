@@ -12,7 +12,9 @@ measured against its base on the same fixed held-out windows.
 - Keys: `paired_wins_h32` (share of windows where the post-trained model's h32 PSNR beats the base's; motion
   windows: `paired_wins_h32_motion`), `psnr_gain_h32_motion` (post minus base, dB, bootstrap CI), the same at h16,
   `one_chunk_psnr_change` (h4, all windows), both models' gains over copy-last, per-seed gains, and the check of
-  the metric: the base against itself with other sampling seeds (its paired wins must sit near 0.5, its gain near 0).
+  the metric: the base against itself with other sampling seeds (its paired wins must sit near 0.5, its gain near 0);
+  the headroom: `ceiling_over_base_h32_motion`, the identity ceiling (the real latents at h32 decoded through the
+  model's identity path: a perfect dynamics model) minus the base.
 Options: `iterations`, `lr`, `histories` (real histories per iteration), `candidates` (rollouts per history),
 `moving_weight` (the moving pixels' PSNR in the reward), `old_ema` (DiffusionNFT's soft-updated old model;
 `PostTrainWMConfig`), `candidate_steps` (Euler steps when sampling the candidates, default `steps`: a 1-step sample
@@ -47,6 +49,13 @@ def _source(base: str) -> tuple[Path, Path]:
     except ValueError as e:
         raise ValueError(f"{e}: run `wmrl bench world-model --json` first (it trains runs/bench-world-model/full), or "
                          "pass base=<a folder there> or base=<a demo run folder>") from None
+
+
+def _logged_minutes(run: Path) -> float | None:
+    """The post-training minutes of a finished run, from its last logged iteration (`seconds` since it started; a
+    resumed run counts from its last start)."""
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if '"seconds"' in x]
+    return rows[-1]["seconds"] / 60 if rows else None
 
 
 def candidate_spread(src: tuple[Path, Path], counts: list[int], histories: int, candidates: int, horizon: int, seed: int = 0) -> dict:
@@ -104,6 +113,8 @@ def main(quick: bool = False, base: str = "full", iterations: int = 40, windows:
          steps: int = 1, lr: float = 3e-5, histories: int = 8, candidates: int = 4, moving_weight: float = 0.0,
          old_ema: float = 0.0, candidate_steps: int = 0, spread: str = "", objective: str = "nft",
          min_horizon: int = 8, horizon: int = H_MAX) -> dict:
+    import torch
+
     from world_models.video.evaluate import bootstrap_ci, fixed_windows, psnr
     from world_models.video.model import VideoWorldModel
     from world_models.video.post_train import PostTrainWMConfig, post_train_world_model
@@ -164,6 +175,13 @@ def main(quick: bool = False, base: str = "full", iterations: int = 40, windows:
     copy = {h: np.mean([psnr(np.stack([d[c][held.episodes[e][0] + t] for e, t in starts]),
                              np.stack([d[c][held.episodes[e][0] + t + h] for e, t in starts])) for c in cams], 0)
             for h in (H // 2, H)}
+    # what a perfect dynamics model could reach at H: the real latents through the identity path the model decodes
+    # with (frame0 + dec(z_real) - dec(z0)), as the world-model benchmark's identity ceiling
+    last = {c: np.stack([d[c][held.episodes[e][0] + t] for e, t in starts]) for c in cams}
+    real_h = {c: np.stack([d[c][held.episodes[e][0] + t + H] for e, t in starts]) for c in cams}
+    with torch.no_grad():
+        ident = base_m.decode_frames(base_m.encode_frames(real_h), (base_m.encode_frames(last), last), mask=False)
+    ceiling = np.mean([psnr(ident[c].numpy(), real_h[c]) for c in cams], 0)
     m = lambda x: float(np.mean(x[motion]))
     hm, he = f"h{H // 2}", f"h{H}"
     out = {"base": str(src[0].resolve().relative_to(ROOT)) if not quick else "tiny", "objective": objective,
@@ -187,11 +205,12 @@ def main(quick: bool = False, base: str = "full", iterations: int = 40, windows:
            f"base_over_copy_{he}_motion": m(b["end"] - copy[H]), f"post_over_copy_{he}_motion": m(p["end"] - copy[H]),
            f"base_over_copy_{hm}_motion": m(b["mid"] - copy[H // 2]), f"post_over_copy_{hm}_motion": m(p["mid"] - copy[H // 2]),
            f"psnr_{he}_base": float(np.mean(b["end"])), f"psnr_{he}_post": float(np.mean(p["end"])),
+           f"psnr_{he}_identity_ceiling_motion": m(ceiling), f"ceiling_over_base_{he}_motion": m(ceiling - b["end"]),
            # the metric's check: the base against itself on other sampling seeds (wins near 0.5, gain near 0)
            f"check_base_vs_itself_wins_{he}": float(np.mean(b2["end"] > b["end"])),
            f"check_base_vs_itself_gain_{he}_motion": m(b2["end"] - b["end"]),
            "rank_spearman_base": None, "rank_spearman_post": None, "hallucinated_base": None, "hallucinated_post": None,
-           "post_train_minutes": res["post_train_minutes"] if res else None}
+           "post_train_minutes": res["post_train_minutes"] if res else _logged_minutes(post)}
     name = "world-model-posttrain" + ("" if quick or tag == "full" else f"-{tag}")
     return finish(name, out, quick, command=f"wmrl bench world-model-posttrain --json --options base={base} "
                                            f"iterations={iterations} lr={lr:g} histories={histories}"

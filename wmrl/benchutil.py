@@ -128,29 +128,33 @@ def world_model_run_folders(ref: str | Path, work: Path) -> tuple[Path, Path]:
                      "(world_model/, dataset/)")
 
 
-_TINY_BUILT: list[Path] = []  # this process's one build of the tiny recipe (it is the same every time)
+_TINY_BUILT: dict[bool, Path] = {}  # this process's one build of each tiny recipe (it is the same every time)
 
 
-def tiny_world_model(work: Path) -> Path:
+def tiny_world_model(work: Path, long: bool = False) -> Path:
     """Quick mode of the world-model benchmarks: a tiny push-red dataset (`work/data`) and world model (`work/model`),
-    a smoke test of a pipeline, not a result. Returns `work`. Built once per process and copied after that (the
-    recipe and its seeds are fixed: the copy is what a second build would give; the model's config still names the
-    first build's data, which stays where it is)."""
+    a smoke test of a pipeline, not a result. Returns `work`. With `long`, the episodes are near-success failures that
+    run the whole 80 steps (so the held-out episode holds 16-step windows) and the frame heads are refitted on
+    rollouts. Each recipe is built once per process and copied after that (its seeds are fixed: the copy is what a
+    second build would give; the model's config still names the first build's data, which stays where it is)."""
     import shutil
     import tempfile
 
     from wmrl.commands.collect import CollectConfig, collect
     from world_models.video.train import TrainWMConfig, train_world_model
 
-    if not _TINY_BUILT or not (_TINY_BUILT[0] / "model").exists():
+    built = _TINY_BUILT.get(long)
+    if built is None or not (built / "model").exists():
         built = Path(tempfile.mkdtemp(prefix="wmrl-tiny-world-model-"))
-        collect(CollectConfig(task="push-red", episodes=8, out=built / "data", failures=0.5, num_envs=1), progress=False)
-        train_world_model(TrainWMConfig(data=built / "data", out=built / "model", size="tiny", ae_steps=20, state_steps=20,
-                                        dyn_steps=20, unroll_steps=0, batch_size=8, videos=0, change_mask_steps=5,
-                                        change_mask_windows=2, head_rollout_steps=0), progress=False)
-        _TINY_BUILT[:] = [built]
+        collect(CollectConfig(task="push-red", episodes=10 if long else 8, out=built / "data",
+                              failures=1.0 if long else 0.5, num_envs=1), progress=False)
+        train_world_model(TrainWMConfig(data=built / "data", out=built / "model", size="tiny", ae_steps=20,
+                                        state_steps=10 if long else 20, dyn_steps=10 if long else 20, unroll_steps=0,
+                                        batch_size=8, videos=0, change_mask_steps=5, change_mask_windows=2,
+                                        head_rollout_steps=20 if long else 0), progress=False)
+        _TINY_BUILT[long] = built
     for part in ("data", "model"):
-        shutil.copytree(_TINY_BUILT[0] / part, work / part, dirs_exist_ok=True)
+        shutil.copytree(built / part, work / part, dirs_exist_ok=True)
     return work
 
 
