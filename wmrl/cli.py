@@ -27,7 +27,7 @@ COMMANDS: dict[str, tuple[str, str, str, str]] = {
     "eval": ("evaluate", "EvalConfig", "run_eval", "evaluate a policy on a task; metrics, videos, plots"),
     "train-wm": ("train_wm", "TrainWMConfig", "train_world_model", "train the video world model on a LeRobot v3 dataset"),
     "post-train-wm": ("post_train_wm", "PostTrainWMConfig", "post_train_world_model",
-                      "post-train a video world model on its own long rollouts (PersistWorld, DiffusionNFT)"),
+                      "post-train a video world model on its own long rollouts (PersistWorld: DiffusionNFT or self-forcing)"),
     "train-policy": ("train_policy", "TrainPolicyConfig", "train_policy", "behaviour-clone the VLA policy on LeRobot v3 datasets"),
     "imagine": ("imagine", "ImagineConfig", "imagine", "RL (GRPO or PPO) of a VLA policy inside a video world model"),
     "rank": ("rank", "RankConfig", "run_rank", "rank policies in the world model and in the true simulator; agreement"),
