@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 from safetensors.torch import load_file, save_file
 
 from sim.experts import expert_labels
+from sim.tabletop.env import mirror_episode
 from wmrl.core.checkpoint import commit_checkpoint, save_train_state
 from wmrl.core.features import (ACTION, INTERVENTION, IS_LAST, OBS_ENV_STATE, OBS_STATE, REWARD, SUCCESS, TASK, TERMINATED, TRUNCATED,
                                  image_key)
@@ -33,10 +34,11 @@ from wmrl.replay import EpisodeReplay
 LABELS = ("recorded", "expert")
 
 
-def load_replay(paths, seed: int = 0, successful_only: bool = False, labels: str = "recorded"):
+def load_replay(paths, seed: int = 0, successful_only: bool = False, labels: str = "recorded", mirror: bool = False):
     """The episodes of one or more datasets in one replay (cameras, state, action, task and outcomes). `labels`:
     the recorded actions, or `expert` (the clean scripted expert's action at each recorded state; needs
-    `observation.environment_state`)."""
+    `observation.environment_state`). `mirror`: every episode is followed by its reflection through the cell's plane
+    of symmetry (`sim.tabletop.env.mirror_episode`, after the labels: the reflected labels), twice the layouts."""
     if labels not in LABELS:
         raise ValueError(f"labels: expected one of {LABELS}, got {labels!r}")
     dss, replay, _ = EpisodeReplay.from_datasets(
@@ -44,7 +46,8 @@ def load_replay(paths, seed: int = 0, successful_only: bool = False, labels: str
                                                    TRUNCATED, REWARD, IS_LAST, OBS_ENV_STATE},
         require=(OBS_STATE, ACTION) + ((OBS_ENV_STATE,) if labels == "expert" else ()),
         where=(lambda ep: ep[SUCCESS].any()) if successful_only else None,
-        transform=expert_labels if labels == "expert" else None, seed=seed)
+        transform=expert_labels if labels == "expert" else None, seed=seed,
+        augment=(lambda ep: mirror_episode(ep, "--mirror")) if mirror else None)
     if replay.num_episodes == 0:
         raise ValueError(f"{list(map(str, paths))}: no episodes to clone" + (" (none succeeded)" if successful_only else ""))
     return dss, replay

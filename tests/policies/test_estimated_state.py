@@ -107,7 +107,8 @@ def test_train_policy_estimated_state_on_a_dataset(tiny_data, tiny_estimated_sta
     assert (tiny_estimated_state / "metrics.jsonl").exists()
     for bad, match in ((dict(successful_only=True), "successful-only"), (dict(estimator_steps=0), "estimator-steps"),
                        (dict(extra={"mirror": "1.5"}), r"mirror.*\[0, 1\]"),
-                       (dict(extra={"mirror_actor": "maybe"}), "mirror_actor: expected true or false")):
+                       (dict(extra={"mirror_actor": "maybe"}), "mirror_actor: expected true or false"),
+                       (dict(mirror=True), "--extra mirror SHARE")):
         with pytest.raises(ValueError, match=match):
             train_policy(TrainPolicyConfig(data=(tiny_data,), out=tmp_path / "x", type="estimated-state", **bad),
                          progress=False)

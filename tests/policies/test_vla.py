@@ -53,6 +53,23 @@ def test_bc_loss_goes_down_and_checkpoint_round_trips(tiny_data, tmp_path, head)
     assert torch.allclose(back.predict_action_chunk(obs), pol.eval().predict_action_chunk(obs))
 
 
+def test_mirror_clones_every_episode_and_its_reflection_with_the_reflected_labels(tiny_data):
+    from sim.tabletop.env import MIRROR_ACTION_SIGN, MIRROR_STATE_SIGN
+
+    _, plain = load_replay([tiny_data], labels="expert")
+    _, both = load_replay([tiny_data], labels="expert", mirror=True)
+    assert both.num_episodes == 2 * plain.num_episodes and len(both) == 2 * len(plain)
+    ids, pids = list(both.episodes), list(plain.episodes)
+    for k, pid in enumerate(pids):
+        ep, ref, want = both.get_episode(ids[2 * k]), both.get_episode(ids[2 * k + 1]), plain.get_episode(pid)
+        np.testing.assert_array_equal(ep["action"], want["action"])  # the episode itself, as without --mirror
+        np.testing.assert_array_equal(ref["observation.images.front"], want["observation.images.front"][:, :, ::-1])
+        np.testing.assert_allclose(ref["observation.state"], want["observation.state"] * MIRROR_STATE_SIGN, rtol=0, atol=1e-6)
+        # the expert's labels of the episode, reflected (the expert is exactly symmetric, README "mirror reflections")
+        np.testing.assert_allclose(ref["action"], want["action"] * MIRROR_ACTION_SIGN, rtol=0, atol=1e-6)
+        assert list(ref["task"]) == list(want["task"])
+
+
 def test_flow_head_has_no_log_prob_and_bad_spaces_are_refused():
     import gymnasium as gym
 

@@ -61,6 +61,9 @@ class TrainPolicyConfig:
     """Clone only the episodes that succeeded (datasets recorded with near-success failures)."""
     intervention_weight: float = 1.0
     """Sample frames an operator produced (`intervention`, RaC/HIL-SERL corrections) this many times as often."""
+    mirror: bool = False
+    """vla: also clone every episode's reflection through the cell's plane of symmetry (tabletop data: images
+    flipped, y negated; DAgger's aggregate too). estimated-state takes --extra mirror / mirror_actor instead."""
     ckpt_every: int = 500
     keep_every: int = 0
     """Also keep a copy of the policy every this many steps (checkpoints/step_N; for policy populations)."""
@@ -97,7 +100,7 @@ def train_policy(cfg: TrainPolicyConfig, progress: bool = True) -> dict:
     run = start_run(cfg)
     torch.manual_seed(cfg.seed)
     dss, replay = load_replay(cfg.data, cfg.seed, cfg.successful_only,
-                              labels="expert" if cfg.dagger.rounds else cfg.labels)
+                              labels="expert" if cfg.dagger.rounds else cfg.labels, mirror=cfg.mirror)
     tasks = sorted({t for d in dss for t in d.tasks})
     if cfg.dagger.rounds and len({task_from_instruction(t) for t in tasks}) != 1:
         raise ValueError(f"--dagger.rounds runs the learner on one task; the data has {tasks}")
@@ -127,7 +130,7 @@ def train_policy(cfg: TrainPolicyConfig, progress: bool = True) -> dict:
         result["dagger"] = dagger(policy, cfg.data, task_from_instruction(tasks[0]), run, cfg.dagger,
                                   bc_steps=cfg.steps, start_step=start, train_kwargs=train_kwargs, seed=cfg.seed,
                                   num_envs=cfg.num_envs, intervention_weight=cfg.intervention_weight,
-                                  progress=progress)
+                                  progress=progress, mirror=cfg.mirror)
     result.update(run_dir=str(run), steps=total)
     if cfg.eval_episodes:
         result["eval"] = evaluate_on_tasks(policy, tasks, cfg.eval_episodes, run / "eval", seed=10_000 + cfg.seed,
@@ -173,6 +176,9 @@ def _train_estimated_state(cfg: TrainPolicyConfig, progress: bool) -> dict:
     if unsupported:
         raise ValueError(f"--type estimated-state does not take {unsupported} (it trains on the DART labels of every "
                          "frame, in minutes)")
+    if cfg.mirror:
+        raise ValueError("--type estimated-state reflects through --extra mirror SHARE (its estimator) and "
+                         "mirror_actor true (its actor), not --mirror")
     if cfg.steps < 1 or cfg.estimator_steps < 1:
         raise ValueError(f"--steps and --estimator-steps must be >= 1, got {cfg.steps} and {cfg.estimator_steps}")
     mirror, mirror_actor = float(cfg.extra.get("mirror", 0.0)), _flag("mirror_actor", cfg.extra.get("mirror_actor"))

@@ -45,10 +45,11 @@ def round_dir(run: Path, i: int) -> Path:
 
 def dagger(policy, data: tuple[Path, ...], task: str, run: Path, cfg: DAggerConfig, *, bc_steps: int, start_step: int,
            train_kwargs: dict, seed: int = 0, num_envs: int = 2, intervention_weight: float = 1.0,
-           progress: bool = True) -> list[dict]:
+           progress: bool = True, mirror: bool = False) -> list[dict]:
     """Rounds i = 0..rounds-1 after `bc_steps` of BC: round i's data is recorded at step bc_steps + i*steps and its
     training ends at bc_steps + (i+1)*steps. Resuming at `start_step` skips the rounds already trained and
-    re-records a round whose training had not begun (its recording may have been cut short)."""
+    re-records a round whose training had not begun (its recording may have been cut short). `mirror`: the
+    aggregate is trained on with every episode's reflection too (`load_replay`)."""
     out = []
     for i in range(cfg.rounds):
         begin, end = bc_steps + i * cfg.steps, bc_steps + (i + 1) * cfg.steps
@@ -69,7 +70,7 @@ def dagger(policy, data: tuple[Path, ...], task: str, run: Path, cfg: DAggerConf
                 policy.stochastic = stochastic
             out.append({"round": i, "learner_pc_success": res.pc_success, "frames": frames})
         _, replay = load_replay(tuple(data) + tuple(round_dir(run, j) for j in range(i + 1)), seed + i + 1,
-                                labels="expert")
+                                labels="expert", mirror=mirror)
         weight_interventions(replay, intervention_weight)
         r = bc_train(policy, replay, end, start_step=max(start_step, begin), progress=progress,
                      desc=f"dagger {i + 1}/{cfg.rounds}", **train_kwargs)
