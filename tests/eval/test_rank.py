@@ -231,7 +231,7 @@ def test_rank_refuses_layouts_the_world_models_data_was_recorded_on(trained, tin
                             out=tmp_path / "rank"), progress=False)
     assert not (tmp_path / "rank").exists()
     r = run_rank(RankConfig(policies=("scripted", "random"), world_model=trained, data=tiny_data, seed=5, episodes=4, num_envs=2,
-                            noise_ceiling=False, allow_seen_layouts=True, out=tmp_path / "rank"), progress=False)
+                            noise_ceiling=False, allow_seen_layouts=True, max_steps=5, out=tmp_path / "rank"), progress=False)
     assert r["seen_layouts"] == 3 and r["policies"][0]["true_seeds"] == [5, 6, 7, 8]
 
 
@@ -332,7 +332,8 @@ def test_rank_reports_the_share_of_imagined_episodes_the_hallucination_flag_stop
 def test_ray_workers_give_the_same_metrics_as_in_process(trained, tiny_data, tmp_path):
     pytest.importorskip("ray")
     specs = ["scripted:noise=0.3", "random"]
-    args = dict(world_model=str(trained), data=str(tiny_data), task="push-red", episodes=2, num_envs=2, seed=3)
+    # 20-step episodes: the comparison is of the same episodes run two ways, not of their length
+    args = dict(world_model=str(trained), data=str(tiny_data), task="push-red", episodes=2, num_envs=2, seed=3, max_steps=20)
     local = score_population(specs, **args, progress=False)
     remote = score_population(specs, **args, workers="ray", num_workers=2)
     keys = ["policy", "imagined_success", "true_success", "imagined_ci95", "true_ci95"]
