@@ -86,7 +86,7 @@ class PostTrainWMConfig:
     sampling_steps: int = 1
     """Euler steps per generated chunk, as imagination samples (`wmrl imagine`, `wmrl rank`)."""
     beta: float = 1.0
-    """DiffusionNFT's guidance strength b."""
+    """DiffusionNFT's guidance strength b (nft only)."""
     ref_coef: Optional[float] = None
     """Weight of the trust region to the frozen base model (nft only; default 1.0)."""
     lr: float = 3e-5
