@@ -154,7 +154,7 @@ def main(quick: bool = False, base: str = "full", iterations: int = 40, windows:
                              sampling_steps=candidate_steps, horizon=8 if quick else horizon,
                              min_horizon=4 if quick else min_horizon, objective=objective,
                              windows=2 if quick else histories, candidates=2 if quick else candidates, lr=lr,
-                             moving_weight=moving_weight, old_ema=old_ema, ref_coef=1.0 if objective == "nft" else None,
+                             moving_weight=moving_weight, old_ema=old_ema,
                              resume=resume, overwrite=not resume)
     done = resume and json.loads((post / "checkpoints/last/train_state.json").read_text())["step"] >= iterations
     res = {} if done else post_train_world_model(pcfg, progress=not quick)
@@ -172,13 +172,13 @@ def main(quick: bool = False, base: str = "full", iterations: int = 40, windows:
     b, p = ({k: v.mean(0) for k, v in x.items()} for x in (bs, ps))
     b2 = {k: v.mean(0) for k, v in _per_window(base_m, held, starts, steps, [100 + s for s in ss], H).items()}
     d, cams = held.data, [f"observation.images.{c}" for c in base_m.cfg.cameras]
-    copy = {h: np.mean([psnr(np.stack([d[c][held.episodes[e][0] + t] for e, t in starts]),
-                             np.stack([d[c][held.episodes[e][0] + t + h] for e, t in starts])) for c in cams], 0)
-            for h in (H // 2, H)}
+    # camera c's recorded frames h steps after each window's start
+    at = lambda c, h: np.stack([d[c][held.episodes[e][0] + t + h] for e, t in starts])  # noqa: E731
+    last = {c: at(c, 0) for c in cams}
+    copy = {h: np.mean([psnr(last[c], at(c, h)) for c in cams], 0) for h in (H // 2, H)}
     # what a perfect dynamics model could reach at H: the real latents through the identity path the model decodes
     # with (frame0 + dec(z_real) - dec(z0)), as the world-model benchmark's identity ceiling
-    last = {c: np.stack([d[c][held.episodes[e][0] + t] for e, t in starts]) for c in cams}
-    real_h = {c: np.stack([d[c][held.episodes[e][0] + t + H] for e, t in starts]) for c in cams}
+    real_h = {c: at(c, H) for c in cams}
     with torch.no_grad():
         ident = base_m.decode_frames(base_m.encode_frames(real_h), (base_m.encode_frames(last), last), mask=False)
     ceiling = np.mean([psnr(ident[c].numpy(), real_h[c]) for c in cams], 0)

@@ -321,11 +321,12 @@ def post_train_world_model(cfg: PostTrainWMConfig, progress: bool = True) -> dic
         else:  # one rollout per history, as imagination samples; every chunk's target is the recorded one
             d = sampler.sample(cfg.windows, model.cfg.context, L, gen, min_future=L, reset_prob=0.0)
             chunks, _ = own_rollouts(model, d, 1, L, cfg.sampling_steps, gen, mean=None)
-            r, stats = torch.zeros(cfg.windows, device=cfg.device), {}
+            stats = {}
             torch.manual_seed(cfg.seed * 1_000_003 + it)  # dynamics_loss draws from the global generator
         batch = {k: torch.cat([c[k] for c in chunks]) for k in chunks[0]}
-        rr = r.repeat(len(chunks))  # every chunk of a rollout carries its rollout's optimality
-        perm = torch.randperm(len(rr), generator=gen, device=cfg.device)
+        if nft:
+            rr = r.repeat(len(chunks))  # every chunk of a rollout carries its rollout's optimality
+        perm = torch.randperm(len(batch["x0"]), generator=gen, device=cfg.device)
         model.train()
         losses = []
         for j in range(0, len(perm), cfg.minibatch):
