@@ -21,6 +21,7 @@ models and the true side, so the layouts' own noise, shared by both, does not wi
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -55,9 +56,10 @@ def report(run: Path, n_boot: int = 2000) -> dict:
 
 def paired_difference(a: list[dict], b: list[dict], n_boot: int = 2000, seed: int = 0) -> dict:
     """B minus A over the learned policies (anchors left out, as in the headline) on the same true episodes: Spearman
-    and MMRV of imagined success against true success, and the progress score's Spearman, with 95% bootstrap
-    intervals over episodes resampled per policy, the same indices for A, B and the true outcomes."""
-    from wmrl.eval.rank import spearman, is_anchor, mmrv
+    and MMRV of imagined success against true success, the progress score's Spearman and the paired hallucinated
+    success (`wmrl.eval.rank.paired_hallucination`), with 95% bootstrap intervals over episodes resampled per policy,
+    the same indices for A, B and the true outcomes."""
+    from wmrl.eval.rank import is_anchor, mmrv, spearman
 
     keep = [i for i, r in enumerate(a) if not is_anchor(r["policy"])]
     arr = lambda rows, k: [np.asarray(rows[i][k], float) for i in keep]  # noqa: E731
@@ -65,17 +67,25 @@ def paired_difference(a: list[dict], b: list[dict], n_boot: int = 2000, seed: in
     progress = all("imagined_progress" in r for r in a + b)
     pa, pb = (arr(a, "imagined_progress"), arr(b, "imagined_progress")) if progress else (ia, ib)
 
+    def hallucinated(imagined, t) -> float:  # pooled, as paired_hallucination: NaN without an imagined success
+        n = imagined.sum()
+        return float((imagined * (1 - t)).sum() / n) if n else float("nan")
+
     def stats(ix) -> np.ndarray:
         m = lambda xs: np.array([x[i].mean() for x, i in zip(xs, ix)])  # noqa: E731
+        cat = lambda xs: np.concatenate([x[i] for x, i in zip(xs, ix)])  # noqa: E731
         t = m(true)
         return np.array([spearman(m(ib), t) - spearman(m(ia), t), mmrv(m(ib), t) - mmrv(m(ia), t),
+                         hallucinated(cat(ib), cat(true)) - hallucinated(cat(ia), cat(true)),
                          spearman(m(pb), t) - spearman(m(pa), t)])
 
     point = stats([np.arange(len(x)) for x in true])
     rng = np.random.default_rng(seed)
     boot = np.array([stats([rng.integers(0, len(x), len(x)) for x in true]) for _ in range(n_boot)])
-    ci = [[float(np.nanpercentile(boot[:, j], 2.5)), float(np.nanpercentile(boot[:, j], 97.5))] for j in range(3)]
-    names = ["spearman", "mmrv"] + ["spearman_progress"] * progress
+    with warnings.catch_warnings():  # a statistic NaN in every draw (no imagined success) has a NaN interval
+        warnings.simplefilter("ignore", RuntimeWarning)
+        ci = [[float(np.nanpercentile(boot[:, j], 2.5)), float(np.nanpercentile(boot[:, j], 97.5))] for j in range(4)]
+    names = ["spearman", "mmrv", "hallucinated"] + ["spearman_progress"] * progress
     return {**{f"{n}_b_minus_a": float(point[j]) for j, n in enumerate(names)},
             **{f"{n}_b_minus_a_ci": ci[j] for j, n in enumerate(names)}, "n_policies": len(keep)}
 

@@ -23,13 +23,25 @@ sits near the conditional mean, so one history's candidates hardly differ; the c
 steps, `candidate_spread`; written to world-model-posttrain-spread-<base>.json), `objective` (`nft`, or `forcing`: the
 denoising loss on the real future with the model's own rollout as context), `min_horizon` / `horizon` (post-training's
 rollout lengths; `objective=forcing min_horizon=4 horizon=4` is the control: the same number of steps of plain
-teacher-forced training); a non-default setting gets its own work folder and result file. The downstream keys (ranking, hallucinated success)
-are not measured by this script yet.
+teacher-forced training); a non-default setting gets its own work folder and result file.
+
+The downstream check (`rankings=A,B`): two ranking runs of the same policies on the same paired starts, A on the base
+and B on this setting's post-trained model (`runs/bench-world-model-posttrain/<tag>/post`), e.g.
+
+    wmrl bench rank-state-population --json --options world_model=BASE_RUN pixels=P1,P2,P3 tag=base
+    wmrl bench rank-state-population --json --options world_model=runs/bench-world-model-posttrain/TAG/post pixels=P1,P2,P3 tag=post
+
+fill `rank_spearman_base` / `_post`, `rank_mmrv_*`, `success_abs_error_*`, `hallucinated_base` / `_post` (imagined
+successes whose closed-loop true episode from the same layout failed: `wmrl.eval.rank.paired_hallucination`) and
+their paired differences with bootstrap intervals (`rank_paired`, `wmrl bench rank-report`'s pairing); nothing is
+imagined or simulated again. Runs on other world models or other true episodes are refused. Without `rankings`
+those keys are None.
 """
 
 from __future__ import annotations
 
 import json
+import runpy
 import tempfile
 import time
 from pathlib import Path
@@ -49,6 +61,42 @@ def _source(base: str) -> tuple[Path, Path]:
     except ValueError as e:
         raise ValueError(f"{e}: run `wmrl bench world-model --json` first (it trains runs/bench-world-model/full), or "
                          "pass base=<a folder there> or base=<a demo run folder>") from None
+
+
+def _run_folder(p: str | Path) -> Path:
+    """A world model's run folder, from the folder or one of its checkpoints, resolved against the project root."""
+    p = Path(p) if Path(p).is_absolute() else ROOT / p
+    if p.parent.name == "checkpoints":
+        p = p.parent.parent
+    return p.resolve()
+
+
+def downstream(rankings: str, base_run: Path, post_run: Path) -> dict:
+    """The downstream keys from two ranking run folders `A,B` (module docstring): A must have ranked on `base_run`,
+    B on `post_run`, both the same policies on the same true episodes."""
+    report = runpy.run_path(str(Path(__file__).with_name("rank_report.py")), run_name="wmrl_bench_sibling")
+    folders = [Path(x) for x in str(rankings).split(",") if x]
+    if len(folders) != 2:
+        raise ValueError(f"rankings: expected two ranking run folders A,B (base, post-trained), got {rankings!r}")
+    rows = [report["report"](f) for f in folders]
+    for r, f, want, what in zip(rows, folders, (base_run, post_run), ("base", "post-trained")):
+        if not r["world_model"] or _run_folder(r["world_model"]) != _run_folder(want):
+            raise ValueError(f"rankings: {f} ranked on {r['world_model'] or 'an unnamed world model'}, not the "
+                             f"{what} model {want}")
+    (a, pa), (b, pb) = ((r, r.pop("policies")) for r in rows)
+    if not report["same_true_episodes"](pa, pb):
+        raise ValueError(f"rankings: {folders[0]} and {folders[1]} did not rank the same policies on the same true "
+                         "episodes (same population, layouts and episodes per policy)")
+    out = {"rankings": [str(f) for f in folders], "rank_n_policies": a["n_policies"],
+           "rank_episodes_per_policy": a["episodes_per_policy"], "rank_first_layout_seed": a["first_layout_seed"]}
+    for key, name in (("rank_spearman", "rank_spearman"), ("rank_mmrv", "rank_mmrv"),
+                      ("success_abs_error", "success_abs_error"), ("hallucinated_success", "hallucinated"),
+                      ("n_imagined_successes", "n_imagined_successes")):
+        out[f"{name}_base"], out[f"{name}_post"] = a[key], b[key]
+    out["rank_spearman_ci_base"], out["rank_spearman_ci_post"] = a["rank_spearman_ci"], b["rank_spearman_ci"]
+    out["rank_noise_ceiling"] = a.get("rank_noise_ceiling")
+    out["rank_paired"] = report["paired_difference"](pa, pb)  # post minus base, on the shared true episodes
+    return out
 
 
 def _logged_minutes(run: Path) -> float | None:
@@ -112,7 +160,7 @@ def _per_window(model, held, starts, steps: int, seeds: list[int], H: int) -> di
 def main(quick: bool = False, base: str = "full", iterations: int = 40, windows: int = 120, seeds: int = 2,
          steps: int = 1, lr: float = 3e-5, histories: int = 8, candidates: int = 4, moving_weight: float = 0.0,
          old_ema: float = 0.0, candidate_steps: int = 0, spread: str = "", objective: str = "nft",
-         min_horizon: int = 8, horizon: int = H_MAX) -> dict:
+         min_horizon: int = 8, horizon: int = H_MAX, rankings: str = "") -> dict:
     import torch
 
     from world_models.video.evaluate import bootstrap_ci, fixed_windows, psnr
@@ -209,7 +257,8 @@ def main(quick: bool = False, base: str = "full", iterations: int = 40, windows:
            # the metric's check: the base against itself on other sampling seeds (wins near 0.5, gain near 0)
            f"check_base_vs_itself_wins_{he}": float(np.mean(b2["end"] > b["end"])),
            f"check_base_vs_itself_gain_{he}_motion": m(b2["end"] - b["end"]),
-           "rank_spearman_base": None, "rank_spearman_post": None, "hallucinated_base": None, "hallucinated_post": None,
+           **(downstream(rankings, src[0], post) if rankings else
+              {"rank_spearman_base": None, "rank_spearman_post": None, "hallucinated_base": None, "hallucinated_post": None}),
            "post_train_minutes": res["post_train_minutes"] if res else _logged_minutes(post)}
     name = "world-model-posttrain" + ("" if quick or tag == "full" else f"-{tag}")
     return finish(name, out, quick, command=f"wmrl bench world-model-posttrain --json --options base={base} "
@@ -221,4 +270,5 @@ def main(quick: bool = False, base: str = "full", iterations: int = 40, windows:
                                            + (f" objective={objective}" if objective != "nft" else "")
                                            + (f" min_horizon={min_horizon}" if min_horizon != 8 else "")
                                            + (f" horizon={horizon}" if horizon != H_MAX else "")
+                                           + (f" rankings={rankings}" if rankings else "")
                                            if not quick else None)

@@ -130,6 +130,43 @@ def test_world_model_posttrain_benchmark_compares_base_and_post_on_the_same_wind
     assert s["rows"][0]["reward_mean"] != s["rows"][1]["reward_mean"]  # other steps, other samples
 
 
+def test_world_model_posttrain_downstream_pairs_two_rankings_of_its_base_and_post_trained_model(tmp_path):
+    """The downstream keys come from two stored rankings (nothing is imagined again): the base's and the post-trained
+    model's, the same policies on the same true episodes; a ranking on another model or other episodes is refused."""
+    from wmrl.eval.rank import ranking_report
+
+    downstream = runpy.run_path(str(BENCH / "world_model_posttrain.py"), run_name="bench")["downstream"]
+    true = [[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], [0, 0, 0, 0]]
+    base_imagined = [[1, 1, 0, 0], [1, 0, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]]  # a and b swapped; 2 of 7 hallucinated
+    post_imagined = [[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], [0, 0, 0, 0]]  # every episode right
+    models = {"base": tmp_path / "wm", "post": tmp_path / "post-train" / "post"}
+
+    def ranking(name, imagined, model, true=true):
+        rows = [{"policy": p, "imagined_outcomes": i, "true_outcomes": t}
+                for p, i, t in zip(("runs/a", "runs/b", "runs/c", "random"), imagined, true)]
+        run = tmp_path / name
+        run.mkdir(exist_ok=True)
+        (run / "ranking.json").write_text(json.dumps({**ranking_report(rows, n_boot=20), "policies": rows,
+                                                      "first_layout_seed": 9}))
+        (run / "config.yaml").write_text(f"world_model: {model}\n")
+        return run
+
+    a, b = ranking("rank-base", base_imagined, models["base"]), ranking("rank-post", post_imagined, models["post"] / "checkpoints" / "last")
+    r = downstream(f"{a},{b}", models["base"], models["post"])
+    assert r["rank_spearman_base"] == pytest.approx(0.5) and r["rank_spearman_post"] == pytest.approx(1.0)
+    assert r["hallucinated_base"] == pytest.approx(2 / 7) and r["hallucinated_post"] == 0.0  # the anchor left out
+    assert r["rank_paired"]["hallucinated_b_minus_a"] == pytest.approx(-2 / 7)
+    assert r["rank_paired"]["spearman_b_minus_a"] == pytest.approx(0.5) and r["rank_n_policies"] == 3
+    assert r["rank_first_layout_seed"] == 9 and r["rank_episodes_per_policy"] == 4
+    with pytest.raises(ValueError, match="not the post-trained model"):
+        downstream(f"{a},{a}", models["base"], models["post"])
+    other = ranking("rank-post-other", post_imagined, models["post"], true=[[1, 1, 1, 1]] + true[1:])
+    with pytest.raises(ValueError, match="same true episodes"):
+        downstream(f"{a},{other}", models["base"], models["post"])
+    with pytest.raises(ValueError, match="two ranking run folders"):
+        downstream(str(a), models["base"], models["post"])
+
+
 @TINY_WORLD_MODEL
 def test_world_model_frame_head_benchmark_scores_every_refit_on_the_same_rollouts():
     r = _run("world_model_frame_head")
@@ -1084,6 +1121,10 @@ def test_rank_report_rescores_stored_outcomes_and_refuses_runs_that_do_not_match
     assert d["spearman_b_minus_a"] == pytest.approx(r["rows"][1]["rank_spearman"] - 1.0) == -0.5  # 1 - 6*2/(3*8)
     assert d["mmrv_b_minus_a"] == pytest.approx(r["rows"][1]["rank_mmrv"]) and r["rows"][1]["rank_mmrv"] == pytest.approx(0.2)  # b, c: 0.3 each
     assert d["spearman_progress_b_minus_a"] == 0.0  # the progress scores were not swapped
+    # imagined successes whose true episode failed: A 1 of 2, 1 of 5, 1 of 8; B (b's 8 on b's 4 true, c's 5 within
+    # c's 7) 1 of 2, 4 of 8, 0 of 5
+    assert r["rows"][0]["hallucinated_success"] == pytest.approx(3 / 15) and r["rows"][1]["hallucinated_success"] == pytest.approx(5 / 15)
+    assert d["hallucinated_b_minus_a"] == pytest.approx(2 / 15)
     lo, hi = d["spearman_b_minus_a_ci"]
     assert lo <= d["spearman_b_minus_a"] <= hi
     swapped[0]["true_outcomes"] = [1] * 10  # other true episodes: not paired

@@ -5,8 +5,9 @@ import pytest
 
 import numpy as np
 
-from wmrl.eval.rank import (RankConfig, acts_on_objects, bootstrap_spearman, mmrv, parse_policy_spec, policy_label,
-                            rank_statistics, ranking_report, run_rank, score_population, short_labels)
+from wmrl.eval.rank import (RankConfig, acts_on_objects, bootstrap_spearman, mmrv, paired_hallucination,
+                            parse_policy_spec, policy_label, rank_statistics, ranking_report, run_rank, score_population,
+                            short_labels)
 
 
 def test_rank_statistics_on_known_inputs():
@@ -60,6 +61,21 @@ def test_ranking_report_keeps_anchors_out_of_the_headline():
     with pytest.raises(ValueError, match="2 learned"):
         ranking_report(rows[2:])
     assert "rank_spearman_progress" not in r  # rows without rewards: no progress score
+
+
+def test_hallucinated_success_counts_imagined_successes_whose_paired_true_episode_failed():
+    rows = [{"policy": "runs/a", "imagined_outcomes": [1, 1, 0, 0], "true_outcomes": [1, 0, 1, 0]},
+            {"policy": "runs/b", "imagined_outcomes": [1, 0, 1, 1], "true_outcomes": [1, 0, 0, 0]},
+            {"policy": "random", "imagined_outcomes": [1, 1, 1, 1], "true_outcomes": [0, 0, 0, 0]}]
+    # learned policies only: 5 imagined successes, of which a's 2nd and b's 3rd and 4th failed in truth (the imagined
+    # failure whose true episode succeeded, a's 3rd, is not a hallucination); the anchor's 4 are left out
+    r = ranking_report(rows, n_boot=20)
+    assert r["hallucinated_success"] == pytest.approx(3 / 5) and r["n_imagined_successes"] == 5
+    assert paired_hallucination(rows[:1]) == {"hallucinated_success": 0.5, "n_imagined_successes": 2}
+    none = paired_hallucination([{"policy": "runs/c", "imagined_outcomes": [0, 0], "true_outcomes": [1, 0]}])
+    assert np.isnan(none["hallucinated_success"]) and none["n_imagined_successes"] == 0
+    with pytest.raises(ValueError, match="differ in number"):
+        paired_hallucination([{"policy": "runs/c", "imagined_outcomes": [0, 1], "true_outcomes": [1]}])
 
 
 def test_the_progress_score_ranks_policies_whose_imagined_successes_are_capped():

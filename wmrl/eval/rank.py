@@ -251,9 +251,25 @@ def ranking_report(rows: list[dict], n_boot: int = 2000, seed: int = 0) -> dict:
         out["rank_spearman_progress_ci"] = list(bootstrap_spearman([r["imagined_progress"] for r in learned],
                                                                    [r["true_outcomes"] for r in learned], n_boot, seed))
         out["rank_mmrv_progress"] = mmrv(rate(learned, "imagined_progress"), rate(learned, "true_outcomes"))
+    out.update(paired_hallucination(learned))
     out["episodes_per_policy"] = int(min(len(r["true_outcomes"]) for r in rows))
     out["anchors"] = [r["policy"] for r in rows if is_anchor(r["policy"])]
     return out
+
+
+def paired_hallucination(rows: list[dict]) -> dict:
+    """Hallucinated success on paired starts, pooled over `rows` (learned policies): the share of imagined successes
+    whose true episode from the same layout (same seed, same first frame), run closed-loop by the same policy, failed.
+    Closed-loop pairing, unlike replaying the imagined actions open-loop (the world-model benchmark's check, whose own
+    ceiling is 0.67 because pushes are chaotic), asks only whether the policy would have succeeded from there; for a
+    policy that samples its actions the two episodes also differ by its draws. NaN with no imagined success."""
+    imagined = np.concatenate([np.asarray(r["imagined_outcomes"], bool) for r in rows])
+    true = np.concatenate([np.asarray(r["true_outcomes"], bool) for r in rows])
+    if imagined.shape != true.shape:
+        raise ValueError("paired hallucination: imagined and true outcomes differ in number")
+    n = int(imagined.sum())
+    return {"hallucinated_success": float((imagined & ~true).sum() / n) if n else float("nan"),
+            "n_imagined_successes": n}
 
 
 def policy_label(spec: str) -> str:
