@@ -228,13 +228,15 @@ def bc_stage(base: Path, cams: tuple[str, ...], bc_episodes: int = 200, bc_steps
 def world_model_stage(base: Path, wm_episodes: int = 300, quick: bool = False, world_model: str = "",
                       stage=lambda key, fn: fn()) -> tuple[Path, Path]:
     """Stage 1 (cached under `base`): the world-model data and the world model (or `world_model`, a trained run used
-    instead); returns (data, run)."""
+    instead, with the dataset it was trained on where that is still there); returns (data, run)."""
     from wmrl.commands.collect import CollectConfig, collect
-    from world_models.video.train import TrainWMConfig, train_world_model
+    from world_models.video.train import TrainWMConfig, train_world_model, world_model_data
 
     wm_data, wm_run = base / "wm-data", (Path(world_model) if world_model else base / "wm")
     if world_model and not (wm_run / "checkpoints" / "last" / "model.safetensors").exists():
         raise FileNotFoundError(f"world_model={world_model}: no checkpoints/last/model.safetensors there")
+    if world_model and (wm_run / "config.yaml").exists() and (world_model_data(wm_run) / "meta" / "info.json").exists():
+        return world_model_data(wm_run), wm_run  # its own data: its imagined starts, and the layouts it has seen
     if not (wm_data / "meta" / "info.json").exists():
         stage("collect_wm", lambda: collect(CollectConfig(task="push-red", episodes=wm_episodes, out=wm_data, failures=0.3,
                                                           perturbed=0.25, noise=0.05, seed=0, overwrite=True), progress=False))
