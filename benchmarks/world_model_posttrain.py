@@ -14,7 +14,10 @@ measured against its base on the same fixed held-out windows.
   `one_chunk_psnr_change` (h4, all windows), both models' gains over copy-last, per-seed gains, and the check of
   the metric: the base against itself with other sampling seeds (its paired wins must sit near 0.5, its gain near 0);
   the headroom: `ceiling_over_base_h32_motion`, the identity ceiling (the real latents at h32 decoded through the
-  model's identity path: a perfect dynamics model) minus the base.
+  model's identity path: a perfect dynamics model) minus the base; `state_oracle_over_base_h32_motion`, the base
+  with its state channel put back on the recorded state after every chunk (`evaluate.rollout(state_oracle=True)`)
+  minus the base: how much of the h32 error is the state channel's drift, which post-training the denoiser cannot
+  reach (`psnr_h32_state_oracle_motion` what the frames model scores without it).
 Options: `iterations`, `lr`, `histories` (real histories per iteration), `candidates` (rollouts per history),
 `moving_weight` (the moving pixels' PSNR in the reward), `old_ema` (DiffusionNFT's soft-updated old model;
 `PostTrainWMConfig`), `candidate_steps` (Euler steps when sampling the candidates, default `steps`: a 1-step sample
@@ -130,9 +133,10 @@ def candidate_spread(src: tuple[Path, Path], counts: list[int], histories: int, 
     return {"histories": histories, "candidates": candidates, "horizon": horizon, "rows": rows}
 
 
-def _per_window(model, held, starts, steps: int, seeds: list[int], H: int) -> dict[str, np.ndarray]:
+def _per_window(model, held, starts, steps: int, seeds: list[int], H: int, state_oracle: bool = False) -> dict[str, np.ndarray]:
     """Per sampling seed and window (seeds, N): PSNR at the first chunk ("first"), H/2 ("mid") and H ("end") and
-    SSIM at H, each the mean over cameras."""
+    SSIM at H, each the mean over cameras. `state_oracle`: the state channel put back on the recorded state after
+    every chunk (`evaluate.rollout`)."""
     from world_models.video.evaluate import psnr, rollout, ssim
     from world_models.video.post_train import PostTrainWMConfig, moving_mask
 
@@ -142,7 +146,7 @@ def _per_window(model, held, starts, steps: int, seeds: list[int], H: int) -> di
     acc: dict[str, list] = {k: [] for k in (*at, "ssim_end", "moving_end")}
     d = held.data
     for s in seeds:
-        r = rollout(model, held, starts, H, steps=steps, seed=s)
+        r = rollout(model, held, starts, H, steps=steps, seed=s, state_oracle=state_oracle)
         cams = list(r["real"])
         for k, h in at.items():
             acc[k].append(np.mean([psnr(r["pred"][c][:, h - 1], r["real"][c][:, h - 1]) for c in cams], 0))
@@ -230,6 +234,10 @@ def main(quick: bool = False, base: str = "full", iterations: int = 40, windows:
     with torch.no_grad():
         ident = base_m.decode_frames(base_m.encode_frames(real_h), (base_m.encode_frames(last), last), mask=False)
     ceiling = np.mean([psnr(ident[c].numpy(), real_h[c]) for c in cams], 0)
+    # the frames model alone: the base with its state channel put back on the recorded state after every chunk, so
+    # what it still misses at H is the frames' own error, the rest of the gap to the base the state channel's drift
+    oracle = (_per_window(base_m, held, starts, steps, ss, H, state_oracle=True)["end"].mean(0)
+              if base_m.state_channel is not None else None)
     m = lambda x: float(np.mean(x[motion]))
     hm, he = f"h{H // 2}", f"h{H}"
     out = {"base": str(src[0].resolve().relative_to(ROOT)) if not quick else "tiny", "objective": objective,
@@ -254,6 +262,8 @@ def main(quick: bool = False, base: str = "full", iterations: int = 40, windows:
            f"base_over_copy_{hm}_motion": m(b["mid"] - copy[H // 2]), f"post_over_copy_{hm}_motion": m(p["mid"] - copy[H // 2]),
            f"psnr_{he}_base": float(np.mean(b["end"])), f"psnr_{he}_post": float(np.mean(p["end"])),
            f"psnr_{he}_identity_ceiling_motion": m(ceiling), f"ceiling_over_base_{he}_motion": m(ceiling - b["end"]),
+           **({f"psnr_{he}_state_oracle_motion": m(oracle), f"state_oracle_over_base_{he}_motion": m(oracle - b["end"]),
+               f"state_oracle_over_base_{he}_motion_ci": bootstrap_ci((oracle - b["end"])[motion])} if oracle is not None else {}),
            # the metric's check: the base against itself on other sampling seeds (wins near 0.5, gain near 0)
            f"check_base_vs_itself_wins_{he}": float(np.mean(b2["end"] > b["end"])),
            f"check_base_vs_itself_gain_{he}_motion": m(b2["end"] - b["end"]),

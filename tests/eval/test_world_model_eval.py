@@ -1,5 +1,6 @@
 import numpy as np
 import pytest
+import torch
 
 from wmrl.core.features import image_key
 
@@ -60,3 +61,37 @@ def test_imagine_recorded_keeps_the_frames_and_decodes_them_again_at_the_recorde
     assert any((f[c] != g[c]).any() for f, g in zip(out["frames"], out["frames_recorded_points"]) for c in cams)
     with pytest.raises(ValueError, match="change_objects"):
         imagine_recorded(make_world_model("video", trained), eps, keep_frames=True, exact_points=True)
+
+
+def test_the_state_oracle_puts_the_recorded_state_back_after_every_chunk(trained, monkeypatch):
+    """`rollout(state_oracle=True)`: after each chunk but the last the state channel is set to the recorded state of
+    the chunk's last frame (its objects' velocity from the frame before); the first chunk is the plain rollout's, the
+    later ones start from the truth; `reanchor_state` on the encoded frame gives back encode's own channel state."""
+    from wmrl.core.features import OBS_ENV_STATE, OBS_STATE
+    from world_models.factory import make_world_model
+    from world_models.video.evaluate import rollout, window_inputs
+    from world_models.video.train import load_split, world_model_data
+
+    model = make_world_model("video", trained, state_gate="hard")  # no contact draws: both rollouts comparable
+    _, held, _ = load_split(world_model_data(trained), 0.0)  # every episode: the longer ones hold three chunks
+    C = model.cfg.chunk
+    H = 3 * C
+    e, (lo, T) = next((e, v) for e, v in held.episodes.items() if v[1] > H + 2)
+    calls, reanchor = [], model.reanchor_state
+    monkeypatch.setattr(model, "reanchor_state", lambda st, p, env, prev: calls.append((p, env, prev)) or reanchor(st, p, env, prev))
+    plain = rollout(model, held, [(e, 1)], H, steps=1, seed=0)
+    assert not calls
+    oracle = rollout(model, held, [(e, 1)], H, steps=1, seed=0, state_oracle=True)
+    d = held.data
+    assert len(calls) == H // C - 1
+    for k, (p, env, prev) in enumerate(calls):  # the k-th chunk's last frame is C (k + 1) steps after the start (t0 = 1)
+        t = lo + 1 + C * (k + 1)
+        np.testing.assert_array_equal(p, d[OBS_STATE][t][None])
+        np.testing.assert_array_equal(env, d[OBS_ENV_STATE][t][None])
+        np.testing.assert_array_equal(prev, d[OBS_ENV_STATE][t - 1][None])
+    np.testing.assert_array_equal(oracle["pred_env"][:, :C], plain["pred_env"][:, :C])
+    assert not np.allclose(oracle["pred_env"][:, C:], plain["pred_env"][:, C:])
+    start, _, _ = window_inputs(model, held, [(e, 1)], H)
+    st = model.encode(start["obs"], anchor=start["anchor"])
+    again = reanchor(st, start["obs"][OBS_STATE], start["obs"][OBS_ENV_STATE])
+    assert torch.equal(again["x"], st["x"]) and torch.equal(again["pose"], st["pose"])

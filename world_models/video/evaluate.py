@@ -258,16 +258,20 @@ def recorded_points(model: VideoWorldModel, real: dict) -> torch.Tensor:
 
 @torch.no_grad()
 def rollout(model: VideoWorldModel, held, starts: list[tuple[int, int]], horizon: int, steps: int | None = None,
-            shuffle_actions: bool = False, seed: int = 0, decode: bool = True) -> dict:
+            shuffle_actions: bool = False, seed: int = 0, decode: bool = True, state_oracle: bool = False) -> dict:
     """Open-loop rollouts from real context frames under recorded actions. Returns predicted and real frames per
     camera (N, horizon, H, W, 3), predicted and real states (N, horizon, D) and, with a state channel, predicted and
     real environment states, the predicted end-effector, the ensemble disagreement and the [hand, objects] points
     (N, horizon, 1 + k, 3) (`points0` (N, 1 + k, 3): the start frame's); `pose` (N, horizon, pose_dim) the frames'
-    commanded poses and `pose0` (N, pose_dim) the start frame's."""
+    commanded poses and `pose0` (N, pose_dim) the start frame's. `state_oracle`: the state channel is set to the
+    recorded state at every chunk's end (`VideoWorldModel.reanchor_state`; it still predicts within a chunk), the
+    frames stay generated: a diagnostic of how much of the frames' error the state channel's drift causes."""
     start, acts, real = window_inputs(model, held, starts, horizon)
     a = acts[ACTION]
     if shuffle_actions:  # the same action sequences, given to the wrong starts
         a = a[np.random.default_rng(seed).permutation(len(a))]
+    if state_oracle and (model.state_channel is None or ENV_STATE not in real):
+        raise ValueError("state_oracle: needs a world model with a state channel and data with the environment state")
     state = model.encode(start["obs"], anchor=start["anchor"])
     start_state = state
     g = torch.Generator(device=model.device).manual_seed(seed)
@@ -275,6 +279,10 @@ def rollout(model: VideoWorldModel, held, starts: list[tuple[int, int]], horizon
     for i in range(0, horizon, model.cfg.chunk):
         state, p = model.step(state, torch.as_tensor(a[:, i : i + model.cfg.chunk]), steps=steps, generator=g)
         chunks.append(p)
+        t = min(i + model.cfg.chunk, horizon) - 1  # the chunk's last frame (real[...][:, t] is t + 1 steps ahead)
+        if state_oracle and t + 1 < horizon:
+            prev = real[ENV_STATE][:, t - 1] if t > 0 else start["obs"][ENV_STATE]
+            state = model.reanchor_state(state, real[STATE][:, t], real[ENV_STATE][:, t], prev)
     cat = lambda k: torch.cat([p[k] for p in chunks], 1)
     out = {"pred_state": cat(STATE).cpu().numpy(), "real_state": real[STATE], "success": cat("success").cpu().numpy(),
            "latents": cat("latents"), "pose": cat("pose").cpu().numpy(), "pose0": start_state["pose0"].cpu().numpy()}

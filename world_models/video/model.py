@@ -665,6 +665,19 @@ class VideoWorldModel(nn.Module):
             state["env"] = env  # the last frame's whole environment state (what the channel does not predict is kept)
         return state
 
+    def reanchor_state(self, state: dict, proprio, env, prev_env=None) -> dict:
+        """`state` with its state channel set to an observed frame (observation.state (B, S), environment_state
+        (B, E), and the frame before's environment state for the objects' velocity), the generated frame context
+        kept. A diagnostic, not imagination: rolled out with the recorded states put back at every chunk, the frames'
+        error is what the frames model makes without the state channel's drift (`evaluate.rollout(state_oracle=)`)."""
+        if self.state_channel is None:
+            raise ValueError("reanchor_state: this world model has no state channel")
+        t = lambda v: torch.as_tensor(np.asarray(v), dtype=torch.float32, device=self.device)  # noqa: E731
+        proprio, env = t(proprio), t(env)
+        x = channel_state(self.cfg, proprio, env, None if prev_env is None else t(prev_env))
+        return {**state, "x": x[None].repeat(self.cfg.state_members, 1, 1), "env": env, "proprio": proprio,
+                "pose": self.observed_pose(proprio)}
+
     @torch.no_grad()
     def step(self, state: dict, action_chunk: torch.Tensor, steps: int | None = None,
              generator: torch.Generator | None = None, frames: bool = True,
