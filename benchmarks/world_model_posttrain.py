@@ -14,7 +14,8 @@ measured against its base on the same fixed held-out windows.
   `one_chunk_psnr_change` (h4, all windows), both models' gains over copy-last, per-seed gains, and the check of
   the metric: the base against itself with other sampling seeds (its paired wins must sit near 0.5, its gain near 0);
   the headroom: `ceiling_over_base_h32_motion`, the identity ceiling (the real latents at h32 decoded through the
-  model's identity path: a perfect dynamics model) minus the base; `state_oracle_over_base_h32_motion`, the base
+  model's identity path: a perfect dynamics model) minus the base, and the same after one chunk from real
+  context (`ceiling_over_base_h4_motion`: what is not drift); `state_oracle_over_base_h32_motion`, the base
   with its state channel put back on the recorded state after every chunk (`evaluate.rollout(state_oracle=True)`)
   minus the base: how much of the h32 error is the state channel's drift, which post-training the denoiser cannot
   reach (`psnr_h32_state_oracle_motion` what the frames model scores without it).
@@ -230,10 +231,14 @@ def main(quick: bool = False, base: str = "full", iterations: int = 40, windows:
     copy = {h: np.mean([psnr(last[c], at(c, h)) for c in cams], 0) for h in (H // 2, H)}
     # what a perfect dynamics model could reach at H: the real latents through the identity path the model decodes
     # with (frame0 + dec(z_real) - dec(z0)), as the world-model benchmark's identity ceiling
-    real_h = {c: at(c, H) for c in cams}
-    with torch.no_grad():
-        ident = base_m.decode_frames(base_m.encode_frames(real_h), (base_m.encode_frames(last), last), mask=False)
-    ceiling = np.mean([psnr(ident[c].numpy(), real_h[c]) for c in cams], 0)
+    def identity_ceiling(h: int) -> np.ndarray:
+        real_h = {c: at(c, h) for c in cams}
+        with torch.no_grad():
+            ident = base_m.decode_frames(base_m.encode_frames(real_h), (base_m.encode_frames(last), last), mask=False)
+        return np.mean([psnr(ident[c].numpy(), real_h[c]) for c in cams], 0)
+
+    # at H, and at the first chunk's last frame: the gap there is one chunk's error from real context, not drift
+    ceiling, ceiling_first = identity_ceiling(H), identity_ceiling(base_m.cfg.chunk)
     # the frames model alone: the base with its state channel put back on the recorded state after every chunk, so
     # what it still misses at H is the frames' own error, the rest of the gap to the base the state channel's drift
     oracle = (_per_window(base_m, held, starts, steps, ss, H, state_oracle=True)["end"].mean(0)
@@ -262,6 +267,7 @@ def main(quick: bool = False, base: str = "full", iterations: int = 40, windows:
            f"base_over_copy_{hm}_motion": m(b["mid"] - copy[H // 2]), f"post_over_copy_{hm}_motion": m(p["mid"] - copy[H // 2]),
            f"psnr_{he}_base": float(np.mean(b["end"])), f"psnr_{he}_post": float(np.mean(p["end"])),
            f"psnr_{he}_identity_ceiling_motion": m(ceiling), f"ceiling_over_base_{he}_motion": m(ceiling - b["end"]),
+           f"ceiling_over_base_h{base_m.cfg.chunk}_motion": m(ceiling_first - b["first"]),
            **({f"psnr_{he}_state_oracle_motion": m(oracle), f"state_oracle_over_base_{he}_motion": m(oracle - b["end"]),
                f"state_oracle_over_base_{he}_motion_ci": bootstrap_ci((oracle - b["end"])[motion])} if oracle is not None else {}),
            # the metric's check: the base against itself on other sampling seeds (wins near 0.5, gain near 0)

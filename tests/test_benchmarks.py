@@ -119,7 +119,7 @@ def test_world_model_posttrain_benchmark_compares_base_and_post_on_the_same_wind
     assert mlo <= r[f"moving_psnr_gain_{he}_motion"] <= mhi  # the tiny data's motion windows have moving pixels
     for k in (f"paired_wins_{he}", f"paired_wins_{he}_motion", f"psnr_gain_{he}_motion", "one_chunk_psnr_change",
               f"ssim_change_{he}", f"check_base_vs_itself_wins_{he}", f"base_over_copy_{he}_motion", "post_train_minutes",
-              f"ceiling_over_base_{he}_motion", f"state_oracle_over_base_{he}_motion"):
+              f"ceiling_over_base_{he}_motion", "ceiling_over_base_h4_motion", f"state_oracle_over_base_{he}_motion"):
         assert k in r and r[k] == r[k], k
     lo, hi = r[f"state_oracle_over_base_{he}_motion_ci"]
     assert lo <= r[f"state_oracle_over_base_{he}_motion"] <= hi
