@@ -146,7 +146,8 @@ def main(quick: bool = False, work: str = "", world_model: str = "", episodes: i
         out=base / (name + ("-quick" if quick else "")), overwrite=True), progress=not quick))
     keys = ("rank_spearman", "rank_spearman_ci", "rank_spearman_progress", "rank_spearman_progress_ci",
             "rank_spearman_with_anchors", "rank_kendall", "rank_mmrv", "rank_mmrv_progress", "rank_mmrv_noise_ceiling",
-            "rank_noise_ceiling", "rank_noise_ceiling_ci", "success_abs_error", "hallucinated_success", "n_imagined_successes",
+            "rank_noise_ceiling", "rank_noise_ceiling_ci", "success_abs_error", "hallucinated_success", "hallucinated_success_independent",
+            "n_imagined_successes",
             "n_policies", "episodes_per_policy")
     rows = [{k: p[k] for k in ("policy", "imagined_success", "imagined_ci95", "true_success", "true_ci95",
                                "true_repeat_success", "imagined_flagged") if k in p} for p in r["policies"]]

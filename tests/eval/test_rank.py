@@ -71,7 +71,10 @@ def test_hallucinated_success_counts_imagined_successes_whose_paired_true_episod
     # failure whose true episode succeeded, a's 3rd, is not a hallucination); the anchor's 4 are left out
     r = ranking_report(rows, n_boot=20)
     assert r["hallucinated_success"] == pytest.approx(3 / 5) and r["n_imagined_successes"] == 5
-    assert paired_hallucination(rows[:1]) == {"hallucinated_success": 0.5, "n_imagined_successes": 2}
+    # independent of the layouts: a's 2 successes on its 1/2 true failure rate, b's 3 on its 3/4
+    assert r["hallucinated_success_independent"] == pytest.approx((2 * 0.5 + 3 * 0.75) / 5)
+    assert paired_hallucination(rows[:1]) == {"hallucinated_success": 0.5, "hallucinated_success_independent": 0.5,
+                                              "n_imagined_successes": 2}
     none = paired_hallucination([{"policy": "runs/c", "imagined_outcomes": [0, 0], "true_outcomes": [1, 0]}])
     assert np.isnan(none["hallucinated_success"]) and none["n_imagined_successes"] == 0
     with pytest.raises(ValueError, match="differ in number"):

@@ -262,13 +262,19 @@ def paired_hallucination(rows: list[dict]) -> dict:
     whose true episode from the same layout (same seed, same first frame), run closed-loop by the same policy, failed.
     Closed-loop pairing, unlike replaying the imagined actions open-loop (the world-model benchmark's check, whose own
     ceiling is 0.67 because pushes are chaotic), asks only whether the policy would have succeeded from there; for a
-    policy that samples its actions the two episodes also differ by its draws. NaN with no imagined success."""
-    imagined = np.concatenate([np.asarray(r["imagined_outcomes"], bool) for r in rows])
-    true = np.concatenate([np.asarray(r["true_outcomes"], bool) for r in rows])
-    if imagined.shape != true.shape:
+    policy that samples its actions the two episodes also differ by its draws. NaN with no imagined success.
+    The metric's check, `hallucinated_success_independent`: what a model scores whose imagined successes fall on
+    layouts independently of the true outcomes (each policy's true failure rate, weighted by its imagined successes);
+    a model below it knows which layouts a policy solves, one at it only how often."""
+    imagined = [np.asarray(r["imagined_outcomes"], bool) for r in rows]
+    true = [np.asarray(r["true_outcomes"], bool) for r in rows]
+    if any(i.shape != t.shape for i, t in zip(imagined, true)):
         raise ValueError("paired hallucination: imagined and true outcomes differ in number")
-    n = int(imagined.sum())
-    return {"hallucinated_success": float((imagined & ~true).sum() / n) if n else float("nan"),
+    n = int(sum(i.sum() for i in imagined))
+    wrong = sum((i & ~t).sum() for i, t in zip(imagined, true))
+    independent = sum(i.sum() * (1 - t.mean()) for i, t in zip(imagined, true))
+    return {"hallucinated_success": float(wrong / n) if n else float("nan"),
+            "hallucinated_success_independent": float(independent / n) if n else float("nan"),
             "n_imagined_successes": n}
 
 
