@@ -59,7 +59,7 @@ def paired_difference(a: list[dict], b: list[dict], n_boot: int = 2000, seed: in
     and MMRV of imagined success against true success, the progress score's Spearman and the paired hallucinated
     success (`wmrl.eval.rank.paired_hallucination`), with 95% bootstrap intervals over episodes resampled per policy,
     the same indices for A, B and the true outcomes."""
-    from wmrl.eval.rank import is_anchor, mmrv, spearman
+    from wmrl.eval.rank import is_anchor, mmrv, paired_hallucination, spearman
 
     keep = [i for i, r in enumerate(a) if not is_anchor(r["policy"])]
     arr = lambda rows, k: [np.asarray(rows[i][k], float) for i in keep]  # noqa: E731
@@ -67,17 +67,15 @@ def paired_difference(a: list[dict], b: list[dict], n_boot: int = 2000, seed: in
     progress = all("imagined_progress" in r for r in a + b)
     pa, pb = (arr(a, "imagined_progress"), arr(b, "imagined_progress")) if progress else (ia, ib)
 
-    def hallucinated(imagined, t) -> float:  # pooled, as paired_hallucination: NaN without an imagined success
-        n = imagined.sum()
-        return float((imagined * (1 - t)).sum() / n) if n else float("nan")
+    def hallucinated(imagined, ix) -> float:
+        return paired_hallucination([{"imagined_outcomes": x[i], "true_outcomes": y[i]}
+                                     for x, y, i in zip(imagined, true, ix)])["hallucinated_success"]
 
     def stats(ix) -> np.ndarray:
         m = lambda xs: np.array([x[i].mean() for x, i in zip(xs, ix)])  # noqa: E731
-        cat = lambda xs: np.concatenate([x[i] for x, i in zip(xs, ix)])  # noqa: E731
         t = m(true)
         return np.array([spearman(m(ib), t) - spearman(m(ia), t), mmrv(m(ib), t) - mmrv(m(ia), t),
-                         hallucinated(cat(ib), cat(true)) - hallucinated(cat(ia), cat(true)),
-                         spearman(m(pb), t) - spearman(m(pa), t)])
+                         hallucinated(ib, ix) - hallucinated(ia, ix), spearman(m(pb), t) - spearman(m(pa), t)])
 
     point = stats([np.arange(len(x)) for x in true])
     rng = np.random.default_rng(seed)

@@ -93,10 +93,9 @@ def downstream(rankings: str, base_run: Path, post_run: Path) -> dict:
                          "episodes (same population, layouts and episodes per policy)")
     out = {"rankings": [str(f) for f in folders], "rank_n_policies": a["n_policies"],
            "rank_episodes_per_policy": a["episodes_per_policy"], "rank_first_layout_seed": a["first_layout_seed"]}
-    for key, name in (("rank_spearman", "rank_spearman"), ("rank_mmrv", "rank_mmrv"),
-                      ("success_abs_error", "success_abs_error"), ("hallucinated_success", "hallucinated"),
-                      ("hallucinated_success_independent", "hallucinated_independent"),
-                      ("n_imagined_successes", "n_imagined_successes")):
+    for key in ("rank_spearman", "rank_mmrv", "success_abs_error", "hallucinated_success",
+                "hallucinated_success_independent", "n_imagined_successes"):
+        name = key.replace("hallucinated_success", "hallucinated")  # the key names
         out[f"{name}_base"], out[f"{name}_post"] = a[key], b[key]
     out["rank_spearman_ci_base"], out["rank_spearman_ci_post"] = a["rank_spearman_ci"], b["rank_spearman_ci"]
     out["rank_noise_ceiling"] = a.get("rank_noise_ceiling")
