@@ -1137,3 +1137,44 @@ def test_rank_report_rescores_stored_outcomes_and_refuses_runs_that_do_not_match
         _run("rank_report", runs=str(run))
     with pytest.raises(ValueError, match="no ranking.json"):
         _run("rank_report", runs=str(tmp_path))
+
+
+def test_rank_report_pools_rankings_of_the_same_episodes_and_reports_the_gain_over_their_mean(tmp_path):
+    """Two world models rank a, b, c (true 1, 4, 7 of 10) on the same episodes, one in order, one with b and c
+    swapped: the pool (each episode's imagined outcome their mean) ties b and c, between the two members."""
+    from wmrl.eval.rank import ranking_report
+
+    def row(policy, imagined, true):
+        return {"policy": policy, "imagined_outcomes": [1] * imagined + [0] * (10 - imagined),
+                "true_outcomes": [1] * true + [0] * (10 - true), "imagined_seeds": list(range(10))}
+
+    def ranking(name, counts, true=(1, 4, 7, 0)):
+        rows = [row(p, i, t) for p, i, t in zip(("runs/a", "runs/b", "runs/c", "random"), counts, true)]
+        d = tmp_path / name
+        d.mkdir()
+        (d / "ranking.json").write_text(json.dumps({**ranking_report(rows, n_boot=20), "policies": rows}))
+        (d / "config.yaml").write_text(f"world_model: runs/{name}\n")
+        return d
+
+    good, swapped = ranking("wm0", (2, 5, 8, 0)), ranking("wm1", (2, 8, 5, 0))
+    r = _run("rank_report", runs=str(good), pools=f"{good}+{swapped}")
+    pool = r["rows"][1]
+    assert pool["run"] == "pool(wm0+wm1)" and pool["world_models"] == ["runs/wm0", "runs/wm1"]
+    assert [m["rank_spearman"] for m in pool["members_stats"]] == pytest.approx([1.0, 0.5])
+    # pooled rates 0.2, 0.65, 0.65: ranks (1, 2.5, 2.5) against (1, 2, 3)
+    assert pool["rank_spearman"] == pytest.approx(np.sqrt(0.75))
+    assert pool["spearman_pool_minus_members"] == pytest.approx(np.sqrt(0.75) - 0.75)
+    # MMRV: members 0 and (0.3 + 0.3) / 3, the pool's tie costs b the gap to c: 0.3 / 3
+    assert pool["rank_mmrv"] == pytest.approx(0.1) and pool["mmrv_pool_minus_members"] == pytest.approx(0.0)
+    # MAE: members 0.1 and 0.7 / 3, the pool 0.4 / 3
+    assert pool["success_abs_error_pool_minus_members"] == pytest.approx(0.4 / 3 - (0.1 + 0.7 / 3) / 2)
+    lo, hi = pool["spearman_pool_minus_members_ci"]
+    assert lo <= pool["spearman_pool_minus_members"] <= hi
+    (d,) = r["paired"]  # the pool meets the run on the same episodes
+    assert (d["a"], d["b"]) == ("wm0", "pool(wm0+wm1)")
+    assert d["spearman_b_minus_a"] == pytest.approx(np.sqrt(0.75) - 1.0)
+    with pytest.raises(ValueError, match="2 or more"):
+        _run("rank_report", pools=str(good))
+    other = ranking("wm2", (2, 5, 8, 0), true=(2, 4, 7, 0))  # another true evaluation: not one pool
+    with pytest.raises(ValueError, match="other layouts or true episodes"):
+        _run("rank_report", pools=f"{good}+{other}")

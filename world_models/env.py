@@ -63,7 +63,7 @@ class WorldModelEnv(gym.vector.VectorEnv):
                  reward: str = "relative_success", success_threshold: float = 0.9, max_episode_steps: int = 80,
                  decode_images: bool = True, sampling_steps: int | None = None, action_low: float = -1.0,
                  action_high: float = 1.0, rules=None, stop_cm: float = 0.0, object_noise=None,
-                 state_readout: str = "mean"):
+                 state_readout: str = "mean", sampler_seed: int = 0):
         if state_readout not in READOUTS:
             raise ValueError(f"state_readout: expected one of {READOUTS}, got {state_readout!r}")
         if reward not in ("relative_success", "head"):
@@ -77,7 +77,12 @@ class WorldModelEnv(gym.vector.VectorEnv):
         if stop_cm > 0 and (model.state_channel is None or model.cfg.state_members < 2):
             raise ValueError("stop_cm needs a world model whose state channel has 2+ members (their disagreement is "
                              "the flag); pass stop_cm=0")
+        if sampler_seed < 0:
+            raise ValueError(f"sampler_seed must be >= 0, got {sampler_seed}")
         self.stop_cm = stop_cm
+        # another draw of the imagination's noise (the sampler's, the state channel's, a member or object-noise draw)
+        # for the same reset seed; starts drawn from the replay change with it, given ones (`observations`) do not
+        self.sampler_seed = int(sampler_seed)
         self.state_readout = state_readout if model.state_channel is not None else "mean"
         self.object_noise = None if object_noise is None or not len(object_noise) else np.asarray(object_noise, np.float32)
         if self.object_noise is not None and (self.object_noise.shape != (model.cfg.env_state_dim,)
@@ -219,6 +224,8 @@ class WorldModelEnv(gym.vector.VectorEnv):
     # ------------------------------------------------------------------ VectorEnv API
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         if seed is not None:
+            if self.sampler_seed:  # the same starts (the caller's seed), other noise
+                seed = int(np.random.SeedSequence([seed, self.sampler_seed]).generate_state(1)[0])
             self._rng = np.random.default_rng(seed)
             self._gen.manual_seed(seed)
             self._state_gen.manual_seed(seed + 1)
@@ -333,10 +340,12 @@ def require_success_head(model) -> None:
 
 def make_imagination_env(model, data: Path, num_envs: int, max_steps: int, keyframe_prob: float = 0.0,
                          success_threshold: float = 0.9, sampling_steps: int | None = 1, stop_cm: float = 0.0,
-                         decode_images: bool = True, object_noise=None, state_readout: str = "mean"):
+                         decode_images: bool = True, object_noise=None, state_readout: str = "mean",
+                         sampler_seed: int = 0):
     require_success_head(model)
     _, train, _ = load_split(data, holdout=0.0)
     return WorldModelEnv(model, train, num_envs=num_envs, keyframe_prob=keyframe_prob, max_episode_steps=max_steps,
                          success_threshold=success_threshold, sampling_steps=sampling_steps, decode_images=decode_images,
                          rules=success_and_reward,  # success from the task's rules where the model has a state channel
-                         stop_cm=stop_cm, object_noise=object_noise, state_readout=state_readout)
+                         stop_cm=stop_cm, object_noise=object_noise, state_readout=state_readout,
+                         sampler_seed=sampler_seed)

@@ -5,7 +5,7 @@ import pytest
 
 import numpy as np
 
-from wmrl.eval.rank import (RankConfig, acts_on_objects, bootstrap_spearman, mmrv, paired_hallucination,
+from wmrl.eval.rank import (RankConfig, acts_on_objects, bootstrap_spearman, mmrv, paired_hallucination, pool_imagined,
                             parse_policy_spec, policy_label, rank_statistics, ranking_report, run_rank, score_population,
                             short_labels)
 
@@ -79,6 +79,37 @@ def test_hallucinated_success_counts_imagined_successes_whose_paired_true_episod
     assert np.isnan(none["hallucinated_success"]) and none["n_imagined_successes"] == 0
     with pytest.raises(ValueError, match="differ in number"):
         paired_hallucination([{"policy": "runs/c", "imagined_outcomes": [0, 1], "true_outcomes": [1]}])
+
+
+def test_pooled_rankings_average_each_episodes_imagined_outcome_and_refuse_unpaired_members():
+    """Two imagined evaluations of the same policies on the same layouts pool into one ranking: each episode's imagined
+    outcome the members' mean, the true side shared; a pooled outcome of 1/2 counts as half a success."""
+    def row(policy, imagined, true, progress=0.5):
+        return {"policy": policy, "imagined_outcomes": imagined, "true_outcomes": true, "imagined_seeds": [7, 8, 9],
+                "imagined_progress": [progress] * 3, "imagined_success": float(np.mean(imagined)), "imagined_ci95": [0, 1]}
+
+    a = [row("runs/a", [1, 0, 0], [1, 0, 0]), row("runs/b", [1, 1, 0], [1, 1, 1]), row("random", [0, 0, 0], [0, 0, 0])]
+    b = [row("runs/a", [0, 0, 1], [1, 0, 0], 0.1), row("runs/b", [1, 1, 1], [1, 1, 1]), row("random", [0, 0, 0], [0, 0, 0])]
+    pool = pool_imagined([a, b])
+    assert pool[0]["imagined_outcomes"] == [0.5, 0.0, 0.5] and pool[1]["imagined_success"] == pytest.approx(5 / 6)
+    assert pool[0]["imagined_progress"] == [0.3] * 3 and pool[0]["imagined_members"] == 2
+    assert "imagined_ci95" not in pool[0]  # a member's interval is not the pool's
+    assert pool[0]["true_outcomes"] == [1, 0, 0] and pool[0]["imagined_seeds"] == [7, 8, 9]
+    # learned policies: 1/2 + 1/2 + 5/2 imagined successes, of which a's third (true failure) is a half: 0.5 of 3.5
+    h = paired_hallucination(pool[:2])
+    assert h["hallucinated_success"] == pytest.approx(0.5 / 3.5) and h["n_imagined_successes"] == pytest.approx(3.5)
+    assert ranking_report(pool, n_boot=20)["rank_spearman"] == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="at least 2"):
+        pool_imagined([a])
+    with pytest.raises(ValueError, match="other policies"):
+        pool_imagined([a, b[::-1]])
+    with pytest.raises(ValueError, match="other layouts or true episodes"):
+        pool_imagined([a, [row("runs/a", [0, 0, 1], [0, 0, 0]), *b[1:]]])
+    moved = [dict(r, imagined_seeds=[1, 2, 3]) for r in b]
+    with pytest.raises(ValueError, match="other layouts or true episodes"):
+        pool_imagined([a, moved])
+    with pytest.raises(ValueError, match=r"lie in \[0, 1\]"):
+        paired_hallucination([{"imagined_outcomes": [2], "true_outcomes": [1]}])
 
 
 def test_the_progress_score_ranks_policies_whose_imagined_successes_are_capped():
@@ -363,7 +394,7 @@ def test_ray_workers_give_the_same_metrics_as_in_process(trained, tiny_data, tmp
         score_population([f"estimated-state:{tmp_path / 'empty'}"], **args, workers="ray", num_workers=1)
 
 
-def test_rank_passes_the_state_channels_readout_and_gate_to_imagination(trained, tiny_data, tmp_path, monkeypatch):
+def test_rank_passes_the_state_channels_readout_gate_and_sampler_seed_to_imagination(trained, tiny_data, tmp_path, monkeypatch):
     import wmrl.eval.rank as rank
 
     seen = {}
@@ -371,11 +402,13 @@ def test_rank_passes_the_state_channels_readout_and_gate_to_imagination(trained,
     monkeypatch.setattr(rank, "make_world_model",
                         lambda *a, **kw: (seen.update(gate=kw.get("state_gate")), load(*a, **kw))[1])
     monkeypatch.setattr(rank, "make_imagination_env",
-                        lambda *a, **kw: (seen.update(readout=kw.get("state_readout")), make_env(*a, **kw))[1])
+                        lambda *a, **kw: (seen.update(readout=kw.get("state_readout"), sampler=kw.get("sampler_seed")),
+                                          make_env(*a, **kw))[1])
     rank.score_policy("random", str(trained), str(tiny_data), "push-red", 2, 2, 0, noise_ceiling=False,
-                      state_readout="member", state_gate="hard")
-    assert seen == {"gate": "hard", "readout": "member"}
-    for bad, flag in ((dict(state_readout="median"), "--state-readout"), (dict(state_gate="maybe"), "--state-gate")):
+                      state_readout="member", state_gate="hard", sampler_seed=4)
+    assert seen == {"gate": "hard", "readout": "member", "sampler": 4}
+    for bad, flag in ((dict(state_readout="median"), "--state-readout"), (dict(state_gate="maybe"), "--state-gate"),
+                      (dict(sampler_seed=-1), "--sampler-seed")):
         with pytest.raises(ValueError, match=flag):  # refused before any work
             run_rank(RankConfig(policies=("random", "scripted"), world_model=trained, data=tiny_data,
                                 out=tmp_path / "r", **bad))

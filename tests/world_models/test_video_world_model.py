@@ -532,6 +532,28 @@ def test_a_rollouts_decodes_reuse_its_start_frames_correction_and_a_reset_renews
     assert torch.equal(st["base_correction"], model.base_correction(st["z0"], st["frames0"]))
 
 
+def test_a_sampler_seed_draws_other_imagination_noise_from_the_same_starts(trained, tiny_data):
+    """`sampler_seed` 0 is the reset seed's own draw (repeatable); another value keeps given starts (the paired
+    ranking's) and draws other noise, so one model can be sampled several times on the same layouts."""
+    model = VideoWorldModel.load(trained / "checkpoints/last")
+    _, _, held = load_split(tiny_data, 0.25)
+    starts, _ = WorldModelEnv(model, held, num_envs=2, max_episode_steps=8).reset(seed=5)
+
+    def run(sampler_seed):
+        venv = WorldModelEnv(model, held, num_envs=2, max_episode_steps=8, rules=success_and_reward,
+                             sampler_seed=sampler_seed)
+        first, _ = venv.reset(seed=3, options={"observations": starts})
+        return first, venv.step(np.zeros((2, 2, 4), np.float32))[0]
+
+    (a0, a1), (b0, b1), (c0, c1) = run(0), run(0), run(1)
+    front = "observation.images.front"
+    assert np.array_equal(a1[front], b1[front])  # the same seed, the same imagination
+    assert np.array_equal(a0[front], c0[front]) and np.array_equal(a0[front], starts[front])  # the same starts
+    assert not np.array_equal(a1[front], c1[front])  # other noise, other imagined frames
+    with pytest.raises(ValueError, match="sampler_seed"):
+        WorldModelEnv(model, held, num_envs=2, sampler_seed=-1)
+
+
 def test_world_model_env_contract_state_channel_and_kir(trained, tiny_data):
     model = VideoWorldModel.load(trained / "checkpoints/last")
     assert model.success_source == "state"

@@ -85,6 +85,9 @@ class RankConfig:
     """How the state channel's rollouts apply the contact gate (hard | soft | sample | shared); default: the model's own."""
     max_steps: Optional[int] = None
     """The episodes' length in both worlds (default: the task's own); shorter episodes make a quick smoke run."""
+    sampler_seed: int = 0
+    """Another draw of the imagination's noise on the same paired layouts (0: the layouts' own seeds). Rankings of
+    one model with different sampler seeds, pooled (`pool_imagined`), are the control for a pool of world models."""
     out: Path = Path("runs/rank")
     overwrite: bool = False
     resume: bool = False
@@ -265,17 +268,49 @@ def paired_hallucination(rows: list[dict]) -> dict:
     policy that samples its actions the two episodes also differ by its draws. NaN with no imagined success.
     The metric's check, `hallucinated_success_independent`: what a model scores whose imagined successes fall on
     layouts independently of the true outcomes (each policy's true failure rate, weighted by its imagined successes);
-    a model below it knows which layouts a policy solves, one at it only how often."""
-    imagined = [np.asarray(r["imagined_outcomes"], bool) for r in rows]
-    true = [np.asarray(r["true_outcomes"], bool) for r in rows]
+    a model below it knows which layouts a policy solves, one at it only how often. A pooled imagined outcome
+    (`pool_imagined`: a fraction per episode) counts as that share of a success."""
+    imagined = [np.asarray(r["imagined_outcomes"], float) for r in rows]
+    true = [np.asarray(r["true_outcomes"], float) for r in rows]
     if any(i.shape != t.shape for i, t in zip(imagined, true)):
         raise ValueError("paired hallucination: imagined and true outcomes differ in number")
-    n = int(sum(i.sum() for i in imagined))
-    wrong = sum((i & ~t).sum() for i, t in zip(imagined, true))
+    if any(((i < 0) | (i > 1)).any() for i in imagined):
+        raise ValueError("paired hallucination: imagined outcomes must lie in [0, 1]")
+    n = float(sum(i.sum() for i in imagined))
+    wrong = sum((i * (1 - t)).sum() for i, t in zip(imagined, true))
     independent = sum(i.sum() * (1 - t.mean()) for i, t in zip(imagined, true))
     return {"hallucinated_success": float(wrong / n) if n else float("nan"),
             "hallucinated_success_independent": float(independent / n) if n else float("nan"),
-            "n_imagined_successes": n}
+            "n_imagined_successes": int(n) if n == int(n) else n}
+
+
+def pool_imagined(rankings: list[list[dict]]) -> list[dict]:
+    """One ranking from several imagined evaluations of the same policies on the same paired layouts (world models
+    of several training seeds, or one model under several `sampler_seed`s): each episode's imagined outcome and
+    progress become their mean over the rankings (the pool's success probability on that layout), the true side is
+    shared. Refused where the rankings' policies, layouts or true outcomes differ: only then is the pool paired."""
+    if len(rankings) < 2:
+        raise ValueError(f"pooling needs at least 2 rankings, got {len(rankings)}")
+    first = rankings[0]
+    for k, other in enumerate(rankings[1:], 1):
+        if [r["policy"] for r in other] != [r["policy"] for r in first]:
+            raise ValueError(f"pooling: ranking {k} ranks other policies than ranking 0")
+        for a, b in zip(first, other):
+            if a.get("imagined_seeds") != b.get("imagined_seeds") or a["true_outcomes"] != b["true_outcomes"]:
+                raise ValueError(f"pooling: ranking {k} ran {a['policy']!r} on other layouts or true episodes than "
+                                 "ranking 0 (pool rankings of the same population, layouts and true simulator)")
+    pooled = []
+    for i, row in enumerate(first):
+        members = [ranking[i] for ranking in rankings]
+        out = {k: v for k, v in row.items() if not k.startswith("imagined_")}
+        out["imagined_outcomes"] = np.mean([m["imagined_outcomes"] for m in members], 0).tolist()
+        out["imagined_success"] = float(np.mean(out["imagined_outcomes"]))
+        if all("imagined_progress" in m for m in members):
+            out["imagined_progress"] = np.mean([m["imagined_progress"] for m in members], 0).tolist()
+        out["imagined_seeds"] = row.get("imagined_seeds")
+        out["imagined_members"] = len(members)
+        pooled.append(out)
+    return pooled
 
 
 def policy_label(spec: str) -> str:
@@ -303,7 +338,8 @@ def short_labels(specs: list[str]) -> list[str]:
 
 def score_policy(spec: str, world_model: str, data: str, task: str, episodes: int, num_envs: int, seed: int,
                  threads: int | None = None, noise_ceiling: bool = True, stop_cm: float = 0.0,
-                 state_readout: str = "mean", state_gate: str = "", max_steps: int | None = None) -> dict:
+                 state_readout: str = "mean", state_gate: str = "", max_steps: int | None = None,
+                 sampler_seed: int = 0) -> dict:
     """Success of one policy in the world model and in the true simulator, paired: every imagined episode starts
     from the true simulator's reset with the same seed (same layout, same first frame), the world model is stepped
     by the open-loop chunks the policy executes, and the same loop scores both. With `noise_ceiling`, a second true
@@ -326,7 +362,7 @@ def score_policy(spec: str, world_model: str, data: str, task: str, episodes: in
         raise ValueError(f"policy spec {spec!r}: ':objects' needs a world model with a state channel; {world_model} has none")
     wm_env = make_imagination_env(model, Path(data), num_envs, max_steps, sampling_steps=1, stop_cm=stop_cm,
                                   decode_images=not objects, object_noise=object_noise or None,
-                                  state_readout=state_readout)
+                                  state_readout=state_readout, sampler_seed=sampler_seed)
     out = {"policy": spec}
     runs = [("imagined", wm_env, seed, dict(start_from=true_env, chunked=True)), ("true", true_env, seed, {})]
     if noise_ceiling:
@@ -360,14 +396,14 @@ def score_policy(spec: str, world_model: str, data: str, task: str, episodes: in
 def score_population(specs: list[str], world_model: str, data: str, task: str, episodes: int, num_envs: int,
                      seed: int, workers: str = "local", num_workers: int = 2, progress: bool = True,
                      noise_ceiling: bool = True, stop_cm: float = 0.0, state_readout: str = "mean",
-                     state_gate: str = "", max_steps: int | None = None) -> list[dict]:
+                     state_gate: str = "", max_steps: int | None = None, sampler_seed: int = 0) -> list[dict]:
     if workers not in WORKERS:
         raise ValueError(f"workers: expected one of {WORKERS}, got {workers!r}")
     for s in specs:  # fail before any work on a bad spec
         parse_policy_spec(s)
     args = (world_model, data, task, episodes, num_envs, seed)
     kw = dict(noise_ceiling=noise_ceiling, stop_cm=stop_cm, state_readout=state_readout, state_gate=state_gate,
-              max_steps=max_steps)
+              max_steps=max_steps, sampler_seed=sampler_seed)
     if workers == "local":
         from tqdm.auto import tqdm
 
@@ -492,6 +528,8 @@ def run_rank(cfg: RankConfig, progress: bool = True) -> dict:
         raise ValueError(f"--max-steps: expected a positive episode length (or none: the task's own), got {cfg.max_steps}")
     if cfg.state_readout not in READOUTS:
         raise ValueError(f"--state-readout: expected one of {READOUTS}, got {cfg.state_readout!r}")
+    if cfg.sampler_seed < 0:
+        raise ValueError(f"--sampler-seed: expected a seed >= 0 (0: the layouts' own), got {cfg.sampler_seed}")
     if cfg.state_gate and cfg.state_gate not in GATES:
         raise ValueError(f"--state-gate: expected one of {GATES} (or empty: the model's own), got {cfg.state_gate!r}")
     data = cfg.data or world_model_data(cfg.world_model)
@@ -509,7 +547,7 @@ def run_rank(cfg: RankConfig, progress: bool = True) -> dict:
     t0 = time.time()
     rows = score_population(list(cfg.policies), str(cfg.world_model), str(data), cfg.task, cfg.episodes, cfg.num_envs,
                             cfg.seed, cfg.workers, cfg.num_workers, progress, cfg.noise_ceiling, cfg.stop_cm,
-                            cfg.state_readout, cfg.state_gate, cfg.max_steps)
+                            cfg.state_readout, cfg.state_gate, cfg.max_steps, cfg.sampler_seed)
     learned = [r for r in rows if not is_anchor(r["policy"])]
     stats = (ranking_report(rows, cfg.bootstrap, cfg.seed) if len(learned) >= 2 else
              rank_statistics([r["imagined_success"] for r in rows], [r["true_success"] for r in rows]))
