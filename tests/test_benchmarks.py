@@ -959,6 +959,43 @@ def test_state_channel_visited_error_scores_models_on_the_same_continuations(tra
         bench["main"](quick=True)
 
 
+def test_imagination_divergence_is_zero_between_two_runs_of_one_world_and_reads_the_departure_steps(trained):
+    """The measure's check: the scripted expert run twice in the true simulator from the same layouts gives paired
+    differences of exactly 0. A hand-made episode's steps: the hand within 1 cm above the cube's top at step 2, the
+    cube 1 cm away at step 3. On the tiny model: both worlds' episodes, the lockstep's errors per state dimension."""
+    import sim
+
+    from wmrl.eval.rank import parse_policy_spec
+
+    bench = runpy.run_path(str(BENCH / "imagination_divergence.py"), run_name="bench")
+    env = sim.make_vector_env("push-red", 2, asynchronous=False, max_episode_steps=12)
+    runs = []
+    for _ in range(2):
+        obs, _ = env.reset(seed=5)
+        eps = bench["closed_loop"](parse_policy_spec("scripted").build(env, seed=5), env, obs, 12, [5, 6, 7], 4)
+        runs.append([bench["episode_summary"](e) for e in eps])
+    env.close()
+    assert runs[0] == runs[1] and all(e["descent_step"] > 0 for e in runs[0])
+    d = bench["paired_steps"](runs[0], runs[1], "descent_step")
+    assert d["imagined_minus_true_mean"] == 0.0 and d["pairs"] == 2 and d["reached_true"] == d["reached_imagined"] == 1.0
+
+    zone = np.array([0.5, 0.0])
+    cubes = [np.array([0.4, 0.0, 0.02])] * 3 + [np.array([0.41, 0.0, 0.02])]
+    ees = [np.array([0.38, 0.0, z]) for z in (0.2, 0.1, 0.045, 0.03)]
+    ep = {"scene": [(c, zone, e) for c, e in zip(cubes, ees)], "actions": [np.zeros(4)] * 4, "success": False}
+    s = bench["episode_summary"](ep)
+    assert (s["descent_step"], s["first_move_step"], s["steps"]) == (2, 3, 4)
+    assert s["cube_travel_cm"] == pytest.approx(1.0) and s["zone_gap_start_cm"] == pytest.approx(10.0)
+    assert s["zone_gap_end_cm"] == pytest.approx(9.0)
+
+    r = _run("imagination_divergence", world_model=str(trained), policy="scripted", episodes=2)
+    assert r["episodes"] == 2 and len(r["per_episode"]["imagined"]) == 2 and r["acting"] == "frames"
+    assert r["lockstep"]["step1"]["n"] == 2 and len(r["lockstep"]["step1"]["state_abs_error_median"]) == 8
+    assert r["lockstep"]["step20"]["n"] == 0  # the quick episodes end at 8 steps
+    with pytest.raises(ValueError, match="policy=SPEC"):
+        _run("imagination_divergence", world_model=str(trained))
+
+
 def test_state_channel_failure_trace_continues_exactly_the_imagined_failures(trained):
     """Step 0 places every imagined failure's start (and every true episode's start for the reference); a refused
     placement is counted, never scored; bad options are refused with the reason."""

@@ -336,6 +336,39 @@ def short_labels(specs: list[str]) -> list[str]:
     return [lab[cut:] if not is_anchor(s) else lab for s, lab in zip(specs, labels)]
 
 
+def paired_worlds(spec: str, world_model: str, data: str, task: str, num_envs: int, stop_cm: float = 0.0,
+                  state_readout: str = "mean", state_gate: str = "", max_steps: int | None = None,
+                  sampler_seed: int = 0):
+    """The two worlds a ranking scores `spec` in: (the policy's config, the true simulator's vector env, the world
+    model's imagination env, whether the policy reads the predicted objects in imagination). `max_steps`: the
+    episodes' length in both (default: the task's own)."""
+    pcfg = parse_policy_spec(spec)
+    model = make_world_model("video", world_model, state_gate=state_gate or None)
+    true_env = sim.make_vector_env(task, num_envs, asynchronous=False,
+                                   **({"max_episode_steps": max_steps} if max_steps else {}))
+    max_steps = max_steps or sim.episode_horizon(task)
+    objects = acts_on_objects(spec)
+    object_noise = pcfg.build(true_env).cfg.estimate_noise if objects else None
+    if objects and model.state_channel is None:
+        true_env.close()
+        raise ValueError(f"policy spec {spec!r}: ':objects' needs a world model with a state channel; {world_model} has none")
+    wm_env = make_imagination_env(model, Path(data), num_envs, max_steps, sampling_steps=1, stop_cm=stop_cm,
+                                  decode_images=not objects, object_noise=object_noise or None,
+                                  state_readout=state_readout, sampler_seed=sampler_seed)
+    return pcfg, true_env, wm_env, objects
+
+
+def imagined_policy(pcfg, true_env, wm_env, seed: int, objects: bool):
+    """The policy as it acts in imagination: built against the true simulator's spaces and, for `:objects`, set to
+    read the predicted objects instead of its cameras."""
+    if not objects:
+        return pcfg.build(wm_env, seed=seed)
+    policy = pcfg.build(true_env, seed=seed)
+    policy.read_object_channel = True
+    policy.check_spaces(wm_env.single_observation_space, wm_env.single_action_space)
+    return policy
+
+
 def score_policy(spec: str, world_model: str, data: str, task: str, episodes: int, num_envs: int, seed: int,
                  threads: int | None = None, noise_ceiling: bool = True, stop_cm: float = 0.0,
                  state_readout: str = "mean", state_gate: str = "", max_steps: int | None = None,
@@ -351,30 +384,16 @@ def score_policy(spec: str, world_model: str, data: str, task: str, episodes: in
 
     if threads:
         torch.set_num_threads(threads)
-    pcfg = parse_policy_spec(spec)
-    model = make_world_model("video", world_model, state_gate=state_gate or None)
-    true_env = sim.make_vector_env(task, num_envs, asynchronous=False,
-                                   **({"max_episode_steps": max_steps} if max_steps else {}))
-    max_steps = max_steps or sim.episode_horizon(task)
-    objects = acts_on_objects(spec)
-    object_noise = pcfg.build(true_env).cfg.estimate_noise if objects else None
-    if objects and model.state_channel is None:
-        raise ValueError(f"policy spec {spec!r}: ':objects' needs a world model with a state channel; {world_model} has none")
-    wm_env = make_imagination_env(model, Path(data), num_envs, max_steps, sampling_steps=1, stop_cm=stop_cm,
-                                  decode_images=not objects, object_noise=object_noise or None,
-                                  state_readout=state_readout, sampler_seed=sampler_seed)
+    pcfg, true_env, wm_env, objects = paired_worlds(spec, world_model, data, task, num_envs, stop_cm, state_readout,
+                                                    state_gate, max_steps, sampler_seed)
     out = {"policy": spec}
     runs = [("imagined", wm_env, seed, dict(start_from=true_env, chunked=True)), ("true", true_env, seed, {})]
     if noise_ceiling:
         runs.append(("true_repeat", true_env, seed + REPEAT_OFFSET, {}))
     try:
         for name, env, s, kw in runs:
-            if objects and name == "imagined":  # built against the cameras, then set to read the predicted objects
-                policy = pcfg.build(true_env, seed=seed)
-                policy.read_object_channel = True
-                policy.check_spaces(env.single_observation_space, env.single_action_space)
-            else:
-                policy = pcfg.build(env, seed=seed)
+            policy = (imagined_policy(pcfg, true_env, wm_env, seed, objects) if name == "imagined"
+                      else pcfg.build(env, seed=seed))
             t = time.perf_counter()
             r = evaluate(policy, env, episodes, seed=s, progress=False, **kw)
             out[f"{name}_success"] = r.pc_success / 100
