@@ -39,6 +39,16 @@ MOVED_M = 0.005  # the task cube "moved" once this far (m) from where it started
 DESCENT_M = 0.01  # the hand "came down" once within this height (m) above the cube's top
 
 
+def noise_free(env, obs: dict) -> dict:
+    """`obs` with the predicted objects as the world model predicts them, where the imagination adds an estimator's
+    noise to what the policy reads (`:objects`): the scene is measured, not perceived."""
+    from wmrl.core.features import OBS_ENV_STATE
+
+    if getattr(env, "object_noise", None) is None:
+        return obs
+    return {**obs, OBS_ENV_STATE: env.predicted_environment_state}
+
+
 def scene(obs: dict, i: int, ee_index, gripper_index) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(task cube xyz, its zone's xy, end-effector xyz) of env `i`, from observation-level state."""
     from sim.tabletop.tasks import scene_from_state
@@ -60,9 +70,10 @@ def closed_loop(policy, env, obs: dict, steps: int, ee_index, gripper_index) -> 
     alive = np.ones(B, bool)
     policy.reset()
     for _ in range(steps):
+        seen = noise_free(env, obs)
         for i in np.nonzero(alive)[0]:
             eps[i]["state"].append(np.asarray(obs[OBS_STATE][i], np.float64))
-            eps[i]["scene"].append(scene(obs, i, ee_index, gripper_index))
+            eps[i]["scene"].append(scene(seen, i, ee_index, gripper_index))
         a = np.asarray(policy.select_action(obs), np.float32)
         obs, _, term, trunc, info = env.step(a)
         for i in np.nonzero(alive)[0]:
@@ -115,7 +126,8 @@ def lockstep(wm_env, true_eps: list[dict], obs0: dict, seed: int, ee_index, grip
         if t in errs:
             for i in np.nonzero(alive)[0]:
                 state_err = np.abs(np.asarray(obs[OBS_STATE][i], np.float64) - true_eps[i]["state"][t])
-                cube_err = np.linalg.norm(scene(obs, i, ee_index, gripper_index)[0] - true_eps[i]["scene"][t][0]) * 100
+                cube_err = np.linalg.norm(scene(noise_free(wm_env, obs), i, ee_index, gripper_index)[0]
+                                          - true_eps[i]["scene"][t][0]) * 100
                 errs[t].append((state_err, cube_err))
         alive &= ~(np.asarray(term) | np.asarray(trunc))
     return {f"step{t}": ({"n": len(e), "state_abs_error_median": np.median([s for s, _ in e], 0).tolist(),

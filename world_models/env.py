@@ -221,6 +221,12 @@ class WorldModelEnv(gym.vector.VectorEnv):
         obs["task"] = tuple(self._state["task"])
         return obs
 
+    @property
+    def predicted_environment_state(self) -> np.ndarray:
+        """The state channel's prediction of `observation.environment_state` (num_envs, D) as it stands, before the
+        `object_noise` the observations carry (what a measurement of the imagined scene should read)."""
+        return self._env_state.copy()
+
     # ------------------------------------------------------------------ VectorEnv API
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         if seed is not None:

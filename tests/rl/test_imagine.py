@@ -301,8 +301,9 @@ def test_imagine_trains_an_estimated_state_actor_on_the_state_channel(trained, t
     model = make_world_model("video", str(trained))
     env = make_imagination_env(model, tiny_data, 4, 8, decode_images=False, object_noise=[0.01] * 13)
     obs, _ = env.reset(seed=0)
-    diff = obs["observation.environment_state"] - env._env_state
+    diff = obs["observation.environment_state"] - env.predicted_environment_state
     assert 0.005 < diff.std() < 0.02 and "observation.images.front" not in obs
+    assert np.array_equal(env.predicted_environment_state, env._env_state)  # the noise-free prediction, a copy
     with pytest.raises(ValueError, match="object_noise: expected 13"):
         make_imagination_env(model, tiny_data, 4, 8, object_noise=[0.01] * 3)
     with pytest.raises(ValueError, match="policy_type"):
