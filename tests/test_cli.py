@@ -1,5 +1,6 @@
 import json
 
+import numpy as np
 import pytest
 
 from wmrl.cli import main
@@ -18,6 +19,22 @@ def test_collect_writes_a_dataset_and_refuses_to_clobber(tmp_path, capsys):
     from wmrl.eval.record import recorded_seeds
 
     assert recorded_seeds(out) == [0, 1, 2, 3]  # the layouts, kept so a ranking can refuse to score on them
+
+
+def test_collect_records_a_learned_policy_of_any_type_and_refuses_an_unknown_one(tiny_estimated_state, tmp_path, capsys):
+    """`--policy-path` with `--policy-type estimated-state`: the episodes are the policy's (source and id kept), so
+    a world model's data can hold the states the policies it will rank visit."""
+    out = tmp_path / "pol-ds"
+    assert main(["collect", "--task", "push-red", "--episodes", "2", "--out", str(out), "--max-episode-steps", "6",
+                 "--policy-path", str(tiny_estimated_state), "--policy-type", "estimated-state", "--seed", "7"]) == 0
+    ds = LeRobotV3Dataset(out)
+    eps = [ds.episode(i, decode=False) for i in range(2)]
+    assert ds.num_episodes == 2 and {str(x) for e in eps for x in np.ravel(e["source"])} == {"policy"}
+    assert {str(x) for e in eps for x in np.ravel(e["policy_id"])} == {str(tiny_estimated_state)}
+    assert main(["collect", "--task", "push-red", "--episodes", "1", "--out", str(tmp_path / "x"),
+                 "--policy-path", str(tiny_estimated_state), "--policy-type", "scripted"]) == 2
+    assert "--policy-type: expected one of" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
 
 
 def test_unknown_names_list_valid_ones(tmp_path, capsys):

@@ -16,6 +16,8 @@ from wmrl.datasets import LeRobotV3Dataset, LeRobotV3Writer, write_episode
 from wmrl.datasets.video import check_codec
 from wmrl.eval.loop import EvalResult, evaluate
 
+LEARNED_TYPES = ("vla", "estimated-state", "act", "diffusion")  # what `--policy-path` can record
+
 
 @dataclass
 class CollectConfig:
@@ -43,7 +45,10 @@ class CollectConfig:
     resume: bool = False
     """Append to an existing dataset (episodes continue from its last one)."""
     policy_path: Optional[Path] = None
-    """Record a learned (VLA) policy instead of the scripted expert, sampling its actions (failures included)."""
+    """Record a learned policy instead of the scripted expert, sampling its actions (failures included)."""
+    policy_type: str = "vla"
+    """The learned policy's type (`--policy-path`): vla, estimated-state, act or diffusion. Recording the policies
+    a world model will be asked about gives its data the states they visit (issue 14, part 6)."""
 
 
 def collect(cfg: CollectConfig, progress: bool = True) -> dict:
@@ -61,6 +66,8 @@ def collect(cfg: CollectConfig, progress: bool = True) -> dict:
         raise ValueError(f"--failures must be in [0, 1], got {cfg.failures}")
     if not 0.0 <= cfg.perturbed <= 1.0:
         raise ValueError(f"--perturbed must be in [0, 1], got {cfg.perturbed}")
+    if cfg.policy_path is not None and cfg.policy_type not in LEARNED_TYPES:
+        raise ValueError(f"--policy-type: expected one of {LEARNED_TYPES}, got {cfg.policy_type!r}")
     mode = "overwrite" if cfg.overwrite else ("resume" if cfg.resume else "create")
     if cfg.overwrite and cfg.resume:
         raise ValueError("--overwrite and --resume exclude each other")
@@ -74,7 +81,7 @@ def collect(cfg: CollectConfig, progress: bool = True) -> dict:
                               post_success_steps=cfg.post_success_steps, **horizon)
     try:
         if cfg.policy_path is not None:
-            policy = make_policy("vla", env.single_action_space, path=cfg.policy_path, stochastic=True,
+            policy = make_policy(cfg.policy_type, env.single_action_space, path=cfg.policy_path, stochastic=True,
                                  observation_space=env.single_observation_space)
         else:
             policy = make_policy("scripted", env.single_action_space, seed=cfg.seed, noise=cfg.noise,
