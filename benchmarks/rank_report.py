@@ -153,7 +153,6 @@ def main(quick: bool = False, runs: str = "", pools: str = "", tag: str = "") ->
     n_boot = 200 if quick else 2000
     rows = [report(f, n_boot=n_boot) for f in folders]
     policies = [r.pop("policies") for r in rows]  # read once, by `report`
-    pooled = []
     for group in groups:
         members = [report(f, n_boot=n_boot) for f in group]
         member_rows = [m.pop("policies") for m in members]
