@@ -138,8 +138,8 @@ def lockstep(wm_env, true_eps: list[dict], obs0: dict, seed: int, ee_index, grip
 def main(quick: bool = False, world_model: str = "", policy: str = "", data: str = "", episodes: int = 20,
          seed: int | None = None, num_envs: int = 10, tag: str = "") -> dict:
     """`world_model`: a trained run with a state channel; `policy`: a ranking policy spec (`wmrl rank`'s);
-    `data`: the imagined starts' dataset (default: the model's own); `seed`: the first layout (default: the
-    ranking's fresh ones); `tag`: appended to the result's name."""
+    `data`: the imagined starts' dataset (default: the model's own); `episodes`: rounded up to whole batches of
+    `num_envs`; `seed`: the first layout (default: the ranking's fresh ones); `tag`: appended to the result's name."""
     from world_models.video.train import world_model_data
     from wmrl.eval.rank import FRESH_LAYOUTS, imagined_policy, paired_worlds, policy_label
 
