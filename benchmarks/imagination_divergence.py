@@ -109,10 +109,10 @@ def paired_steps(true: list[dict], imagined: list[dict], key: str) -> dict:
             "reached_imagined": float(np.mean([i[key] >= 0 for i in imagined]))}
 
 
-def lockstep(wm_env, true_eps: list[dict], obs0: dict, seed: int, ee_index, gripper_index) -> dict:
+def lockstep(wm_env, true_eps: list[dict], obs0: dict, seed: int, ee_index, gripper_index) -> dict[int, list]:
     """The true episodes' actions replayed in `wm_env` from `obs0` (the same starts, the sampler seeded by `seed`):
-    per step in LOCKSTEP_STEPS the median absolute error of each state dimension and of the task cube (cm), over
-    envs running in both worlds."""
+    for each step in LOCKSTEP_STEPS, per env running in both worlds, the absolute error of each state dimension and
+    the task cube's error (cm)."""
     from wmrl.core.features import OBS_STATE
 
     B = len(true_eps)
@@ -130,9 +130,7 @@ def lockstep(wm_env, true_eps: list[dict], obs0: dict, seed: int, ee_index, grip
                                           - true_eps[i]["scene"][t][0]) * 100
                 errs[t].append((state_err, cube_err))
         alive &= ~(np.asarray(term) | np.asarray(trunc))
-    return {f"step{t}": ({"n": len(e), "state_abs_error_median": np.median([s for s, _ in e], 0).tolist(),
-                          "cube_cm_median": float(np.median([c for _, c in e]))} if e else {"n": 0})
-            for t, e in errs.items()}
+    return errs
 
 
 def main(quick: bool = False, world_model: str = "", policy: str = "", data: str = "", episodes: int = 20,
@@ -155,7 +153,8 @@ def main(quick: bool = False, world_model: str = "", policy: str = "", data: str
                                                     max_steps=8 if quick else None)
     cfg = wm_env.model.cfg
     steps = wm_env.max_episode_steps
-    true_eps, imagined_eps, lock = [], [], []
+    true_eps, imagined_eps = [], []
+    lock: dict[int, list] = {t: [] for t in LOCKSTEP_STEPS}
     try:
         for k in range(n_batches):
             s = seed + k * B
@@ -164,7 +163,8 @@ def main(quick: bool = False, world_model: str = "", policy: str = "", data: str
             obs, _ = wm_env.reset(seed=s, options={"observations": obs0})
             i_eps = closed_loop(imagined_policy(pcfg, true_env, wm_env, s, objects), wm_env, obs, steps,
                                 cfg.ee_index, cfg.gripper_index)
-            lock.append(lockstep(wm_env, t_eps, obs0, s, cfg.ee_index, cfg.gripper_index))
+            for t, e in lockstep(wm_env, t_eps, obs0, s, cfg.ee_index, cfg.gripper_index).items():
+                lock[t] += e
             true_eps += [episode_summary(e) for e in t_eps]
             imagined_eps += [episode_summary(e) for e in i_eps]
     finally:
@@ -175,14 +175,9 @@ def main(quick: bool = False, world_model: str = "", policy: str = "", data: str
         out = {k: float(np.median([e[k] for e in eps if e[k] >= 0] or [np.nan])) for k in keys if k != "success"}
         return {"success": float(np.mean([e["success"] for e in eps])), **out}
 
-    merged = {}
-    for t in LOCKSTEP_STEPS:
-        rows = [x[f"step{t}"] for x in lock if x[f"step{t}"]["n"]]
-        n = sum(r["n"] for r in rows)
-        merged[f"step{t}"] = ({"n": n, "state_abs_error_median": np.average([r["state_abs_error_median"] for r in rows], 0,
-                                                                            [r["n"] for r in rows]).tolist(),
-                               "cube_cm_median": float(np.average([r["cube_cm_median"] for r in rows], weights=[r["n"] for r in rows]))}
-                              if n else {"n": 0})
+    merged = {f"step{t}": ({"n": len(e), "state_abs_error_median": np.median([x for x, _ in e], 0).tolist(),
+                            "cube_cm_median": float(np.median([c for _, c in e]))} if e else {"n": 0})
+              for t, e in lock.items()}
     out = {"task": "push-red", "world_model": world_model, "policy": policy, "acting": "objects" if objects else "frames",
            "first_layout_seed": seed, "episodes": len(true_eps),
            "true": medians(true_eps), "imagined": medians(imagined_eps),
