@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from wmrl.benchutil import finish
+from wmrl.benchutil import finish, on_off, on_off_word
 
 SIBLING = runpy.run_path(str(Path(__file__).with_name("state_channel_visited_error.py")), run_name="wmrl_bench_sibling")
 LOCKSTEP_STEPS = (1, 5, 10, 20)
@@ -134,10 +134,11 @@ def lockstep(wm_env, true_eps: list[dict], obs0: dict, seed: int, ee_index, grip
 
 
 def main(quick: bool = False, world_model: str = "", policy: str = "", data: str = "", episodes: int = 20,
-         seed: int | None = None, num_envs: int = 10, tag: str = "") -> dict:
+         seed: int | None = None, num_envs: int = 10, settle: str = "", tag: str = "") -> dict:
     """`world_model`: a trained run with a state channel; `policy`: a ranking policy spec (`wmrl rank`'s);
     `data`: the imagined starts' dataset (default: the model's own); `episodes`: rounded up to whole batches of
-    `num_envs`; `seed`: the first layout (default: the ranking's fresh ones); `tag`: appended to the result's name."""
+    `num_envs`; `seed`: the first layout (default: the ranking's fresh ones); `settle`: on | off, cubes the hand
+    does not hold resting in imagination (default: the model's own); `tag`: appended to the result's name."""
     from world_models.video.train import world_model_data
     from wmrl.eval.rank import FRESH_LAYOUTS, imagined_policy, paired_worlds, policy_label
 
@@ -150,7 +151,9 @@ def main(quick: bool = False, world_model: str = "", policy: str = "", data: str
     n_batches = 1 if quick else -(-int(episodes) // B)
     t0 = time.time()
     pcfg, true_env, wm_env, objects = paired_worlds(policy, world_model, data or str(world_model_data(world_model)), "push-red", B,
-                                                    max_steps=8 if quick else None)
+                                                    max_steps=8 if quick else None,
+                                                    state_settle=on_off(settle, "settle"))
+    settle = on_off_word(on_off(settle, "settle"))
     cfg = wm_env.model.cfg
     steps = wm_env.max_episode_steps
     true_eps, imagined_eps = [], []
@@ -178,7 +181,7 @@ def main(quick: bool = False, world_model: str = "", policy: str = "", data: str
     merged = {f"step{t}": ({"n": len(e), "state_abs_error_median": np.median([x for x, _ in e], 0).tolist(),
                             "cube_cm_median": float(np.median([c for _, c in e]))} if e else {"n": 0})
               for t, e in lock.items()}
-    out = {"task": "push-red", "world_model": world_model, "policy": policy, "acting": "objects" if objects else "frames",
+    out = {"task": "push-red", "world_model": world_model, "policy": policy, "state_settle": cfg.state_settle, "acting": "objects" if objects else "frames",
            "first_layout_seed": seed, "episodes": len(true_eps),
            "true": medians(true_eps), "imagined": medians(imagined_eps),
            "paired": {k: paired_steps(true_eps, imagined_eps, k) for k in ("descent_step", "first_move_step")},
@@ -187,5 +190,5 @@ def main(quick: bool = False, world_model: str = "", policy: str = "", data: str
     name = "imagination-divergence-" + (tag or policy_label(policy).replace(":", "-").replace("=", ""))
     opts = f"world_model={world_model} policy={policy}" + (f" data={data}" * bool(data)) + \
         (f" episodes={episodes}" if int(episodes) != 20 else "") + (f" seed={seed}" if seed != FRESH_LAYOUTS else "") + \
-        (f" tag={tag}" if tag else "")
+        (f" settle={settle}" if settle else "") + (f" tag={tag}" if tag else "")
     return finish(name, out, quick, command=f"wmrl bench imagination-divergence --json --options {opts}")

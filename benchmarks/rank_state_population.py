@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from wmrl.benchutil import finish, timed_stages
+from wmrl.benchutil import finish, on_off, on_off_word, timed_stages
 
 ROOT = Path(__file__).resolve().parent.parent
 SIBLING = runpy.run_path(str(Path(__file__).with_name("imagination_estimated_state.py")), run_name="wmrl_bench_sibling")
@@ -99,7 +99,7 @@ def pixel_population(folders: list[Path], levels=NOISE_LEVELS, acting: str = "fr
 
 def main(quick: bool = False, work: str = "", world_model: str = "", episodes: int = 50, workers: str = "ray",
          stop_cm: float = 0.0, pixels: str = "", acting: str = "frames", seed: int | None = None,
-         readout: str = "mean", gate: str = "", sampler: int = 0, tag: str = "") -> dict:
+         readout: str = "mean", gate: str = "", sampler: int = 0, settle: str = "", tag: str = "") -> dict:
     """`work`: the imagination-estimated-state benchmark's work folder (its world-model data, BC data and start
     actor; built here if missing). `world_model`: a trained run to rank on instead of the work folder's `wm`.
     `workers`: ray (one policy per core) or local. `stop_cm`: the hallucination flag (0: off). `pixels`,
@@ -107,10 +107,14 @@ def main(quick: bool = False, work: str = "", world_model: str = "", episodes: i
     `wmrl rank`'s fresh ones); any other is ranked even where the models learned from it (`allow_seen_layouts`).
     `readout`, `gate`: the state channel's readout (mean, member or consensus) and contact gate (default: the model's own).
     `sampler`: another draw of the imagination's noise on the same layouts (`RankConfig.sampler_seed`; 0: as before).
+    `settle`: on | off, whether cubes the hand does not hold rest on the table in imagination (`RankConfig.state_settle`;
+    default: the model's own).
     `tag`: appended to the result's name (e.g. what the population is)."""
     from wmrl.eval.rank import FRESH_LAYOUTS, RankConfig, run_rank
 
     seed = FRESH_LAYOUTS if seed is None else int(seed)
+    state_settle = on_off(settle, "settle")
+    settle = on_off_word(state_settle)
 
     base = Path(work) if work else (Path(tempfile.mkdtemp(prefix="wmrl-bench-rank-state-")) if quick
                                     else ROOT / "runs" / "bench-imagination-estimated-state")
@@ -140,12 +144,12 @@ def main(quick: bool = False, work: str = "", world_model: str = "", episodes: i
     name = (prefix + (f"-wm-{Path(world_model).name}" if world_model else "")
             + (f"-stop{float(stop_cm):g}cm" if float(stop_cm) > 0 else "") + (f"-ep{int(episodes)}" if int(episodes) != 50 else "") + (f"-seed{seed}" if seed != FRESH_LAYOUTS else "")
             + (f"-{readout}" if readout != "mean" else "") + (f"-gate-{gate}" if gate else "") + (f"-sampler{int(sampler)}" if int(sampler) else "")
-            + (f"-{tag}" if tag else ""))
+            + (f"-settle-{settle}" if settle else "") + (f"-{tag}" if tag else ""))
     r = stage("rank", lambda: run_rank(RankConfig(
         policies=tuple(specs), world_model=wm_run, data=wm_data, task="push-red", episodes=2 if quick else int(episodes),
         num_envs=2 if quick else 10, workers="local" if quick else workers, stop_cm=float(stop_cm),
         seed=seed, allow_seen_layouts=seed != FRESH_LAYOUTS, state_readout=readout, state_gate=gate,
-        sampler_seed=int(sampler),
+        sampler_seed=int(sampler), state_settle=state_settle,
         out=base / (name + ("-quick" if quick else "")), overwrite=True), progress=not quick))
     keys = ("rank_spearman", "rank_spearman_ci", "rank_spearman_progress", "rank_spearman_progress_ci",
             "rank_spearman_with_anchors", "rank_kendall", "rank_mmrv", "rank_mmrv_progress", "rank_mmrv_noise_ceiling",
@@ -161,7 +165,7 @@ def main(quick: bool = False, work: str = "", world_model: str = "", episodes: i
     population_info = ({"pixel_policies": [str(f) for f in folders], "acting": acting} if pixels else
                        {"actors": [[256, 2, 4000], *map(list, ((32, 2, 10),) if quick else ACTORS)]})
     out = {"task": "push-red", "world_model": str(wm_run), "state_readout": readout, "sampler_seed": int(sampler),
-           "state_gate": gate or "the model's own", "noise_levels": list(levels), **population_info,
+           "state_settle": settle or "the model's own", "state_gate": gate or "the model's own", "noise_levels": list(levels), **population_info,
            "first_layout_seed": seed, "seen_layouts": r["seen_layouts"],
            **{k: r[k] for k in keys if k in r},
            "population": rows, "rl_actors_not_loaded": rl_refused, "minutes": {**minutes, "total": (time.time() - t0) / 60}, "work": str(base)}
@@ -169,6 +173,6 @@ def main(quick: bool = False, work: str = "", world_model: str = "", episodes: i
         [f"episodes={episodes}"] * (int(episodes) != 50) + [f"stop_cm={stop_cm:g}"] * (float(stop_cm) > 0) + \
         [f"pixels={pixels} acting={acting}"] * bool(pixels) + [f"seed={seed}"] * (seed != FRESH_LAYOUTS) + \
         [f"readout={readout}"] * (readout != "mean") + [f"gate={gate}"] * bool(gate) + [f"sampler={int(sampler)}"] * bool(int(sampler)) + \
-        [f"tag={tag}"] * bool(tag)
+        [f"settle={settle}"] * bool(settle) + [f"tag={tag}"] * bool(tag)
     return finish(name, out, quick, command="wmrl bench rank-state-population --json"
                   + (" --options " + " ".join(opts) if opts else ""))

@@ -1215,3 +1215,34 @@ def test_rank_report_pools_rankings_of_the_same_episodes_and_reports_the_gain_ov
     other = ranking("wm2", (2, 5, 8, 0), true=(2, 4, 7, 0))  # another true evaluation: not one pool
     with pytest.raises(ValueError, match="other layouts or true episodes"):
         _run("rank_report", pools=f"{good}+{other}")
+
+
+def test_imagination_hybrid_mixes_the_worlds_as_named(trained):
+    """The sim variant is the true simulator (twice the same), `flat` keeps every cube at its start height (the task
+    cube's height above its start after 10 steps exactly 0), `channel` is the state channel's own rollout; a policy
+    that reads frames and unknown variants are refused with the reason."""
+    from wmrl.eval.rank import paired_worlds
+
+    bench = runpy.run_path(str(BENCH / "imagination_hybrid.py"), run_name="bench")
+    from world_models.video.train import world_model_data
+
+    pcfg, true_env, wm_env, objects = paired_worlds("scripted", str(trained), str(world_model_data(trained)), "push-red",
+                                                    2, max_steps=12)
+    try:
+        run = lambda v: bench["run_variant"](v, pcfg, true_env, wm_env, objects, 5, 12)  # noqa: E731
+        a, b = run("sim"), run("sim")
+        assert (a["success"] == b["success"]).all() and np.array_equal(a["height10_cm"], b["height10_cm"])
+        assert np.abs(a["height10_cm"]).max() < 0.5  # cubes on the table in the simulator
+        assert (run("flat")["height10_cm"] == 0).all()
+        ch = run("channel")
+        assert np.isfinite(ch["height10_cm"]).all()
+    finally:
+        true_env.close()
+    r = _run("imagination_hybrid", world_model=str(trained), policy="scripted", episodes=2, variants="sim,channel")
+    assert r["episodes"] == 2 and set(r["variants"]) == {"sim", "channel"}
+    assert r["variants"]["sim"]["minus_channel"]["mean"] == pytest.approx(
+        r["variants"]["sim"]["success"] - r["variants"]["channel"]["success"])
+    with pytest.raises(ValueError, match="variants"):
+        _run("imagination_hybrid", world_model=str(trained), policy="scripted", variants="sim,moon")
+    with pytest.raises(ValueError, match="reads state"):
+        _run("imagination_hybrid", world_model=str(trained), policy="estimated-state:some/folder")

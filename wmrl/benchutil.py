@@ -104,6 +104,21 @@ def timed_stages() -> tuple[dict, Callable]:
     return minutes, stage
 
 
+def on_off(value, name: str) -> bool | None:
+    """A benchmark's on | off option (the options parser may have read it as a bool already; empty: None, the
+    default of whatever it switches)."""
+    if isinstance(value, bool):
+        return value
+    if value not in ("", "on", "off", None):
+        raise ValueError(f"{name}: expected on or off (or nothing: the default), got {value!r}")
+    return None if not value else value == "on"
+
+
+def on_off_word(value: bool | None) -> str:
+    """`on_off`'s value as the option's word (empty for None)."""
+    return "" if value is None else "on" if value else "off"
+
+
 def finish(name: str, result: dict, quick: bool, command: str | None = None) -> dict:
     result = portable(result)
     result = {"benchmark": name, **result, "machine": machine(),

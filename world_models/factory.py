@@ -8,10 +8,12 @@ from world_models.video.model import VideoWorldModel
 
 
 @WORLD_MODELS.register("video")
-def _video_world_model(path: str, device: str = "cpu", state_gate: str | None = None, **_):
-    """A trained video world model from a `wmrl train-wm` run folder or checkpoint folder; `state_gate` overrides
-    how its state channel's rollouts apply the contact gate (`state_channel.GATES`)."""
-    return VideoWorldModel.load(resolve_checkpoint(path), device=device, state_gate=state_gate)
+def _video_world_model(path: str, device: str = "cpu", state_gate: str | None = None,
+                       state_settle: bool | None = None, **_):
+    """A trained video world model from a `wmrl train-wm` run folder or checkpoint folder; `state_gate` and
+    `state_settle` override how its state channel's rollouts apply the contact gate (`state_channel.GATES`) and
+    whether untouched objects settle (`state_channel.settle`)."""
+    return VideoWorldModel.load(resolve_checkpoint(path), device=device, state_gate=state_gate, state_settle=state_settle)
 
 
 def make_world_model(kind: str, path: str, **kwargs):

@@ -2131,3 +2131,74 @@ def test_heads_refitted_on_rollouts_change_only_the_heads_and_keep_a_fitted_mask
 
     with pytest.raises(ValueError, match="pos_weight"):  # a given positive weight must be a weight
         fit_heads_on_rollouts(src, train, horizon=8, steps=2, episodes=2, pos_weight=0.0)
+
+
+def test_a_cube_the_hand_does_not_hold_rests_at_its_height_and_a_held_one_moves_with_the_head():
+    """`settle`: every cube the hand does not hold is put at its resting height (its horizontal change kept); a held
+    cube (hand within a half extent horizontally and two vertically, fingers stopped by it: opening within 1 cm of
+    its width) keeps the head's change. Without `rest_z` nothing is put back (training)."""
+    sc = StateChannel(StateChannelConfig(n_cubes=2, members=1, hidden=8))
+
+    def head(feats):  # every cube: contact (p ~ 1), +1 cm up and +2 cm along the hand->cube axis
+        out = torch.zeros(*feats.shape[:-1], 4)
+        out[..., 0], out[..., 2], out[..., 3] = 2.0, 1.0, 20.0
+        return out
+
+    sc.cube.forward = head
+    x = torch.zeros(1, 3, sc.cfg.dim)
+    x[..., :3] = torch.tensor([[0.40, 0.0, 0.045], [0.40, 0.0, 0.045], [0.40, 0.0, 0.045]])  # hand over cube 0
+    x[..., 3] = torch.tensor([0.04, 0.0, 0.09])  # fingers on a 4 cm cube; closed on nothing; open
+    x[..., 4:7] = torch.tensor([0.405, 0.0, 0.035])  # cube 0 1.5 cm above its rest, under the hand
+    x[..., 7:10] = torch.tensor([0.20, 0.20, 0.025])  # cube 1 far away, 0.5 cm above its rest
+    a, rest = torch.zeros(3, 4), torch.full((3, 2), 0.02)
+    nxt = sc.next(x, a, gate="hard", rest_z=rest, hold_radius=0.02)[0][0]
+    assert nxt[0, 6].item() == pytest.approx(0.045)  # held: lifted by the head's 1 cm
+    assert nxt[1, 6].item() == pytest.approx(0.02) and nxt[2, 6].item() == pytest.approx(0.02)  # fingers not on it
+    assert nxt[:, 9].tolist() == pytest.approx([0.02] * 3)  # far from the hand: on the table
+    assert nxt[1, 7].item() != pytest.approx(0.20)  # its horizontal change is the head's
+    assert sc.next(x, a, gate="hard")[0][0, 1, 6].item() == pytest.approx(0.045)  # no rest_z: the head's change
+
+
+def test_rollouts_settle_cubes_at_their_start_height_as_the_model_says(trained, tiny_data, tmp_path):
+    """A rollout remembers each cube's height at its start (`rest_z`) and, with `state_settle`, a cube the hand does
+    not hold put 2 cm above it comes back; without, it stays. Checkpoints from before the option load without it."""
+    model = VideoWorldModel.load(trained / "checkpoints/last")
+    assert model.cfg.state_settle is True
+    _, _, held = load_split(tiny_data, 0.25)
+    obs = first_observation(held)
+    state = model.encode(obs)
+    z0 = state["rest_z"].clone()
+    assert torch.allclose(z0, torch.as_tensor(obs["observation.environment_state"][:, [2, 5, 8]], dtype=torch.float32))
+    state["x"][..., [6, 9, 12]] += 0.02
+    model.state_channel.cube.forward = lambda f: torch.cat([torch.zeros(*f.shape[:-1], 3),
+                                                             torch.full((*f.shape[:-1], 1), -20.0)], -1)
+    _, preds = model.step(dict(state), torch.zeros(1, 1, 4), frames=False)
+    assert torch.allclose(preds["observation.environment_state"][:, 0, [2, 5, 8]], z0, atol=1e-6)
+    model.cfg = dataclasses.replace(model.cfg, state_settle=False)
+    _, preds = model.step(dict(state), torch.zeros(1, 1, 4), frames=False)
+    assert torch.allclose(preds["observation.environment_state"][:, 0, [2, 5, 8]], z0 + 0.02, atol=1e-6)
+    model.save(tmp_path / "m")
+    _drop_config_key(tmp_path / "m", "state_settle")
+    assert VideoWorldModel.load(tmp_path / "m").cfg.state_settle is False
+    assert VideoWorldModel.load(tmp_path / "m", state_settle=True).cfg.state_settle is True
+
+
+def test_the_height_loss_l1_fits_the_cubes_height_by_its_absolute_error():
+    """`height_loss`: with l1 the cubes' z entries of the unrolled loss are |error| in cm (the median change), every
+    other entry keeps the Huber loss; a 0.5 cm height error costs 0.5 instead of Huber's 0.125."""
+    losses = {}
+    for kind in ("huber", "l1"):
+        sc = StateChannel(StateChannelConfig(n_cubes=1, members=1, hidden=8, height_loss=kind))
+        x = torch.zeros(1, 1, 2, sc.cfg.dim)
+        x[..., 2] = 0.1
+        x[..., 4:7] = torch.tensor([0.3, 0.0, 0.02])
+        x[0, 0, 1, 6] = 0.025  # the cube's centre rises 0.5 cm; the zero-initialised head predicts no change
+        x[0, 0, 1, 5] = 0.005  # and it moves 0.5 cm sideways (Huber in both)
+        a, mask = torch.zeros(1, 1, 1, 4), torch.ones(1, 1, 1)
+        _, info = sc.unrolled_loss(x, a, mask)
+        losses[kind] = info["state_huber_cm"].item()
+    n = 7  # entries of x[..., :P] averaged: ee (3), opening, one cube (3)
+    assert losses["huber"] == pytest.approx((0.125 + 0.125) / n, rel=1e-5)
+    assert losses["l1"] == pytest.approx((0.125 + 0.5) / n, rel=1e-5)
+    with pytest.raises(ValueError, match="height_loss"):
+        StateChannelConfig(height_loss="l2")

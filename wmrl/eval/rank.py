@@ -83,6 +83,9 @@ class RankConfig:
     (the members stepped from their mean; `WorldModelEnv`)."""
     state_gate: str = ""
     """How the state channel's rollouts apply the contact gate (hard | soft | sample | shared); default: the model's own."""
+    state_settle: Optional[bool] = None
+    """Whether objects the hand does not hold rest at their starting height in imagination (`state_channel.settle`);
+    default: the model's own (on for models trained since it exists, off for older checkpoints)."""
     max_steps: Optional[int] = None
     """The episodes' length in both worlds (default: the task's own); shorter episodes make a quick smoke run."""
     sampler_seed: int = 0
@@ -338,12 +341,12 @@ def short_labels(specs: list[str]) -> list[str]:
 
 def paired_worlds(spec: str, world_model: str, data: str, task: str, num_envs: int, stop_cm: float = 0.0,
                   state_readout: str = "mean", state_gate: str = "", max_steps: int | None = None,
-                  sampler_seed: int = 0):
+                  sampler_seed: int = 0, state_settle: bool | None = None):
     """The two worlds a ranking scores `spec` in: (the policy's config, the true simulator's vector env, the world
     model's imagination env, whether the policy reads the predicted objects in imagination). `max_steps`: the
     episodes' length in both (default: the task's own)."""
     pcfg = parse_policy_spec(spec)
-    model = make_world_model("video", world_model, state_gate=state_gate or None)
+    model = make_world_model("video", world_model, state_gate=state_gate or None, state_settle=state_settle)
     true_env = sim.make_vector_env(task, num_envs, asynchronous=False,
                                    **({"max_episode_steps": max_steps} if max_steps else {}))
     max_steps = max_steps or sim.episode_horizon(task)
@@ -372,7 +375,7 @@ def imagined_policy(pcfg, true_env, wm_env, seed: int, objects: bool):
 def score_policy(spec: str, world_model: str, data: str, task: str, episodes: int, num_envs: int, seed: int,
                  threads: int | None = None, noise_ceiling: bool = True, stop_cm: float = 0.0,
                  state_readout: str = "mean", state_gate: str = "", max_steps: int | None = None,
-                 sampler_seed: int = 0) -> dict:
+                 sampler_seed: int = 0, state_settle: bool | None = None) -> dict:
     """Success of one policy in the world model and in the true simulator, paired: every imagined episode starts
     from the true simulator's reset with the same seed (same layout, same first frame), the world model is stepped
     by the open-loop chunks the policy executes, and the same loop scores both. With `noise_ceiling`, a second true
@@ -385,7 +388,7 @@ def score_policy(spec: str, world_model: str, data: str, task: str, episodes: in
     if threads:
         torch.set_num_threads(threads)
     pcfg, true_env, wm_env, objects = paired_worlds(spec, world_model, data, task, num_envs, stop_cm, state_readout,
-                                                    state_gate, max_steps, sampler_seed)
+                                                    state_gate, max_steps, sampler_seed, state_settle)
     out = {"policy": spec}
     runs = [("imagined", wm_env, seed, dict(start_from=true_env, chunked=True)), ("true", true_env, seed, {})]
     if noise_ceiling:
@@ -415,14 +418,15 @@ def score_policy(spec: str, world_model: str, data: str, task: str, episodes: in
 def score_population(specs: list[str], world_model: str, data: str, task: str, episodes: int, num_envs: int,
                      seed: int, workers: str = "local", num_workers: int = 2, progress: bool = True,
                      noise_ceiling: bool = True, stop_cm: float = 0.0, state_readout: str = "mean",
-                     state_gate: str = "", max_steps: int | None = None, sampler_seed: int = 0) -> list[dict]:
+                     state_gate: str = "", max_steps: int | None = None, sampler_seed: int = 0,
+                     state_settle: bool | None = None) -> list[dict]:
     if workers not in WORKERS:
         raise ValueError(f"workers: expected one of {WORKERS}, got {workers!r}")
     for s in specs:  # fail before any work on a bad spec
         parse_policy_spec(s)
     args = (world_model, data, task, episodes, num_envs, seed)
     kw = dict(noise_ceiling=noise_ceiling, stop_cm=stop_cm, state_readout=state_readout, state_gate=state_gate,
-              max_steps=max_steps, sampler_seed=sampler_seed)
+              max_steps=max_steps, sampler_seed=sampler_seed, state_settle=state_settle)
     if workers == "local":
         from tqdm.auto import tqdm
 
@@ -566,7 +570,7 @@ def run_rank(cfg: RankConfig, progress: bool = True) -> dict:
     t0 = time.time()
     rows = score_population(list(cfg.policies), str(cfg.world_model), str(data), cfg.task, cfg.episodes, cfg.num_envs,
                             cfg.seed, cfg.workers, cfg.num_workers, progress, cfg.noise_ceiling, cfg.stop_cm,
-                            cfg.state_readout, cfg.state_gate, cfg.max_steps, cfg.sampler_seed)
+                            cfg.state_readout, cfg.state_gate, cfg.max_steps, cfg.sampler_seed, cfg.state_settle)
     learned = [r for r in rows if not is_anchor(r["policy"])]
     stats = (ranking_report(rows, cfg.bootstrap, cfg.seed) if len(learned) >= 2 else
              rank_statistics([r["imagined_success"] for r in rows], [r["true_success"] for r in rows]))

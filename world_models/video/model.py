@@ -123,6 +123,10 @@ class WorldModelConfig:
     state_detach_hand: bool = False  # the channel's cube loss does not train its arm through the hand's position
     state_arm_target: bool = False  # the channel reads the workspace-clipped command; its arm predicts the deviation from it
     state_gate: str = "sample"  # how rollouts apply the channel's contact gate: sample | shared | hard | soft (GATES)
+    # rollouts keep every object the hand does not hold at the height it started at (`state_channel.settle`; False:
+    # checkpoints from before it existed)
+    state_settle: bool = True
+    state_height_loss: str = "huber"  # how the channel fits the cubes' height: huber | l1 (`state_channel.HEIGHT_LOSSES`)
     # every generated frame is also conditioned on its state [hand, opening, object centres] (`frame_state_dim`): the
     # recorded one in training (noised by frame_state_noise m), the state channel's prediction in a rollout
     frame_state: bool = False
@@ -330,7 +334,8 @@ class VideoWorldModel(nn.Module):
                                                               detach_hand=cfg.state_detach_hand,
                                                               arm_target=cfg.state_arm_target,
                                                               workspace_low=cfg.workspace_low,
-                                                              workspace_high=cfg.workspace_high))
+                                                              workspace_high=cfg.workspace_high,
+                                                              height_loss=cfg.state_height_loss))
                               if cfg.env_state_dim and cfg.state_members else None)
         self.scheduler = EDMEulerScheduler(sigma_min=cfg.sigma_min, sigma_max=cfg.sigma_max,
                                            sigma_data=cfg.sigma_data, prediction_type="epsilon")
@@ -662,6 +667,7 @@ class VideoWorldModel(nn.Module):
             x = channel_state(self.cfg, proprio, env)
             state["x"] = x[None].repeat(self.cfg.state_members, 1, 1)
             state["points0"] = self.scene_points(x)  # the start frame's hand and objects, for the change mask
+            state["rest_z"] = x[:, 6 : 4 + 3 * self.cfg.n_objects : 3].clone()  # where each object rests (`state_settle`)
             state["env"] = env  # the last frame's whole environment state (what the channel does not predict is kept)
         return state
 
@@ -711,6 +717,7 @@ class VideoWorldModel(nn.Module):
         new = dict(state)
         if self.state_channel is not None:  # arm and objects first: the arm's prediction sets each frame's pose
             xs, poses, x, member, consensus = [], [], state["x"], state.get("member"), state.get("consensus")
+            rest_z = state.get("rest_z") if self.cfg.state_settle else None
             Fs = self.cfg.frame_state_dim
             fstates = [self.state_channel.readout(x, member)[:, :Fs]]  # the last frame's, then each future frame's
             for j in range(self.cfg.chunk):
@@ -719,7 +726,8 @@ class VideoWorldModel(nn.Module):
                 if consensus is not None:  # every member steps from the members' mean; their spread after it remains
                     x = self.state_channel.consensus(x, consensus)
                 x = bound_arm(self.state_channel.rollout_step(x, a[:, j], self.cfg.state_gate,
-                                                                   state_generator or generator), self.cfg)
+                                                                   state_generator or generator, rest_z,
+                                                                   self.cfg.object_radius), self.cfg)
                 xs.append(x)
                 fstates.append(self.state_channel.readout(x, member)[:, :Fs])
                 if j == h - 1:
@@ -795,18 +803,21 @@ class VideoWorldModel(nn.Module):
 
     @classmethod
     def load(cls, path: str | Path, expect: WorldModelConfig | None = None, device: str = "cpu",
-             state_gate: str | None = None) -> "VideoWorldModel":
-        """`state_gate`: the contact gate rollouts use instead of the checkpoint's (it changes no weight)."""
+             state_gate: str | None = None, state_settle: bool | None = None) -> "VideoWorldModel":
+        """`state_gate`, `state_settle`: the contact gate and settling rollouts use instead of the checkpoint's (they
+        change no weight)."""
         # keys a checkpoint saved before they existed lacks: what it was trained and run with
         cfg = read_config(path, WorldModelConfig, expect, what="world-model checkpoint",
                           absent={"mean_share": 0.0, "change_mask": False, "change_refine": False, "change_warp": False, "change_unwarped": False, "change_read_pose": False, "state_rest": False, "state_pairs": False,
-                                  "state_hand_frame": False, "state_velocity": False, "state_gate": "hard",
+                                  "state_hand_frame": False, "state_velocity": False, "state_gate": "hard", "state_settle": False, "state_height_loss": "huber",
                                   "state_arm_rest": False, "state_detach_hand": False, "state_arm_target": False,
                                   "frame_state": False, "frame_state_noise": 0.0,
                                   "frame_blobs": False, "blob_width": 0.15, "camera_geometry": {},
                                   "change_objects": False, "object_radius": 0.02, "change_coords": False,
                                   "change_pose_layer": False})
-        return load_state(cls(replace(cfg, state_gate=state_gate or cfg.state_gate)), path, device)
+        cfg = replace(cfg, state_gate=state_gate or cfg.state_gate,
+                      state_settle=cfg.state_settle if state_settle is None else state_settle)
+        return load_state(cls(cfg), path, device)
 
 
 def imagined_success(model: VideoWorldModel, preds: dict, tasks, rules=None, threshold: float = 0.9) -> np.ndarray:

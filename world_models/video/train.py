@@ -185,6 +185,12 @@ class TrainWMConfig:
     """How the state channel's rollouts apply its contact gate: sample (a contact drawn with the gate's probability,
     each member alone), shared (drawn once per rollout and step, every member against its own probability), hard (moved whenever the probability exceeds 0.5), soft (moved by the probability times the change). Changes no
     weight; recorded in the model's config (`state_channel.GATES`)."""
+    state_settle: bool = True
+    """Rollouts keep every object the hand does not hold (fingers stopped by it) at the height it started at: a cube on
+    a table rests flat unless held (`state_channel.settle`). Changes no weight; recorded in the model's config."""
+    state_height_loss: str = "huber"
+    """How the state channel fits the cubes' height: huber (close to the mean change) or l1 (the median change: a push
+    mostly slides the cube flat and sometimes tips it; the mean is a floating cube; `state_channel.HEIGHT_LOSSES`)."""
     state_dagger_rounds: int = 0
     """After the other phases: rounds of DAgger for the state channel (`state_dagger.py`): the scripted expert in
     imagination, the true simulator put in the states it visits, the channel trained on the union (tabletop only)."""
@@ -319,6 +325,7 @@ def model_config(cfg: TrainWMConfig, ds) -> WorldModelConfig:
                             state_hand_frame=cfg.state_hand_frame, state_velocity=cfg.state_velocity,
                             state_arm_rest=cfg.state_arm_rest, state_detach_hand=cfg.state_detach_hand,
                             state_arm_target=cfg.state_channel and cfg.state_arm_target, state_gate=cfg.state_gate,
+                            state_settle=cfg.state_settle, state_height_loss=cfg.state_height_loss,
                             frame_state=frame_state, frame_state_noise=cfg.frame_state_noise,
                             frame_blobs=blobs,
                             camera_geometry=geometry or {},
@@ -641,7 +648,7 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
         mask_kind = {f: getattr(mcfg, f) for f in CHANGE_MASK_FIELDS}
         # nor are the cameras' geometry and an object's size: data the mask and blobs read, no weight
         mask_kind.update(camera_geometry=mcfg.camera_geometry, object_radius=mcfg.object_radius)
-        same = replace(src.cfg, state_gate=mcfg.state_gate, **mask_kind) == mcfg
+        same = replace(src.cfg, state_gate=mcfg.state_gate, state_settle=mcfg.state_settle, **mask_kind) == mcfg
         # a mask of another kind (or none) is left out: it is refitted after training
         mask_same = all(getattr(src.cfg, f) == mask_kind[f] for f in CHANGE_MASK_FIELDS)
         weights = {k: v for k, v in src.state_dict().items() if mask_same or not k.startswith("change_mask")}
@@ -660,7 +667,8 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
         elif replace(src.cfg, state_rest=mcfg.state_rest, state_members=mcfg.state_members, state_pairs=mcfg.state_pairs,
                      state_hand_frame=mcfg.state_hand_frame, state_velocity=mcfg.state_velocity, state_arm_rest=mcfg.state_arm_rest,
                      state_detach_hand=mcfg.state_detach_hand, state_arm_target=mcfg.state_arm_target,
-                     state_gate=mcfg.state_gate, **mask_kind) == mcfg:
+                     state_gate=mcfg.state_gate, state_settle=mcfg.state_settle,
+                     state_height_loss=mcfg.state_height_loss, **mask_kind) == mcfg:
             # the same frames model with another state channel: keep every weight but the channel's (trained anew)
             model.load_state_dict({k: v for k, v in weights.items() if not k.startswith("state_channel.")}, strict=False)
         elif model.state_channel is not None and src.state_channel is not None and src.state_channel.cfg == model.state_channel.cfg:
