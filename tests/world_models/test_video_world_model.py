@@ -2202,3 +2202,18 @@ def test_the_height_loss_l1_fits_the_cubes_height_by_its_absolute_error():
     assert losses["l1"] == pytest.approx((0.125 + 0.5) / n, rel=1e-5)
     with pytest.raises(ValueError, match="height_loss"):
         StateChannelConfig(height_loss="l2")
+
+
+def test_settling_is_on_by_default_only_where_the_objects_are_the_tabletops_cubes(tiny_data, tmp_path):
+    """`TrainWMConfig.state_settle` None: on for tabletop data (cubes rest on the table unless held), off for data
+    whose objects are another suite's (they may end on or in other objects); an explicit value wins."""
+    from world_models.video.train import resolve_settle
+
+    assert resolve_settle(TrainWMConfig(data=tiny_data)) is True
+    assert resolve_settle(TrainWMConfig(data=tiny_data, state_settle=False)) is False
+    other = tmp_path / "other"
+    shutil.copytree(tiny_data, other)
+    meta = json.loads((other / "meta" / "wmrl.json").read_text())
+    meta["control"]["object_state"] = "libero"
+    (other / "meta" / "wmrl.json").write_text(json.dumps(meta))
+    assert resolve_settle(TrainWMConfig(data=tiny_data, extra_data=(other,))) is False

@@ -185,9 +185,11 @@ class TrainWMConfig:
     """How the state channel's rollouts apply its contact gate: sample (a contact drawn with the gate's probability,
     each member alone), shared (drawn once per rollout and step, every member against its own probability), hard (moved whenever the probability exceeds 0.5), soft (moved by the probability times the change). Changes no
     weight; recorded in the model's config (`state_channel.GATES`)."""
-    state_settle: bool = True
+    state_settle: Optional[bool] = None
     """Rollouts keep every object the hand does not hold (fingers stopped by it) at the height it started at: a cube on
-    a table rests flat unless held (`state_channel.settle`). Changes no weight; recorded in the model's config."""
+    a table rests flat unless held (`state_channel.settle`). None: on where every dataset's objects are the tabletop's
+    cubes (its meta/wmrl.json), off elsewhere (objects placed into or onto others end at another height). Changes no
+    weight; recorded in the model's config."""
     state_height_loss: str = "huber"
     """How the state channel fits the cubes' height: huber (close to the mean change) or l1 (the median change: a push
     mostly slides the cube flat and sometimes tips it; the mean is a floating cube; `state_channel.HEIGHT_LOSSES`)."""
@@ -287,6 +289,14 @@ def resolve_mirror(cfg: TrainWMConfig) -> bool:
     return True
 
 
+def resolve_settle(cfg: TrainWMConfig) -> bool:
+    """`cfg.state_settle` decided before any run folder: None is on where every dataset's objects are the tabletop's
+    cubes (its control's `object_state`), which rest on the table unless the gripper holds them."""
+    if cfg.state_settle is not None:
+        return bool(cfg.state_settle)
+    return all(EEDeltaControl.of_dataset(d).object_state == "tabletop" for d in (cfg.data, *cfg.extra_data))
+
+
 def load_split(data: Path, holdout: float, seed: int = 0, extra: tuple[Path, ...] = (), keep: tuple[str, ...] = (),
                mirror: bool = False):
     """The dataset as two replays: train episodes and held-out episodes (the last `holdout` share of `data`).
@@ -325,7 +335,7 @@ def model_config(cfg: TrainWMConfig, ds) -> WorldModelConfig:
                             state_hand_frame=cfg.state_hand_frame, state_velocity=cfg.state_velocity,
                             state_arm_rest=cfg.state_arm_rest, state_detach_hand=cfg.state_detach_hand,
                             state_arm_target=cfg.state_channel and cfg.state_arm_target, state_gate=cfg.state_gate,
-                            state_settle=cfg.state_settle, state_height_loss=cfg.state_height_loss,
+                            state_settle=resolve_settle(cfg), state_height_loss=cfg.state_height_loss,
                             frame_state=frame_state, frame_state_noise=cfg.frame_state_noise,
                             frame_blobs=blobs,
                             camera_geometry=geometry or {},
@@ -609,7 +619,8 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
         if not got <= have:
             raise ValueError(f"--calibration-data {cfg.calibration_data}: its tasks {sorted(got - have)} are not the "
                              f"training data's {sorted(have)}")
-    cfg = replace(cfg, mirror=resolve_mirror(cfg))  # the config.yaml records what was trained on
+    # the config.yaml records what was trained on
+    cfg = replace(cfg, mirror=resolve_mirror(cfg), state_settle=resolve_settle(cfg))
     run = start_run(cfg)
     torch.manual_seed(cfg.seed)
     ds, train, held = load_split(cfg.data, cfg.holdout, cfg.seed, cfg.extra_data, mirror=cfg.mirror)
