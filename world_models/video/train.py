@@ -40,6 +40,7 @@ from world_models.video.networks import TaskEncoder
 import sim
 from sim import task_from_instruction
 from sim.tabletop.env import mirror_episode
+from world_models.video.state_channel import HEIGHT_LOSSES
 from world_models.video.state_dagger import StateDaggerConfig, check_placeable, dagger_round, load_episodes, save_episodes
 
 
@@ -192,7 +193,8 @@ class TrainWMConfig:
     weight; recorded in the model's config."""
     state_height_loss: str = "huber"
     """How the state channel fits the cubes' height: huber (close to the mean change) or l1 (the median change: a push
-    mostly slides the cube flat and sometimes tips it; the mean is a floating cube; `state_channel.HEIGHT_LOSSES`)."""
+    mostly slides the cube flat and sometimes tips it; the mean is a floating cube; `state_channel.HEIGHT_LOSSES`).
+    Measured with --state-settle on push-red: l1 floats less but pushes worse, no gain (README, session 65)."""
     state_dagger_rounds: int = 0
     """After the other phases: rounds of DAgger for the state channel (`state_dagger.py`): the scripted expert in
     imagination, the true simulator put in the states it visits, the channel trained on the union (tabletop only)."""
@@ -633,6 +635,8 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
                          f"and the dataset's {ENV_STATE!r}; pass --no-frame-state")
     if cfg.frame_state_noise < 0:
         raise ValueError(f"--frame-state-noise must be >= 0, got {cfg.frame_state_noise}")
+    if cfg.state_height_loss not in HEIGHT_LOSSES:
+        raise ValueError(f"--state-height-loss: expected one of {HEIGHT_LOSSES}, got {cfg.state_height_loss!r}")
     if cfg.state_channel and cfg.state_steps and not mcfg.env_state_dim:
         raise ValueError(f"{cfg.data}: the state channel needs {ENV_STATE!r}, which the dataset lacks; pass "
                          "--no-state-channel to read success from generated frames only")
