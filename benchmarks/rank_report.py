@@ -85,8 +85,8 @@ def episode_bootstrap(true: list[np.ndarray], stats, n_boot: int, seed: int) -> 
 
 def paired_difference(a: list[dict], b: list[dict], n_boot: int = 2000, seed: int = 0) -> dict:
     """B minus A over the learned policies (anchors left out, as in the headline) on the same true episodes: Spearman
-    and MMRV of imagined success against true success, the progress score's Spearman and the paired hallucinated
-    success (`wmrl.eval.rank.paired_hallucination`), with 95% bootstrap intervals over episodes resampled per policy,
+    and MMRV of imagined success against true success, the success MAE, the progress score's Spearman and the paired
+    hallucinated success (`wmrl.eval.rank.paired_hallucination`), with 95% bootstrap intervals over episodes resampled per policy,
     the same indices for A, B and the true outcomes."""
     from wmrl.eval.rank import mmrv, paired_hallucination, spearman
 
@@ -101,11 +101,13 @@ def paired_difference(a: list[dict], b: list[dict], n_boot: int = 2000, seed: in
     def stats(ix) -> np.ndarray:
         m = lambda xs: np.array([x[i].mean() for x, i in zip(xs, ix)])  # noqa: E731
         t = m(true)
+        mae = lambda r: np.abs(r - t).mean()  # noqa: E731
         return np.array([spearman(m(ib), t) - spearman(m(ia), t), mmrv(m(ib), t) - mmrv(m(ia), t),
-                         hallucinated(ib, ix) - hallucinated(ia, ix), spearman(m(pb), t) - spearman(m(pa), t)])
+                         hallucinated(ib, ix) - hallucinated(ia, ix), mae(m(ib)) - mae(m(ia)),
+                         spearman(m(pb), t) - spearman(m(pa), t)])
 
     point, ci = episode_bootstrap(true, stats, n_boot, seed)
-    names = ["spearman", "mmrv", "hallucinated"] + ["spearman_progress"] * progress
+    names = ["spearman", "mmrv", "hallucinated", "success_abs_error"] + ["spearman_progress"] * progress
     return {**{f"{n}_b_minus_a": float(point[j]) for j, n in enumerate(names)},
             **{f"{n}_b_minus_a_ci": ci[j] for j, n in enumerate(names)}, "n_policies": len(true)}
 

@@ -1160,6 +1160,7 @@ def test_rank_report_rescores_stored_outcomes_and_refuses_runs_that_do_not_match
     assert d["spearman_b_minus_a"] == pytest.approx(r["rows"][1]["rank_spearman"] - 1.0) == -0.5  # 1 - 6*2/(3*8)
     assert d["mmrv_b_minus_a"] == pytest.approx(r["rows"][1]["rank_mmrv"]) and r["rows"][1]["rank_mmrv"] == pytest.approx(0.2)  # b, c: 0.3 each
     assert d["spearman_progress_b_minus_a"] == 0.0  # the progress scores were not swapped
+    assert d["success_abs_error_b_minus_a"] == pytest.approx((0.1 + 0.4 + 0.2) / 3 - 0.1)  # a, b, c off by 0.1 in A
     # imagined successes whose true episode failed: A 1 of 2, 1 of 5, 1 of 8; B (b's 8 on b's 4 true, c's 5 within
     # c's 7) 1 of 2, 4 of 8, 0 of 5
     assert r["rows"][0]["hallucinated_success"] == pytest.approx(3 / 15) and r["rows"][1]["hallucinated_success"] == pytest.approx(5 / 15)
