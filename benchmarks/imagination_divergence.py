@@ -147,13 +147,14 @@ def main(quick: bool = False, world_model: str = "", policy: str = "", data: str
     if int(episodes) < 1 or int(num_envs) < 1:
         raise ValueError(f"episodes and num_envs must be >= 1, got {episodes}, {num_envs}")
     seed = FRESH_LAYOUTS if seed is None else int(seed)
+    state_settle = on_off(settle, "settle")
+    settle = on_off_word(state_settle)
     B = min(int(num_envs), int(episodes))
     n_batches = 1 if quick else -(-int(episodes) // B)
     t0 = time.time()
     pcfg, true_env, wm_env, objects = paired_worlds(policy, world_model, data or str(world_model_data(world_model)), "push-red", B,
                                                     max_steps=8 if quick else None,
-                                                    state_settle=on_off(settle, "settle"))
-    settle = on_off_word(on_off(settle, "settle"))
+                                                    state_settle=state_settle)
     cfg = wm_env.model.cfg
     steps = wm_env.max_episode_steps
     true_eps, imagined_eps = [], []

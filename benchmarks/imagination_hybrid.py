@@ -66,7 +66,7 @@ def run_variant(variant: str, pcfg, true_env, wm_env, objects: bool, seed: int, 
     env = np.asarray(obs0[OBS_ENV_STATE], np.float32).copy()
     start_z = env[:, [o + 2 for o in cfg.object_xyz]].copy()
     tasks = list(obs0["task"])
-    cube = [cfg.object_xyz[0]] * B  # the task cube of push-red is the first object (red)
+    red = cfg.object_xyz[0]  # push-red's task cube is the first object
     alive, success, height10 = np.ones(B, bool), np.zeros(B, bool), np.full(B, np.nan)
     try:
         for t in range(horizon):
@@ -103,7 +103,7 @@ def run_variant(variant: str, pcfg, true_env, wm_env, objects: bool, seed: int, 
             proprio = np.where(alive[:, None], nxt_p, proprio).astype(np.float32)
             env = np.where(alive[:, None], nxt_e, env).astype(np.float32)
             if t == 9:
-                height10 = np.array([env[i, cube[i] + 2] - start_z[i, 0] for i in range(B)]) * 100
+                height10 = (env[:, red + 2] - start_z[:, 0]) * 100
             if not alive.any():
                 break
     finally:
@@ -137,12 +137,13 @@ def main(quick: bool = False, world_model: str = "", policy: str = "", data: str
                          "reads state (an estimated-state policy with ':objects', or a random or scripted anchor)")
     check_placeable(TASK)
     seed = FRESH_LAYOUTS if seed is None else int(seed)
+    state_settle = on_off(settle, "settle")
+    settle = on_off_word(state_settle)
     B = min(int(num_envs), int(episodes))
     n_batches = 1 if quick else -(-int(episodes) // B)
     t0 = time.time()
     pcfg, true_env, wm_env, objects = paired_worlds(policy, world_model, data or str(world_model_data(world_model)), TASK, B,
-                                                    max_steps=8 if quick else None, state_settle=on_off(settle, "settle"))
-    settle = on_off_word(on_off(settle, "settle"))
+                                                    max_steps=8 if quick else None, state_settle=state_settle)
     horizon = 8 if quick else sim.episode_horizon(TASK)
     per: dict[str, dict] = {v: {"success": [], "height10_cm": []} for v in chosen}
     try:

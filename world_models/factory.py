@@ -12,7 +12,7 @@ def _video_world_model(path: str, device: str = "cpu", state_gate: str | None = 
                        state_settle: bool | None = None, **_):
     """A trained video world model from a `wmrl train-wm` run folder or checkpoint folder; `state_gate` and
     `state_settle` override how its state channel's rollouts apply the contact gate (`state_channel.GATES`) and
-    whether untouched objects settle (`state_channel.settle`)."""
+    whether objects the hand does not hold rest at their starting height (`state_channel.settle`)."""
     return VideoWorldModel.load(resolve_checkpoint(path), device=device, state_gate=state_gate, state_settle=state_settle)
 
 

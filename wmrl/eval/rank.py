@@ -85,7 +85,7 @@ class RankConfig:
     """How the state channel's rollouts apply the contact gate (hard | soft | sample | shared); default: the model's own."""
     state_settle: Optional[bool] = None
     """Whether objects the hand does not hold rest at their starting height in imagination (`state_channel.settle`);
-    default: the model's own (on for models trained since it exists, off for older checkpoints)."""
+    default: the model's own (on for models of tabletop data trained since it exists, off for older checkpoints)."""
     max_steps: Optional[int] = None
     """The episodes' length in both worlds (default: the task's own); shorter episodes make a quick smoke run."""
     sampler_seed: int = 0

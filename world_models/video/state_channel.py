@@ -199,9 +199,9 @@ def clipped_target(ee: torch.Tensor, a: torch.Tensor, ee_step: float, low, high)
 
 def settle(cubes: torch.Tensor, ee: torch.Tensor, opening: torch.Tensor, d_cube: torch.Tensor, rest_z: torch.Tensor,
            radius: float) -> torch.Tensor:
-    """`d_cube` (M, N, cubes, 3), the step's predicted change of cubes (M, N, cubes, 3), with the height of every cube
-    the hand does not hold set back to its resting height: hand ee (M, N, 3), gripper opening (M, N, 1) (m), rest_z
-    (N, cubes), `radius` a cube's half extent. Held: the hand within `radius` of the cube's centre horizontally and
+    """The step's predicted change of the cubes `d_cube` (M, N, cubes, 3) with the height of every cube the hand does
+    not hold set back to its resting height: cubes (M, N, cubes, 3), hand ee (M, N, 3), gripper opening (M, N, 1)
+    (m), rest_z (N, cubes), `radius` a cube's half extent. Held: the hand within `radius` of the cube's centre horizontally and
     within two radii vertically, the fingers stopped by it (opening within 1 cm of the cube's width). A held cube
     keeps the head's change (lifted, carried); a released one is back on the table the next step.
 
