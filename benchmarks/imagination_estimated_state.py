@@ -153,7 +153,8 @@ def outcome_string(outcomes: list[bool]) -> str:
     return "".join("1" if o else "0" for o in outcomes)
 
 
-def closed_loop_fidelity(policy, model_run: Path, n: int = 48, seed0: int = 60_000, max_steps: int = 80) -> dict:
+def closed_loop_fidelity(policy, model_run: Path, n: int = 48, seed0: int = 60_000, max_steps: int = 80,
+                         state_settle: bool | None = None) -> dict:
     """Does imagination see the world the actor acts in? The actor with sampled actions (as RL runs it), from the
     same n true-simulator starts: closed loop in the true simulator and closed loop in the world model (reading
     what the model predicts, as in RL). Per start: success in both, in the simulator only, in imagination only; and
@@ -182,7 +183,7 @@ def closed_loop_fidelity(policy, model_run: Path, n: int = 48, seed0: int = 60_0
 
     # the ceiling of per-start agreement: a second true run with other action noise (a perfect model's agreement)
     true, again = true_run(0), true_run(1_000_003)
-    model = VideoWorldModel.load(Path(model_run) / "checkpoints" / "last")
+    model = VideoWorldModel.load(Path(model_run) / "checkpoints" / "last", state_settle=state_settle)
     policy.read_object_channel = True  # in imagination: the state channel's predicted objects
     policy.generator = torch.Generator().manual_seed(seed0)
     policy.reset()
@@ -192,7 +193,8 @@ def closed_loop_fidelity(policy, model_run: Path, n: int = 48, seed0: int = 60_0
     return {"episodes": n, "true_success": float(t.mean()), "imagined_success": float(i.mean()),
             "both": int((t & i).sum()), "true_only": int((t & ~i).sum()), "imagined_only": int((~t & i).sum()),
             "agreement": float((t == i).mean()), "true_success_rerun": float(t2.mean()),
-            "agreement_true_rerun": float((t == t2).mean()), "state_rest": bool(model.cfg.state_rest)}
+            "agreement_true_rerun": float((t == t2).mean()), "state_rest": bool(model.cfg.state_rest),
+            "state_settle": bool(model.cfg.state_settle)}
 
 
 def start_actor(bc_dir: Path, residual: int = 0):
@@ -253,7 +255,8 @@ def main(quick: bool = False, cameras: str = "none", wm_episodes: int = 300, bc_
          group_size: int = 8, lr: float = 3e-5, eval_episodes: int = 300, work: str = "", ceiling: str = "false",
          min_std: float = 0.0, threads: int = 2, algo: str = "grpo", actor_state_dims: str = "",
          world_model: str = "", fidelity: int = 48, seed: int = 0, readout: str = "mean", workers: int = 0,
-         train_only: str = "false", gate: str = "", checkpoints: str = "false", residual: int = 0) -> dict:
+         train_only: str = "false", gate: str = "", checkpoints: str = "false", residual: int = 0,
+         settle: str = "") -> dict:
     """`ceiling`: false, true (also the perfect-model run) or only (the perfect-model run alone). `min_std`: a floor
     on the actor's sigma (0: the residual's RMS as fitted). `actor_state_dims`: e.g. 4,5,6,7 (the proprioception the
     world model's state channel predicts; default: all of observation.state). `world_model`: a trained world-model
@@ -268,10 +271,13 @@ def main(quick: bool = False, cameras: str = "none", wm_episodes: int = 300, bc_
     steps. `workers`: processes that step the perfect-model ceiling's true envs (0: this one). `train_only`: train
     (the ceiling's RL with `ceiling=only`, checkpointed and resumable under the work folder) and measure nothing, for
     a lent device; the same command without it evaluates what was trained. `residual`: RL trains a residual actor of
-    this width on the frozen start (ResiP; 0: the whole actor), in imagination and in the ceiling alike."""
+    this width on the frozen start (ResiP; 0: the whole actor), in imagination and in the ceiling alike. `settle`: on |
+    off, cubes the hand does not hold resting at their height in imagination (`state_channel.settle`; empty: the
+    model's own)."""
     import torch
 
     from policies.estimated_state import EstimatedStatePolicy
+    from wmrl.benchutil import on_off, on_off_word
     from wmrl.rl.imagine import ImagineConfig, imagine, in_true_world
 
     dims = tuple(int(d) for d in str(actor_state_dims).split(",") if str(d).strip())
@@ -281,6 +287,8 @@ def main(quick: bool = False, cameras: str = "none", wm_episodes: int = 300, bc_
     estimator_steps, lr = int(estimator_steps), float(lr)
     ceiling, train_only = str(ceiling).lower(), str(train_only).lower() == "true"
     checkpoints = str(checkpoints).lower() == "true"
+    state_settle = on_off(settle, "settle")
+    settle = on_off_word(state_settle)
     if ceiling not in ("false", "true", "only"):
         raise ValueError(f"ceiling: expected false, true or only, got {ceiling!r}")
     if train_only and ceiling != "only":
@@ -307,7 +315,7 @@ def main(quick: bool = False, cameras: str = "none", wm_episodes: int = 300, bc_
                      + [f"-wm-{Path(world_model).name}"] * bool(world_model) + [f"-seed{seed}"] * (int(seed) != 0)
                      + [f"-g{groups}x{group_size}"] * ((groups, group_size) != (16, 8)) + [f"-{readout}"] * (readout != "mean")
                      + [f"-gate-{gate}"] * bool(gate) + [f"-residual{int(residual)}"] * bool(int(residual))
-                     + ["-ceiling"] * (ceiling == "only"))
+                     + [f"-settle-{settle}"] * bool(settle) + ["-ceiling"] * (ceiling == "only"))
     name = "imagination-estimated-state" + suffix
     base = Path(work) if work else (Path(tempfile.mkdtemp(prefix="wmrl-bench-ies-")) if quick
                                     else ROOT / "runs" / "bench-imagination-estimated-state")
@@ -327,7 +335,7 @@ def main(quick: bool = False, cameras: str = "none", wm_episodes: int = 300, bc_
     rl_dir = base / (f"rl-{bc_dir.name[3:]}-it{iterations}-g{groups}x{group_size}-lr{lr:g}" + ("" if algo == "grpo" else f"-{algo}")
                      + (f"-wm-{wm_run.name}" if world_model else "") + (f"-seed{seed}" if int(seed) else "")
                      + (f"-{readout}" if readout != "mean" else "") + (f"-gate-{gate}" if gate else "")
-                     + (f"-residual{int(residual)}" if int(residual) else ""))
+                     + (f"-residual{int(residual)}" if int(residual) else "") + (f"-settle-{settle}" if settle else ""))
     out = {"task": "push-red", "cameras": list(cams) or "none (the object channel)",
            "success_rl_start": before["success"], "success_rl_start_ci": before["ci"],
            "success_rl_start_per_seed": before["per_seed"], "stalled_before": before["stalled"],
@@ -338,11 +346,12 @@ def main(quick: bool = False, cameras: str = "none", wm_episodes: int = 300, bc_
                        "estimator_steps": estimator_steps if cams else 0, "iterations": iterations, "groups": groups,
                        "group_size": group_size, "lr": lr, "algo": algo, "training_seeds": 1,
                        "actor_state_dims": list(dims) or "all", "rl_seed": int(seed), "readout": readout,
-                       "gate": gate or "the model's own", "residual": int(residual)},
+                       "gate": gate or "the model's own", "residual": int(residual),
+                       "settle": settle or "the model's own"},
            "world_model": str(wm_run) if wm_run else None}
     if int(fidelity) and ceiling != "only":
         out["closed_loop_fidelity"] = stage("fidelity", lambda: closed_loop_fidelity(
-            EstimatedStatePolicy.load(bc_dir), wm_run, int(fidelity)))
+            EstimatedStatePolicy.load(bc_dir), wm_run, int(fidelity), state_settle=state_settle))
     if ceiling != "only":
         if (rl_dir / "result.json").exists():  # finished before: measured again, not retrained
             rl = json.loads((rl_dir / "result.json").read_text())
@@ -350,6 +359,7 @@ def main(quick: bool = False, cameras: str = "none", wm_episodes: int = 300, bc_
             rl = stage("rl", lambda: imagine(ImagineConfig(
                 policy=bc_dir, policy_type="estimated-state", world_model=wm_run, data=wm_data, out=rl_dir,
                 iterations=iterations, groups=groups, group_size=group_size, lr=lr, algo=algo, state_readout=readout, state_gate=gate,
+                state_settle=state_settle,
                 minibatch_rollouts=ppo_minibatch(groups, group_size), residual_hidden=int(residual),
                 ckpt_every=max(1, iterations // 3), seed=int(seed), overwrite=True), progress=False))
             (rl_dir / "result.json").write_text(json.dumps(rl))
@@ -398,6 +408,7 @@ def main(quick: bool = False, cameras: str = "none", wm_episodes: int = 300, bc_
             + [f"groups={groups}"] * (groups != 16) + [f"group_size={group_size}"] * (group_size != 8)
             + [f"readout={readout}"] * (readout != "mean") + [f"gate={gate}"] * bool(gate) + [f"work={work}"] * bool(work) + [f"threads={threads}"] * (int(threads) != 2)
             + [f"fidelity={fidelity}"] * (int(fidelity) != 48) + [f"workers={workers}"] * bool(int(workers))
-            + ["checkpoints=true"] * checkpoints + [f"residual={residual}"] * bool(int(residual)))
+            + ["checkpoints=true"] * checkpoints + [f"residual={residual}"] * bool(int(residual))
+            + [f"settle={settle}"] * bool(settle))
     return finish(name, out, quick, command="wmrl bench imagination-estimated-state --json" + (" --quick" if quick else "")
                   + (" --options " + " ".join(opts) if opts else ""))

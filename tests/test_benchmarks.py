@@ -658,9 +658,9 @@ def test_imagination_estimated_state_benchmark_pairs_its_evaluations(ies_quick):
     assert f["agreement"] == pytest.approx(1 - (f["true_only"] + f["imagined_only"]) / n) and f["state_rest"]
 
 
-def test_imagination_estimated_state_benchmark_passes_its_readout_and_gate_to_the_rl_run(ies_quick, tmp_path):
-    """`readout=` and `gate=` reach the RL run in imagination (its config), name its folder and result, and an unknown
-    one is refused before anything runs."""
+def test_imagination_estimated_state_benchmark_passes_its_readout_gate_and_settle_to_the_rl_run(ies_quick, tmp_path):
+    """`readout=`, `gate=` and `settle=` reach the RL run in imagination (its config), name its folder and result,
+    and an unknown one is refused before anything runs."""
     import shutil
 
     import yaml
@@ -672,12 +672,15 @@ def test_imagination_estimated_state_benchmark_passes_its_readout_and_gate_to_th
         mod["main"](quick=True, work=str(work), readout="median")
     with pytest.raises(ValueError, match="gate in"):
         mod["main"](quick=True, work=str(work), gate="always")
-    r = mod["main"](quick=True, work=str(work), readout="consensus", gate="shared", checkpoints="true")
-    assert r["budgets"]["readout"] == "consensus" and r["budgets"]["gate"] == "shared"
+    with pytest.raises(ValueError, match="settle: expected on or off"):
+        mod["main"](quick=True, work=str(work), settle="sometimes")
+    r = mod["main"](quick=True, work=str(work), readout="consensus", gate="shared", checkpoints="true", settle="off")
+    assert r["budgets"]["readout"] == "consensus" and r["budgets"]["gate"] == "shared" and r["budgets"]["settle"] == "off"
     assert r["true_along_the_run"] == []  # one iteration: its only checkpoint is the last, evaluated as the result
-    run = next(work.glob("rl-objects-*-consensus-gate-shared"))
+    assert r["command"].endswith("settle=off")
+    run = next(work.glob("rl-objects-*-consensus-gate-shared-settle-off"))
     cfg = yaml.safe_load((run / "config.yaml").read_text())
-    assert (cfg["state_readout"], cfg["state_gate"]) == ("consensus", "shared")
+    assert (cfg["state_readout"], cfg["state_gate"], cfg["state_settle"]) == ("consensus", "shared", False)
 
 
 def test_perfect_model_ceiling_steps_in_workers_checkpoints_and_resumes(ies_quick, tmp_path):

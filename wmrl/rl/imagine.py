@@ -85,6 +85,9 @@ class ImagineConfig:
     consensus (the members stepped from their mean state)."""
     state_gate: str = ""
     """How the state channel's rollouts apply the contact gate (hard | soft | sample | shared); default: the model's own."""
+    state_settle: Optional[bool] = None
+    """Whether objects the hand does not hold rest at their starting height in imagination (`state_channel.settle`);
+    default: the model's own (on for models of tabletop data trained since it exists, off for older checkpoints)."""
     sampling_steps: int = 1
     """Euler steps of the world model per step (1 is about 2.5x faster than 3 at similar quality)."""
     epochs: int = 2
@@ -220,7 +223,8 @@ def imagine(cfg: ImagineConfig, progress: bool = True) -> dict:
     policy = load_rl_policy(cfg.policy_type, ck if resuming else resolve_checkpoint(cfg.policy), cfg.device)
     if cfg.residual_hidden and not resuming:  # a resumed run's checkpoint carries its residual
         policy.add_residual(cfg.residual_hidden, cfg.residual_scale)
-    model = make_world_model("video", str(cfg.world_model), device=cfg.device, state_gate=cfg.state_gate or None)
+    model = make_world_model("video", str(cfg.world_model), device=cfg.device, state_gate=cfg.state_gate or None,
+                             state_settle=cfg.state_settle)
     data = cfg.data or world_model_data(cfg.world_model)
     check_world_model_task(cfg.world_model, data, policy.cfg.tasks, f"policy {cfg.policy}")
     on_objects = cfg.policy_type == "estimated-state"
