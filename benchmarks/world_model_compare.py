@@ -34,13 +34,21 @@ SUMMARY_KEYS = ("static_psnr_gap_to_ceiling", "psnr_h16_model_motion_front", "ps
 
 
 def main(quick: bool = False, a: str = "", b: str = "", windows: int = 240, auroc: bool = False, pairs: int = 130,
-         gate_a: str = "", gate_b: str = "") -> dict:
+         gate_a: str = "", gate_b: str = "", settle_a: str = "", settle_b: str = "", episodes: bool = False,
+         starts: int = 60) -> dict:
     """`auroc`: also success AUROC on `pairs` seeds' success / near-success pairs (`wmrl.eval.world_model.pair_auroc`,
     matched length, 1 Euler step as imagination samples), B's minus A's with a paired bootstrap interval.
     `gate_a`, `gate_b`: the state channel's contact gate in A's or B's rollouts instead of the checkpoint's
-    (`state_channel.GATES`; it changes no weight, so A and B may be the same run)."""
+    (`state_channel.GATES`; it changes no weight, so A and B may be the same run). `settle_a`, `settle_b`: on | off,
+    cubes the hand does not hold resting at their height in A's or B's rollouts (`state_channel.settle`; empty: the
+    checkpoint's; no weight changes either). `episodes`: also the state channel over whole episodes: the red cube's
+    error at each held-out episode's end (`cube_error_at_episode_end`, B's minus A's over the same episodes) and the
+    noisy expert closed loop in imagination from `starts` true starts (`hallucination`: imagined success against its
+    true success from the same starts, and the share of imagined successes that fail when replayed)."""
     from wmrl.core.checkpoint import resolve_checkpoint
-    from wmrl.eval.world_model import pair_auroc, success_pairs, window_fidelity
+    from wmrl.benchutil import on_off, on_off_word
+    from wmrl.eval.world_model import (cube_error_at_episode_end, hallucination, pair_auroc, success_pairs,
+                                       true_closed_loop, window_fidelity)
     from world_models.video.evaluate import pair_auroc_difference
     from world_models.video.evaluate import paired_difference as paired
     from world_models.video.model import VideoWorldModel
@@ -48,6 +56,8 @@ def main(quick: bool = False, a: str = "", b: str = "", windows: int = 240, auro
     from world_models.video.train import load_split
 
     gates = {"a": gate_a, "b": gate_b}
+    settles = {"a": on_off(settle_a, "settle_a"), "b": on_off(settle_b, "settle_b")}
+    settle_a, settle_b = on_off_word(settles["a"]), on_off_word(settles["b"])
     if any(g and g not in GATES for g in gates.values()):
         raise ValueError(f"gate_a={gate_a!r}, gate_b={gate_b!r}: expected gates in {GATES} (or none: the checkpoint's)")
     if quick:  # one tiny model as both A and B: a smoke test of the pipeline, not a result
@@ -55,12 +65,13 @@ def main(quick: bool = False, a: str = "", b: str = "", windows: int = 240, auro
 
         work = tiny_world_model(Path(tempfile.mkdtemp(prefix="wmrl-bench-wm-compare-")), long=True)
         runs = {"a": (work / "model", work / "data"), "b": (work / "model", work / "data")}
-        windows, pairs = 8, min(pairs, 4)
+        windows, pairs, starts = 8, min(pairs, 4), min(int(starts), 3)
     else:
         if not a or not b:
             raise ValueError("options a=TAG b=TAG are required (work folders under runs/bench-world-model)")
         runs = {"a": world_model_run_folders(a, WORK), "b": world_model_run_folders(b, WORK)}
-    models = {k: VideoWorldModel.load(resolve_checkpoint(r[0]), device="cpu", state_gate=gates[k] or None).eval()
+    models = {k: VideoWorldModel.load(resolve_checkpoint(r[0]), device="cpu", state_gate=gates[k] or None,
+                                      state_settle=settles[k]).eval()
               for k, r in runs.items()}
     _, _, held = load_split(runs["a"][1], 0.1, keep=("qpos",))
     _, _, held_b = load_split(runs["b"][1], 0.1)
@@ -114,9 +125,27 @@ def main(quick: bool = False, a: str = "", b: str = "", windows: int = 240, auro
             out[f"imagination_success_auroc_matched_{path}_b_minus_a"] = d["mean"]
             out[f"imagination_success_auroc_matched_{path}_b_minus_a_ci"] = d["ci"]
         out["success_auroc_real_frames_head_a"] = res["a"]["success_auroc_real_frames_head"]
+    if episodes and all(m.state_channel is not None for m in models.values()):
+        cube = {k: cube_error_at_episode_end(m, held) for k, m in models.items()}
+        d = paired(cube["a"], cube["b"], np.ones(len(cube["a"]), bool))
+        for k, c in cube.items():
+            out[f"cube_error_cm_end_{k}"], out[f"cube_error_cm_end_p90_{k}"] = float(np.median(c)), float(np.percentile(c, 90))
+        out["cube_error_cm_end_b_minus_a"], out["cube_error_cm_end_b_minus_a_ci"] = d["mean"], d["ci"]
+        out["cube_error_cm_end_b_larger"], out["n_episodes_end"] = d["wins"], len(cube["a"])  # share where B errs more
+        seeds = list(range(70_000, 70_000 + int(starts)))  # the world-model benchmark's hallucination starts
+        truth = true_closed_loop("push-red", seeds)  # the expert in the true simulator: the same for both models
+        hall = {k: hallucination(m, held, "push-red", "expert", seeds, true_run=truth) for k, m in models.items()}
+        out["expert_true_success"], out["hallucination_starts"] = truth["true_success"], len(seeds)
+        for k, h in hall.items():
+            out[f"expert_imagined_success_{k}"], out[f"hallucinated_success_expert_{k}"] = h["imagined_success"], h["hallucinated_share"]
+            out[f"expert_imagined_minus_true_{k}"] = h["imagined_success"] - truth["true_success"]
+        out["hallucinated_success_expert_sim_1mm"] = truth["replay_fails_after_shift"]  # the replay check's ceiling
     out["gate_a"], out["gate_b"] = (g or "the checkpoint's" for g in (gate_a, gate_b))
-    name = (f"world-model-compare-{Path(a).name}{f'-gate-{gate_a}' * bool(gate_a)}"
-            f"-vs-{Path(b).name}{f'-gate-{gate_b}' * bool(gate_b)}")
+    out["settle_a"], out["settle_b"] = (bool(m.cfg.state_settle) for m in (models["a"], models["b"]))
+    name = (f"world-model-compare-{Path(a).name}{f'-gate-{gate_a}' * bool(gate_a)}{f'-settle-{settle_a}' * bool(settle_a)}"
+            f"-vs-{Path(b).name}{f'-gate-{gate_b}' * bool(gate_b)}{f'-settle-{settle_b}' * bool(settle_b)}")
     return finish(name if not quick else "world-model-compare", out, quick,
                   command=f"wmrl bench world-model-compare --json --options a={a} b={b}" + (" auroc=true" if auroc else "")
-                  + f" gate_a={gate_a}" * bool(gate_a) + f" gate_b={gate_b}" * bool(gate_b))
+                  + f" gate_a={gate_a}" * bool(gate_a) + f" gate_b={gate_b}" * bool(gate_b)
+                  + f" settle_a={settle_a}" * bool(settle_a) + f" settle_b={settle_b}" * bool(settle_b)
+                  + " episodes=true" * bool(episodes) + f" starts={starts}" * (bool(episodes) and int(starts) != 60))

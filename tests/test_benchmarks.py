@@ -900,7 +900,13 @@ def test_state_channel_closed_loop_pairs_imagination_and_the_simulator_on_the_sa
 
 @TINY_LONG_WORLD_MODEL
 def test_world_model_compare_pairs_windows_so_a_model_against_itself_differs_by_nothing(tmp_path):
-    r = _run("world_model_compare", auroc=True)  # quick: one tiny model as both A and B, same sampling noise
+    # quick: one tiny model as both A and B, same sampling noise; both without the settling rule (its flags reach the load)
+    r = _run("world_model_compare", auroc=True, episodes=True, settle_a="off", settle_b="off")
+    assert (r["settle_a"], r["settle_b"]) == (False, False) and r["command"].endswith("settle_a=off settle_b=off episodes=true starts=3")
+    # whole episodes: the same cube error at every held-out episode's end, the same imagined expert
+    assert r["n_episodes_end"] >= 1 and r["cube_error_cm_end_b_minus_a"] == 0.0 and r["cube_error_cm_end_a"] == r["cube_error_cm_end_b"]
+    assert r["hallucination_starts"] == 3 and r["expert_imagined_success_a"] == r["expert_imagined_success_b"]
+    assert r["expert_imagined_minus_true_a"] == pytest.approx(r["expert_imagined_success_a"] - r["expert_true_success"])
     for name in ("", "imagination_"):
         assert r[f"{name}psnr_h16_motion_b_minus_a"] == 0.0 and r[f"{name}psnr_h16_motion_b_wins"] == 0.5
         assert r[f"{name}psnr_h16_motion_a"] == r[f"{name}psnr_h16_motion_b"]
@@ -913,6 +919,8 @@ def test_world_model_compare_pairs_windows_so_a_model_against_itself_differs_by_
     assert r["imagination_success_auroc_matched_frames_a"] == r["imagination_success_auroc_matched_frames_b"]
     with pytest.raises(ValueError, match="gate_b='pushy'"):  # refused before anything is trained or loaded
         _run("world_model_compare", gate_b="pushy")
+    with pytest.raises(ValueError, match="settle_b: expected on or off"):
+        _run("world_model_compare", settle_b="sometimes")
     compare = runpy.run_path(str(BENCH / "world_model_compare.py"), run_name="bench")["main"]
     with pytest.raises(ValueError, match="neither a folder of runs/bench-world-model"):  # a tag or a demo run folder
         compare(a=str(tmp_path), b=str(tmp_path))
