@@ -2184,6 +2184,26 @@ def test_rollouts_settle_cubes_at_their_start_height_as_the_model_says(trained, 
     assert VideoWorldModel.load(tmp_path / "m", state_settle=True).cfg.state_settle is True
 
 
+def test_the_unrolled_loss_settles_cubes_the_hand_does_not_hold_only_with_settle_unroll():
+    """`settle_unroll`: the unrolled loss puts a cube the hand does not hold back at its height at the window's start,
+    as rollouts with the rule do. A head that lifts every cube 1 cm per step, a cube that stays on the table: without
+    the option the loss charges the 1 cm (Huber 0.5 over 7 entries), with it nothing."""
+    from world_models.video.state_channel import OUT_SCALE
+
+    losses = {}
+    for on in (False, True):
+        sc = StateChannel(StateChannelConfig(n_cubes=1, members=1, hidden=8, settle_unroll=on))
+        with torch.no_grad():
+            sc.cube.out.bias[..., 2] = 0.01 * OUT_SCALE  # +1 cm of height per step
+            sc.cube.out.bias[..., 3] = 20.0  # the contact gate open
+        x = torch.zeros(1, 1, 2, sc.cfg.dim)
+        x[..., 2] = 0.1  # the hand 30 cm away and 8 cm up: it holds nothing
+        x[..., 4:7] = torch.tensor([0.3, 0.0, 0.02])
+        a, mask = torch.zeros(1, 1, 1, 4), torch.ones(1, 1, 1)
+        losses[on] = sc.unrolled_loss(x, a, mask)[1]["state_huber_cm"].item()
+    assert losses[False] == pytest.approx(0.5 / 7, rel=1e-4) and losses[True] == pytest.approx(0.0, abs=1e-6)
+
+
 def test_the_height_loss_l1_fits_the_cubes_height_by_its_absolute_error():
     """`height_loss`: with l1 the cubes' z entries of the unrolled loss are |error| in cm (the median change), every
     other entry keeps the Huber loss; a 0.5 cm height error costs 0.5 instead of Huber's 0.125."""

@@ -127,6 +127,7 @@ class WorldModelConfig:
     # checkpoints from before it existed)
     state_settle: bool = True
     state_height_loss: str = "huber"  # how the channel fits the cubes' height: huber | l1 (`state_channel.HEIGHT_LOSSES`)
+    state_settle_unroll: bool = False  # the channel's unrolled loss settles the cubes as rollouts do (`settle_unroll`)
     # every generated frame is also conditioned on its state [hand, opening, object centres] (`frame_state_dim`): the
     # recorded one in training (noised by frame_state_noise m), the state channel's prediction in a rollout
     frame_state: bool = False
@@ -335,7 +336,8 @@ class VideoWorldModel(nn.Module):
                                                               arm_target=cfg.state_arm_target,
                                                               workspace_low=cfg.workspace_low,
                                                               workspace_high=cfg.workspace_high,
-                                                              height_loss=cfg.state_height_loss))
+                                                              height_loss=cfg.state_height_loss,
+                                                              settle_unroll=cfg.state_settle_unroll))
                               if cfg.env_state_dim and cfg.state_members else None)
         self.scheduler = EDMEulerScheduler(sigma_min=cfg.sigma_min, sigma_max=cfg.sigma_max,
                                            sigma_data=cfg.sigma_data, prediction_type="epsilon")

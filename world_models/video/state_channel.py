@@ -112,6 +112,9 @@ class StateChannelConfig:
     workspace_high: tuple[float, float, float] | None = None
     # the cubes' height is fitted to the median change (L1) instead of the Huber loss's near-mean (see HEIGHT_LOSSES)
     height_loss: str = "huber"
+    # the unrolled loss applies `settle` as rollouts with the rule do (each window's first state as the resting height),
+    # so the heads are fitted on the flat cubes they will read in imagination, not on their own floating ones
+    settle_unroll: bool = False
 
     def __post_init__(self):
         if self.height_loss not in HEIGHT_LOSSES:
@@ -216,7 +219,8 @@ def settle(cubes: torch.Tensor, ee: torch.Tensor, opening: torch.Tensor, d_cube:
     width = 2 * radius
     held = (((cubes[..., :2] - ee[:, :, None, :2]).norm(dim=-1) < radius)
             & ((ee[:, :, None, 2] - z).abs() < 2 * radius) & ((opening - width).abs() < 0.01))
-    return torch.cat([d_cube[..., :2], torch.where(held, d_cube[..., 2], rest_z[None] - z)[..., None]], -1)
+    rest_z = rest_z if rest_z.ndim == z.ndim else rest_z[None]
+    return torch.cat([d_cube[..., :2], torch.where(held, d_cube[..., 2], rest_z - z)[..., None]], -1)
 
 
 class _EnsembleMLP(nn.Module):
@@ -245,7 +249,7 @@ class StateChannel(nn.Module):
         """One control step for every member: x (M, N, D), a (N, A) or (M, N, A) -> (x', gate logits (M, N, cubes)).
         `gate` (see GATES): how the contact probability scales the cube's predicted change; `generator`: the
         sampled gate's draws. `rest_z` (N, cubes): each cube's resting height (m); given, every cube the hand does
-        not hold is put there (`settle`; `hold_radius`: a cube's half extent)."""
+        not hold is put there (`settle`; `hold_radius`: a cube's half extent); (M, N, cubes) gives each member its own."""
         if gate not in GATES:
             raise ValueError(f"gate: expected one of {GATES}, got {gate!r}")
         M, N, _ = x.shape
@@ -325,10 +329,11 @@ class StateChannel(nn.Module):
         on_table = (x[..., 4:P].reshape(*x.shape[:3], -1, 3)[..., 2] > OFF_TABLE_Z).all(-1)  # (M, N, L+1)
         mask = mask * on_table[:, :, 1:] * on_table[:, :, :1]
         cur = x[:, :, 0]
+        rest_z = x[:, :, 0, 6:P:3] if self.cfg.settle_unroll else None  # (M, N, cubes): where each cube starts
         err, bce, rest = 0.0, 0.0, 0.0
         n = mask.sum().clamp(min=1)
         for t in range(L):
-            nxt, logit = self.next(cur, a[:, :, t], gate="soft")
+            nxt, logit = self.next(cur, a[:, :, t], gate="soft", rest_z=rest_z)
             m = mask[:, :, t]
             # Huber in cm: quadratic below 1 cm, linear above, so rare violent contacts do not dominate
             pred, real = nxt[..., :P] * OUT_SCALE, x[:, :, t + 1, :P] * OUT_SCALE

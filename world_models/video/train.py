@@ -195,6 +195,10 @@ class TrainWMConfig:
     """How the state channel fits the cubes' height: huber (close to the mean change) or l1 (the median change: a push
     mostly slides the cube flat and sometimes tips it; the mean is a floating cube; `state_channel.HEIGHT_LOSSES`).
     Measured with --state-settle on push-red: l1 floats less but pushes worse, no gain (README, session 65)."""
+    state_settle_unroll: bool = False
+    """The state channel's unrolled loss puts every cube the hand does not hold back at the height it had at the
+    window's start, as rollouts with --state-settle do, so its heads are fitted on the flat cubes they read in
+    imagination (`StateChannelConfig.settle_unroll`)."""
     state_dagger_rounds: int = 0
     """After the other phases: rounds of DAgger for the state channel (`state_dagger.py`): the scripted expert in
     imagination, the true simulator put in the states it visits, the channel trained on the union (tabletop only)."""
@@ -338,6 +342,7 @@ def model_config(cfg: TrainWMConfig, ds) -> WorldModelConfig:
                             state_arm_rest=cfg.state_arm_rest, state_detach_hand=cfg.state_detach_hand,
                             state_arm_target=cfg.state_channel and cfg.state_arm_target, state_gate=cfg.state_gate,
                             state_settle=resolve_settle(cfg), state_height_loss=cfg.state_height_loss,
+                            state_settle_unroll=cfg.state_settle_unroll,
                             frame_state=frame_state, frame_state_noise=cfg.frame_state_noise,
                             frame_blobs=blobs,
                             camera_geometry=geometry or {},
@@ -683,7 +688,8 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
                      state_hand_frame=mcfg.state_hand_frame, state_velocity=mcfg.state_velocity, state_arm_rest=mcfg.state_arm_rest,
                      state_detach_hand=mcfg.state_detach_hand, state_arm_target=mcfg.state_arm_target,
                      state_gate=mcfg.state_gate, state_settle=mcfg.state_settle,
-                     state_height_loss=mcfg.state_height_loss, **mask_kind) == mcfg:
+                     state_height_loss=mcfg.state_height_loss, state_settle_unroll=mcfg.state_settle_unroll,
+                     **mask_kind) == mcfg:
             # the same frames model with another state channel: keep every weight but the channel's (trained anew)
             model.load_state_dict({k: v for k, v in weights.items() if not k.startswith("state_channel.")}, strict=False)
         elif model.state_channel is not None and src.state_channel is not None and src.state_channel.cfg == model.state_channel.cfg:
