@@ -127,7 +127,7 @@ def main(quick: bool = False, a: str = "", b: str = "", windows: int = 240, auro
         out["success_auroc_real_frames_head_a"] = res["a"]["success_auroc_real_frames_head"]
     if episodes and all(m.state_channel is not None for m in models.values()):
         cube = {k: cube_error_at_episode_end(m, held) for k, m in models.items()}
-        d = paired(cube["a"], cube["b"], np.ones(len(cube["a"]), bool))
+        d = paired(cube["a"], cube["b"])
         for k, c in cube.items():
             out[f"cube_error_cm_end_{k}"], out[f"cube_error_cm_end_p90_{k}"] = float(np.median(c)), float(np.percentile(c, 90))
         out["cube_error_cm_end_b_minus_a"], out["cube_error_cm_end_b_minus_a_ci"] = d["mean"], d["ci"]
