@@ -67,7 +67,8 @@ def main(quick: bool = False, size: str = "small", device: str = "cpu", steps_sc
          batch_size: int = 32, amp: bool = False, compile: str | None = None, train_only: bool = False,
          deterministic: bool = True, motion_weight: float = 3.0, episodes: int = 300, extra_envs: int = 2,
          eval_every: int = 500, seed: int = 0, state_unroll: int = 12, state_arm_rest: bool = False,
-         state_detach_hand: bool = False, unroll: bool = True, mirror: bool = True) -> dict:
+         state_detach_hand: bool = False, unroll: bool = True, mirror: bool = True,
+         state_settle_unroll: bool = False) -> dict:
     """The defaults are the committed CPU numbers. Anything else (e.g. `--size base --device cuda --steps-scale 5`)
     trains in its own work folder and writes `world-model-SIZE-DEVICE.json`, never the CPU result.
 
@@ -85,7 +86,8 @@ def main(quick: bool = False, size: str = "small", device: str = "cpu", steps_sc
     (`TrainWMConfig.eval_every`; 0 = only the final model's, measured here; training is the same either way).
     `state_unroll`: the state channel's training unroll (`TrainWMConfig.state_unroll`); another value trains in its
     own work folder (`...-suN`). `state_arm_rest`, `state_detach_hand`: the channel's options of those names
-    (`TrainWMConfig`), each in its own work folder (`...-ar`, `...-dh`). `unroll=false`: no final unrolled phase
+    (`TrainWMConfig`), each in its own work folder (`...-ar`, `...-dh`); `state_settle_unroll` likewise (`...-sru`: the
+    channel's unrolled loss applies the settling rule, `TrainWMConfig.state_settle_unroll`). `unroll=false`: no final unrolled phase
     (`unroll_steps` 0; `...-nounroll`). With a constant learning rate and per-step randomness, that model is the
     full recipe's checkpoint at the end of its denoiser phase, so a device run cut there is measured as this.
     `seed`: the training seed (`TrainWMConfig.seed`; the data stay the same), for a second model of one recipe
@@ -106,13 +108,14 @@ def main(quick: bool = False, size: str = "small", device: str = "cpu", steps_sc
         raise ValueError(f"episodes must be >= 300 (the dataset with the held-out episodes), got {episodes}")
     n_eps, n_extra = (16, 0) if quick else (300, episodes - 300)
     default = (size, device, steps_scale, batch_size, float(motion_weight), episodes, seed, deterministic,
-               int(state_unroll), state_arm_rest, state_detach_hand, unroll, mirror) == (
-        "small", "cpu", 1.0, 32, 3.0, 300, 0, True, 12, False, False, True, True)
+               int(state_unroll), state_arm_rest, state_detach_hand, unroll, mirror, state_settle_unroll) == (
+        "small", "cpu", 1.0, 32, 3.0, 300, 0, True, 12, False, False, True, True, False)
     tag = "full" if default else (f"{size}-{device.split(':')[0]}" + (f"-x{steps_scale:g}" if steps_scale != 1 else "")
                                   + (f"-mw{float(motion_weight):g}" if float(motion_weight) != 3.0 else "")
                                   + (f"-ep{episodes}" if episodes != 300 else "") + (f"-s{seed}" if seed else "")
                                   + (f"-su{int(state_unroll)}" if int(state_unroll) != 12 else "")
                                   + ("-ar" if state_arm_rest else "") + ("-dh" if state_detach_hand else "")
+                                  + ("-sru" if state_settle_unroll else "")
                                   + ("" if unroll else "-nounroll") + ("" if mirror else "-nomirror"))
     work = Path(tempfile.mkdtemp(prefix="wmrl-bench-wm-")) if quick else WORK / tag  # quick: always fresh
     mix = dict(failures=0.3, noise=0.05, perturbed=0.25)
@@ -121,7 +124,7 @@ def main(quick: bool = False, size: str = "small", device: str = "cpu", steps_sc
                  change_mask_windows=4, head_rollout_steps=20) if quick else dict(
         size=size, device=device, batch_size=batch_size, amp=amp, compile=compile, motion_weight=float(motion_weight),
         eval_every=int(eval_every), seed=int(seed), state_unroll=int(state_unroll), state_arm_rest=state_arm_rest,
-        state_detach_hand=state_detach_hand, mirror=mirror,
+        state_detach_hand=state_detach_hand, mirror=mirror, state_settle_unroll=state_settle_unroll,
         **{k: int(getattr(base, k) * steps_scale) for k in ("ae_steps", "state_steps", "dyn_steps", "unroll_steps")})
     if not unroll:
         steps["unroll_steps"] = 0
@@ -261,5 +264,6 @@ def main(quick: bool = False, size: str = "small", device: str = "cpu", steps_sc
             + (f" seed={seed}" if seed else "")
             + (f" state_unroll={int(state_unroll)}" if int(state_unroll) != 12 else "")
             + (" state_arm_rest=true" if state_arm_rest else "") + (" state_detach_hand=true" if state_detach_hand else "")
+            + (" state_settle_unroll=true" if state_settle_unroll else "")
             + ("" if unroll else " unroll=false") + ("" if mirror else " mirror=false"))
     return finish(f"world-model-{tag}", out, quick, command=f"wmrl bench world-model --json --options {opts}")
