@@ -160,14 +160,16 @@ def options(world_models: str, readout: str, starts: int, quick: bool) -> tuple[
     return runs, list(range(70_000, 70_000 + n))  # the closed-loop benchmark's layouts
 
 
-def imagine(run: str, seeds: list[int], readout: str, gate: str = "", noise: float = 0.1) -> tuple:
+def imagine(run: str, seeds: list[int], readout: str, gate: str = "", noise: float = 0.1,
+            settle: bool | None = None) -> tuple:
     """A run's model and the expert's closed loop in its state channel (state only) from the layouts `seeds`:
-    (model, per-episode scenes, success). `gate`: the contact gate of the rollouts (default: the run's own)."""
+    (model, per-episode scenes, success). `gate`: the contact gate of the rollouts (default: the run's own);
+    `settle`: whether rollouts settle the cubes the hand does not hold (`state_settle`; None: the run's own)."""
     from world_models.factory import make_world_model
     from world_models.video.state_dagger import imagined_closed_loop
     from world_models.video.train import load_split, world_model_data
 
-    model = make_world_model("video", run, state_gate=gate or None)
+    model = make_world_model("video", run, state_gate=gate or None, state_settle=settle)
     if model.state_channel is None or not model.frames_optional:
         raise ValueError(f"{run} needs a state channel that predicts all of observation.state (state_rest)")
     _, _, held = load_split(world_model_data(run), 0.1)

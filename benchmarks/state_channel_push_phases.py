@@ -22,7 +22,12 @@ more often.
 `noise`: the expert's action noise (default 0.1) on both sides; a noisier expert shows where jittery pushing
 succeeds in imagination and not in the simulator.
 
-    wmrl bench state-channel-push-phases --json --options world_models=RUN[,RUN] [starts=400 readout=member noise=0.1]
+`settle`: the settling rule in the imagined rollouts (`state_settle`): empty, each run's own; `off,on`, a row for each on
+every run (the rule changes no weight; the one-step check from true states does not settle, so it differs between
+the two only by the sampled gate's draws).
+
+    wmrl bench state-channel-push-phases --json --options world_models=RUN[,RUN] [starts=400 readout=member noise=0.1
+        settle=off,on]
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from sim.tabletop.experts import PUSH_PHASES as PHASES  # the expert's own phase names
-from wmrl.benchutil import finish
+from wmrl.benchutil import finish, on_off, on_off_word
 
 _trace = runpy.run_path(str(Path(__file__).with_name("state_channel_failure_trace.py")), run_name="wmrl_bench_sibling")
 true_episodes, scene_kind, options, imagine = (_trace[k] for k in ("true_episodes", "scene_kind", "options", "imagine"))
@@ -127,28 +132,43 @@ def one_step(model, true: dict) -> dict:
     return out
 
 
+def settle_options(settle) -> list[bool | None]:
+    """`settle` as the rollouts to run: empty, each run's own setting; else on, off or a comma list of them, one row
+    per run and setting (the rule changes no weight, so one model serves both)."""
+    if isinstance(settle, bool) or settle in ("", None):  # the options parser reads a single on/off as a bool
+        return [on_off(settle, "settle")]
+    return [on_off(v.strip().lower() or "?", "settle") for v in str(settle).split(",")]
+
+
 def main(quick: bool = False, world_models: str = "", starts: int = 400, readout: str = "member", name: str = "",
-         gate: str = "", noise: float = 0.1) -> dict:
+         gate: str = "", noise: float = 0.1, settle: str = "") -> dict:
     """`readout`: the state channel's readout (`state_channel.READOUTS`); `gate`: the contact gate of the
-    rollouts and the one-step check (`state_channel.GATES`; default: each run's own); `noise`: the expert's."""
+    rollouts and the one-step check (`state_channel.GATES`; default: each run's own); `noise`: the expert's;
+    `settle`: the settling rule in the rollouts (`settle_options`; e.g. `off,on` measures both on each run)."""
     runs, seeds = options(world_models, readout, starts, quick)
     n, t0 = len(seeds), time.time()
     noise = float(noise)
     if not 0 <= noise < 10:
         raise ValueError(f"noise: expected an action noise level in [0, 10), got {noise}")
+    settles = settle_options(settle)
     true = true_episodes("push-red", seeds, 80, noise=noise)
     out: dict = {"task": "push-red", "policy": f"scripted expert, noise {noise}", "starts": n, "readout": readout,
                  "true": {"success": float(true["success"].mean()),
                           **phase_table(true["scenes"], true["final"], true["success"], true["targets"])},
                  "rows": []}
     for run in runs:
-        model, scenes, success = imagine(run, seeds, readout, gate, noise)
-        # an imagined episode's scenes stop at its last step: the scene after it is not kept, so its last step is not counted
-        out["rows"].append({"world_model": run, "gate": model.cfg.state_gate, "imagined_success": float(success.mean()),
-                            **phase_table(scenes, [None] * n, success, true["targets"]), "one_step": one_step(model, true)})
+        for rule in settles:
+            model, scenes, success = imagine(run, seeds, readout, gate, noise, settle=rule)
+            # an imagined episode's scenes stop at its last step: the scene after it is not kept, so its last step is
+            # not counted
+            out["rows"].append({"world_model": run, "gate": model.cfg.state_gate, "settle": model.cfg.state_settle,
+                                "imagined_success": float(success.mean()),
+                                **phase_table(scenes, [None] * n, success, true["targets"]),
+                                "one_step": one_step(model, true)})
     out["minutes"] = (time.time() - t0) / 60
     label = name or "-".join(Path(r).parent.name if Path(r).name == "model" else Path(r).name for r in runs)
     return finish(f"state-channel-push-phases-{label}" if not quick else "state-channel-push-phases", out, quick,
                   command=f"wmrl bench state-channel-push-phases --json --options world_models={world_models} "
                           f"starts={n} readout={readout}" + (f" name={name}" if name else "")
-                          + (f" gate={gate}" if gate else "") + (f" noise={noise}" if noise != 0.1 else ""))
+                          + (f" gate={gate}" if gate else "") + (f" noise={noise}" if noise != 0.1 else "")
+                          + (f" settle={','.join(on_off_word(v) for v in settles)}" if settles != [None] else ""))

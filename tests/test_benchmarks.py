@@ -1073,6 +1073,13 @@ def test_state_channel_push_phases_labels_steps_with_the_experts_own_phases(trai
     assert bench["step_motion"](state, env_state, nxt, nxt_env, (c, z))[2] == pytest.approx(-1.0)
     with pytest.raises(ValueError, match="readout"):
         bench["main"](quick=True, world_models=str(trained), readout="median")
+    # the settling rule both ways on one run: a row each, the one-step check (which never settles) identical under a
+    # gate that draws nothing
+    both = bench["main"](quick=True, world_models=str(trained), settle="off,on", gate="hard")
+    assert [r["settle"] for r in both["rows"]] == [False, True] and both["command"].endswith("settle=off,on")
+    assert both["rows"][0]["one_step"] == both["rows"][1]["one_step"]
+    with pytest.raises(ValueError, match="settle"):
+        bench["main"](quick=True, world_models=str(trained), settle="off,sometimes")
 
 
 def test_state_channel_open_loop_scores_every_run_and_readout_on_the_same_pairs(trained):
