@@ -99,7 +99,8 @@ def pixel_population(folders: list[Path], levels=NOISE_LEVELS, acting: str = "fr
 
 def main(quick: bool = False, work: str = "", world_model: str = "", episodes: int = 50, workers: str = "ray",
          stop_cm: float = 0.0, pixels: str = "", acting: str = "frames", seed: int | None = None,
-         readout: str = "mean", gate: str = "", sampler: int = 0, settle: str = "", tag: str = "") -> dict:
+         readout: str = "mean", gate: str = "", sampler: int = 0, settle: str = "", layer: str = "",
+         tag: str = "") -> dict:
     """`work`: the imagination-estimated-state benchmark's work folder (its world-model data, BC data and start
     actor; built here if missing). `world_model`: a trained run to rank on instead of the work folder's `wm`.
     `workers`: ray (one policy per core) or local. `stop_cm`: the hallucination flag (0: off). `pixels`,
@@ -109,6 +110,8 @@ def main(quick: bool = False, work: str = "", world_model: str = "", episodes: i
     `sampler`: another draw of the imagination's noise on the same layouts (`RankConfig.sampler_seed`; 0: as before).
     `settle`: on | off, whether cubes the hand does not hold rest on the table in imagination (`RankConfig.state_settle`;
     default: the model's own).
+    `layer`: blend | rigid, how the world model's fixed cameras show the objects to pixel policies acting on its frames
+    (`RankConfig.object_layer`; default: the model's own).
     `tag`: appended to the result's name (e.g. what the population is)."""
     from wmrl.eval.rank import FRESH_LAYOUTS, RankConfig, run_rank
 
@@ -144,12 +147,12 @@ def main(quick: bool = False, work: str = "", world_model: str = "", episodes: i
     name = (prefix + (f"-wm-{Path(world_model).name}" if world_model else "")
             + (f"-stop{float(stop_cm):g}cm" if float(stop_cm) > 0 else "") + (f"-ep{int(episodes)}" if int(episodes) != 50 else "") + (f"-seed{seed}" if seed != FRESH_LAYOUTS else "")
             + (f"-{readout}" if readout != "mean" else "") + (f"-gate-{gate}" if gate else "") + (f"-sampler{int(sampler)}" if int(sampler) else "")
-            + (f"-settle-{settle}" if settle else "") + (f"-{tag}" if tag else ""))
+            + (f"-settle-{settle}" if settle else "") + (f"-layer-{layer}" if layer else "") + (f"-{tag}" if tag else ""))
     r = stage("rank", lambda: run_rank(RankConfig(
         policies=tuple(specs), world_model=wm_run, data=wm_data, task="push-red", episodes=2 if quick else int(episodes),
         num_envs=2 if quick else 10, workers="local" if quick else workers, stop_cm=float(stop_cm),
         seed=seed, allow_seen_layouts=seed != FRESH_LAYOUTS, state_readout=readout, state_gate=gate,
-        sampler_seed=int(sampler), state_settle=state_settle,
+        sampler_seed=int(sampler), state_settle=state_settle, object_layer=layer,
         out=base / (name + ("-quick" if quick else "")), overwrite=True), progress=not quick))
     keys = ("rank_spearman", "rank_spearman_ci", "rank_spearman_progress", "rank_spearman_progress_ci",
             "rank_spearman_with_anchors", "rank_kendall", "rank_mmrv", "rank_mmrv_progress", "rank_mmrv_noise_ceiling",
@@ -165,7 +168,7 @@ def main(quick: bool = False, work: str = "", world_model: str = "", episodes: i
     population_info = ({"pixel_policies": [str(f) for f in folders], "acting": acting} if pixels else
                        {"actors": [[256, 2, 4000], *map(list, ((32, 2, 10),) if quick else ACTORS)]})
     out = {"task": "push-red", "world_model": str(wm_run), "state_readout": readout, "sampler_seed": int(sampler),
-           "state_settle": settle or "the model's own", "state_gate": gate or "the model's own", "noise_levels": list(levels), **population_info,
+           "state_settle": settle or "the model's own", "object_layer": layer or "the model's own", "state_gate": gate or "the model's own", "noise_levels": list(levels), **population_info,
            "first_layout_seed": seed, "seen_layouts": r["seen_layouts"],
            **{k: r[k] for k in keys if k in r},
            "population": rows, "rl_actors_not_loaded": rl_refused, "minutes": {**minutes, "total": (time.time() - t0) / 60}, "work": str(base)}
@@ -173,6 +176,6 @@ def main(quick: bool = False, work: str = "", world_model: str = "", episodes: i
         [f"episodes={episodes}"] * (int(episodes) != 50) + [f"stop_cm={stop_cm:g}"] * (float(stop_cm) > 0) + \
         [f"pixels={pixels} acting={acting}"] * bool(pixels) + [f"seed={seed}"] * (seed != FRESH_LAYOUTS) + \
         [f"readout={readout}"] * (readout != "mean") + [f"gate={gate}"] * bool(gate) + [f"sampler={int(sampler)}"] * bool(int(sampler)) + \
-        [f"settle={settle}"] * bool(settle) + [f"tag={tag}"] * bool(tag)
+        [f"settle={settle}"] * bool(settle) + [f"layer={layer}"] * bool(layer) + [f"tag={tag}"] * bool(tag)
     return finish(name, out, quick, command="wmrl bench rank-state-population --json"
                   + (" --options " + " ".join(opts) if opts else ""))

@@ -803,9 +803,20 @@ def test_estimator_on_generated_frames_compares_each_step_with_the_models_own_ob
     policy, _ = train_estimated_state([work / "bc-data"], estimator_steps=2, actor_steps=10, holdout_episodes=2, width=8,
                                       hidden=16, layers=1, progress=False)
     policy.save(tmp_path / "pix")
-    r = bench["main"](quick=True, policy=str(tmp_path / "pix"), world_model=str(work / "wm"), data=str(work / "wm-data"))
+    r = bench["main"](quick=True, policy=str(tmp_path / "pix"), world_model=str(work / "wm"), data=str(work / "wm-data"),
+                      windows=4)
     assert r["steps"] == [0, 1, 2] and r["live_episodes_generated"][0] == r["episodes"] == 2
     assert r["generated_vs_model_cm"][0] == pytest.approx(r["real_vs_true_cm"][0], rel=1e-4)
+    # the open-loop split: each camera's frame generated alone, and its real frame with only the cubes' pixels
+    # generated or all but them
+    h1 = r["open_loop"]["h1"]
+    assert set(h1) == {"real", "generated", "state_channel_vs_true"} | {
+        f"{kind}" for c in ("front", "wrist") for kind in (f"generated_{c}_only", f"real_{c}_generated_cubes",
+                                                           f"generated_{c}_real_cubes")}
+    assert all(np.isfinite(v) for row in h1.values() for v in row.values())
+    assert r["object_layer"] == "blend"  # the tiny model's own
+    with pytest.raises(ValueError, match="object_layer"):
+        bench["main"](quick=True, policy=str(tmp_path / "pix"), world_model=str(work / "wm"), layer="glued")
     with pytest.raises(ValueError, match="required"):
         bench["main"](quick=True, policy=str(tmp_path / "pix"))
 

@@ -394,21 +394,21 @@ def test_ray_workers_give_the_same_metrics_as_in_process(trained, tiny_data, tmp
         score_population([f"estimated-state:{tmp_path / 'empty'}"], **args, workers="ray", num_workers=1)
 
 
-def test_rank_passes_the_state_channels_readout_gate_and_sampler_seed_to_imagination(trained, tiny_data, tmp_path, monkeypatch):
+def test_rank_passes_the_state_channels_readout_gate_sampler_seed_and_object_layer_to_imagination(trained, tiny_data, tmp_path, monkeypatch):
     import wmrl.eval.rank as rank
 
     seen = {}
     load, make_env = rank.make_world_model, rank.make_imagination_env
     monkeypatch.setattr(rank, "make_world_model",
-                        lambda *a, **kw: (seen.update(gate=kw.get("state_gate")), load(*a, **kw))[1])
+                        lambda *a, **kw: (seen.update(gate=kw.get("state_gate"), layer=kw.get("object_layer")), load(*a, **kw))[1])
     monkeypatch.setattr(rank, "make_imagination_env",
                         lambda *a, **kw: (seen.update(readout=kw.get("state_readout"), sampler=kw.get("sampler_seed")),
                                           make_env(*a, **kw))[1])
     rank.score_policy("random", str(trained), str(tiny_data), "push-red", 2, 2, 0, noise_ceiling=False,
-                      state_readout="member", state_gate="hard", sampler_seed=4)
-    assert seen == {"gate": "hard", "readout": "member", "sampler": 4}
+                      state_readout="member", state_gate="hard", sampler_seed=4, object_layer="blend")
+    assert seen == {"gate": "hard", "layer": "blend", "readout": "member", "sampler": 4}
     for bad, flag in ((dict(state_readout="median"), "--state-readout"), (dict(state_gate="maybe"), "--state-gate"),
-                      (dict(sampler_seed=-1), "--sampler-seed")):
+                      (dict(sampler_seed=-1), "--sampler-seed"), (dict(object_layer="glued"), "--object-layer")):
         with pytest.raises(ValueError, match=flag):  # refused before any work
             run_rank(RankConfig(policies=("random", "scripted"), world_model=trained, data=tiny_data,
                                 out=tmp_path / "r", **bad))

@@ -22,6 +22,7 @@ from world_models.edm import edm_coefficients
 from world_models.env import WorldModelEnv, WorldModelSingleEnv
 from world_models.video import model as model_module
 from world_models.video import train as wm_train
+from world_models.video.camera import reproject_objects
 from world_models.video.evaluate import auroc, held_level, bootstrap_ci, fixed_windows, matched_max, pair_auroc_ci, pair_auroc_difference, paired_difference
 from world_models.video.model import FRAMES_PER_PASS, VideoWorldModel, WorldModelConfig, commanded_pose, integrate_poses
 from world_models.video.state_channel import StateChannel, StateChannelConfig
@@ -1801,6 +1802,50 @@ def test_camera_geometry_projects_a_cube_onto_its_segmentation():
     assert np.median(errs["front"]) < 0.03 and np.median(errs["wrist"]) < 0.08
 
 
+def test_reprojected_objects_land_on_the_cubes_pixels_in_a_render():
+    """`camera.reproject_objects` on MuJoCo's renders of a scripted push: the cubes drawn from the start frame where
+    they now are (the arm given as the cover) cover their pixels in the segmentation render (IoU >= 0.8), as
+    `camera.cube_pixels` finds them, and their colours are the render's, far closer than the start frame's own pixels
+    there; in the fixed camera and in the wrist camera as it comes down over the cube."""
+    from sim.tabletop.env import CUBE_COLOURS
+    from world_models.video.camera import cube_pixels
+
+    env = sim.make_env("push-red").unwrapped
+    obs, _ = env.reset(seed=3)
+    geo, half = env.camera_geometry(), env.twin.cube_half_size
+
+    def points() -> torch.Tensor:
+        return torch.tensor(np.stack([env.ee_pos()] + [env.cube_pos(c) for c in CUBE_COLOURS]), dtype=torch.float32)[None]
+
+    start, p0, qpos0 = obs, points(), env.data.qpos.copy()
+    expert, seen_at = ScriptedExpert(seed=0), []
+    for t in range(20):
+        obs, *_ = env.step(expert.select_action(obs)[0])
+        if t in (9, 19):
+            seen_at.append((obs, points(), env.data.qpos.copy()))
+    assert float((seen_at[-1][1] - p0)[0, 1].norm()) > 0.05  # the red cube was pushed
+    cover = lambda m: torch.as_tensor(m, dtype=torch.float32)[None, None]  # noqa: E731
+    arm0 = env.part_masks_at(qpos0)["arm"]
+    checked = 0
+    for o, p, qpos in seen_at:
+        parts = env.part_masks_at(qpos)
+        for cam in env.cameras:
+            key = f"observation.images.{cam}"
+            cubes, arm = parts["objects"][key], parts["arm"][key]
+            if cubes.sum() < 50:  # the wrist camera before it is over the cube
+                continue
+            f0 = torch.as_tensor(start[key]).permute(2, 0, 1)[None].float()
+            img, a = reproject_objects(f0, p0, p, geo[cam], half, cover(arm), cover(arm0[key]))
+            drawn = a[0, 0].numpy() > 0.5
+            found = cube_pixels(p, geo[cam], half, 64, 64)[0, 0].numpy() & ~arm  # the arm hides some
+            assert (drawn & cubes).sum() / (drawn | cubes).sum() >= 0.8 and (found & cubes).sum() / (found | cubes).sum() >= 0.8
+            err = np.abs(img[0].permute(1, 2, 0).numpy() - o[key]).mean(-1)[drawn].mean()
+            assert err < 0.4 * np.abs(start[key].astype(float) - o[key]).mean(-1)[drawn].mean()
+            checked += cam == "wrist"
+    env.close()
+    assert checked >= 1
+
+
 def test_frame_blobs_draw_each_point_where_the_camera_sees_it(trained, tiny_data, tmp_path, monkeypatch):
     """`frame_blobs`: train-wm records the simulator's camera geometry; each input map peaks at its point's
     projection (camera-major, then frame, then point); refusals without frame_state or a camera's geometry; the
@@ -2067,6 +2112,26 @@ def test_a_pose_layer_is_trained_on_real_frames_for_the_fixed_camera_and_frozen_
     for k, v in whole.items():
         assert v.shape == (2, 4, 64, 64, 3) and np.abs(v.astype(int) - passes[k]).max() <= 1
         assert all(np.abs(v[i].astype(int) - alone[i][k][0]).max() <= 1 for i in range(2))  # each from its own start
+    # the reprojected object layer (changes no weight): each camera's frames change from the blend only where a ray
+    # meets a cube at the state channel's points, and change there
+    model.cfg = dataclasses.replace(model.cfg, object_layer="reproject")  # the model as refitted above
+    drawn = model.decode(preds["latents"], dict(new), preds["pose"], preds["points"])
+    model.cfg = dataclasses.replace(model.cfg, object_layer="blend")
+    assert VideoWorldModel.load(run / "checkpoints/last", object_layer="reproject").cfg.object_layer == "reproject"
+    q = torch.as_tensor(preds["points"]).reshape(-1, 1 + model.cfg.n_objects, 3)
+    q0 = new["points0"].repeat_interleave(4, 0)
+    for cam in model.cfg.cameras:
+        key = f"observation.images.{cam}"
+        _, hit = reproject_objects(torch.zeros(len(q), 3, 64, 64), q0, q, model.cfg.camera_geometry[cam],
+                                   model.cfg.object_radius)
+        inside = hit[:, 0].reshape(2, 4, 64, 64).numpy() > 0
+        diff = np.abs(drawn[key].astype(int) - whole[key]).max(-1)
+        assert (diff[~inside] <= 1).all()
+        assert inside.any() and (diff[inside] > 1).any() if cam == "front" else True
+    with pytest.raises(ValueError, match="object_layer"):
+        VideoWorldModel.load(run / "checkpoints/last", object_layer="glued")
+    with pytest.raises(ValueError, match="object sources"):
+        VideoWorldModel.load(trained / "checkpoints/last", object_layer="reproject")
     # a fine-tune of it (as co-evolution's) refits the mask and keeps the layer: it reads real frames only
     train_world_model(tiny_wm_config(tiny_data, tmp_path / "tuned", init_from=run, change_objects=True, change_pose_layer=True,
                                      change_layer_steps=4, ae_steps=0, state_steps=0, dyn_steps=1, unroll_steps=0,

@@ -33,6 +33,7 @@ from wmrl.core.io import atomic_path, write_json
 from wmrl.core.run import Tracker, start_run
 from world_models.env import make_imagination_env
 from world_models.factory import make_world_model
+from world_models.video.model import OBJECT_LAYERS
 from world_models.video.state_channel import GATES, READOUTS
 from world_models.video.train import TrainWMConfig, check_world_model_task, world_model_data
 
@@ -86,6 +87,10 @@ class RankConfig:
     state_settle: Optional[bool] = None
     """Whether objects the hand does not hold rest at their starting height in imagination (`state_channel.settle`);
     default: the model's own (on for models of tabletop data trained since it exists, off for older checkpoints)."""
+    object_layer: str = ""
+    """How the world model's fixed cameras show the objects to policies acting on its frames: blend (the change
+    mask's) | rigid (each object's start-frame patch pasted where the state channel puts it, under the arm;
+    `model.OBJECT_LAYERS`); default: the model's own."""
     max_steps: Optional[int] = None
     """The episodes' length in both worlds (default: the task's own); shorter episodes make a quick smoke run."""
     sampler_seed: int = 0
@@ -341,12 +346,13 @@ def short_labels(specs: list[str]) -> list[str]:
 
 def paired_worlds(spec: str, world_model: str, data: str, task: str, num_envs: int, stop_cm: float = 0.0,
                   state_readout: str = "mean", state_gate: str = "", max_steps: int | None = None,
-                  sampler_seed: int = 0, state_settle: bool | None = None):
+                  sampler_seed: int = 0, state_settle: bool | None = None, object_layer: str = ""):
     """The two worlds a ranking scores `spec` in: (the policy's config, the true simulator's vector env, the world
     model's imagination env, whether the policy reads the predicted objects in imagination). `max_steps`: the
     episodes' length in both (default: the task's own)."""
     pcfg = parse_policy_spec(spec)
-    model = make_world_model("video", world_model, state_gate=state_gate or None, state_settle=state_settle)
+    model = make_world_model("video", world_model, state_gate=state_gate or None, state_settle=state_settle,
+                             object_layer=object_layer or None)
     true_env = sim.make_vector_env(task, num_envs, asynchronous=False,
                                    **({"max_episode_steps": max_steps} if max_steps else {}))
     max_steps = max_steps or sim.episode_horizon(task)
@@ -375,7 +381,7 @@ def imagined_policy(pcfg, true_env, wm_env, seed: int, objects: bool):
 def score_policy(spec: str, world_model: str, data: str, task: str, episodes: int, num_envs: int, seed: int,
                  threads: int | None = None, noise_ceiling: bool = True, stop_cm: float = 0.0,
                  state_readout: str = "mean", state_gate: str = "", max_steps: int | None = None,
-                 sampler_seed: int = 0, state_settle: bool | None = None) -> dict:
+                 sampler_seed: int = 0, state_settle: bool | None = None, object_layer: str = "") -> dict:
     """Success of one policy in the world model and in the true simulator, paired: every imagined episode starts
     from the true simulator's reset with the same seed (same layout, same first frame), the world model is stepped
     by the open-loop chunks the policy executes, and the same loop scores both. With `noise_ceiling`, a second true
@@ -388,7 +394,7 @@ def score_policy(spec: str, world_model: str, data: str, task: str, episodes: in
     if threads:
         torch.set_num_threads(threads)
     pcfg, true_env, wm_env, objects = paired_worlds(spec, world_model, data, task, num_envs, stop_cm, state_readout,
-                                                    state_gate, max_steps, sampler_seed, state_settle)
+                                                    state_gate, max_steps, sampler_seed, state_settle, object_layer)
     out = {"policy": spec}
     runs = [("imagined", wm_env, seed, dict(start_from=true_env, chunked=True)), ("true", true_env, seed, {})]
     if noise_ceiling:
@@ -419,14 +425,14 @@ def score_population(specs: list[str], world_model: str, data: str, task: str, e
                      seed: int, workers: str = "local", num_workers: int = 2, progress: bool = True,
                      noise_ceiling: bool = True, stop_cm: float = 0.0, state_readout: str = "mean",
                      state_gate: str = "", max_steps: int | None = None, sampler_seed: int = 0,
-                     state_settle: bool | None = None) -> list[dict]:
+                     state_settle: bool | None = None, object_layer: str = "") -> list[dict]:
     if workers not in WORKERS:
         raise ValueError(f"workers: expected one of {WORKERS}, got {workers!r}")
     for s in specs:  # fail before any work on a bad spec
         parse_policy_spec(s)
     args = (world_model, data, task, episodes, num_envs, seed)
     kw = dict(noise_ceiling=noise_ceiling, stop_cm=stop_cm, state_readout=state_readout, state_gate=state_gate,
-              max_steps=max_steps, sampler_seed=sampler_seed, state_settle=state_settle)
+              max_steps=max_steps, sampler_seed=sampler_seed, state_settle=state_settle, object_layer=object_layer)
     if workers == "local":
         from tqdm.auto import tqdm
 
@@ -555,6 +561,8 @@ def run_rank(cfg: RankConfig, progress: bool = True) -> dict:
         raise ValueError(f"--sampler-seed: expected a seed >= 0 (0: the layouts' own), got {cfg.sampler_seed}")
     if cfg.state_gate and cfg.state_gate not in GATES:
         raise ValueError(f"--state-gate: expected one of {GATES} (or empty: the model's own), got {cfg.state_gate!r}")
+    if cfg.object_layer and cfg.object_layer not in OBJECT_LAYERS:
+        raise ValueError(f"--object-layer: expected one of {OBJECT_LAYERS} (or empty: the model's own), got {cfg.object_layer!r}")
     data = cfg.data or world_model_data(cfg.world_model)
     check_world_model_task(cfg.world_model, data, [cfg.task], f"--task {cfg.task}")
     fitted = [parse_policy_spec(s).path for s in cfg.policies if not is_anchor(s)]
@@ -570,7 +578,8 @@ def run_rank(cfg: RankConfig, progress: bool = True) -> dict:
     t0 = time.time()
     rows = score_population(list(cfg.policies), str(cfg.world_model), str(data), cfg.task, cfg.episodes, cfg.num_envs,
                             cfg.seed, cfg.workers, cfg.num_workers, progress, cfg.noise_ceiling, cfg.stop_cm,
-                            cfg.state_readout, cfg.state_gate, cfg.max_steps, cfg.sampler_seed, cfg.state_settle)
+                            cfg.state_readout, cfg.state_gate, cfg.max_steps, cfg.sampler_seed, cfg.state_settle,
+                            cfg.object_layer)
     learned = [r for r in rows if not is_anchor(r["policy"])]
     stats = (ranking_report(rows, cfg.bootstrap, cfg.seed) if len(learned) >= 2 else
              rank_statistics([r["imagined_success"] for r in rows], [r["true_success"] for r in rows]))

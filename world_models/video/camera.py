@@ -21,6 +21,7 @@ bottom (the CoordConv planes, `VideoWorldModel.coords`), so a point at camera co
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 MOUNTS = ("world", "hand_yaw")
 
@@ -97,3 +98,76 @@ def object_moves(points0: torch.Tensor, points: torch.Tensor, g: dict, radius: f
     centre = torch.where(seen[..., None], uv, torch.full_like(uv, 10.0))
     shift = torch.where(seen[..., None], uv - uv0, torch.zeros_like(uv))
     return torch.cat([shift, centre, window[..., None]], -1)
+
+
+def pixel_rays(hand: torch.Tensor, g: dict, H: int, W: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The camera `g`'s rays through each pixel's centre, with the hand at `hand` (N, 3): origins (N, 3) and unit
+    directions (N, H * W, 3) in the world, row-major (`project`'s inverse: grid x = (j + 0.5) / W * 2 - 1)."""
+    R = torch.as_tensor(g["R"], dtype=hand.dtype, device=hand.device)
+    t = torch.as_tensor(g["t"], dtype=hand.dtype, device=hand.device)
+    if g["mount"] == "world":
+        pos, rot = t.expand(len(hand), 3), R.expand(len(hand), 3, 3)
+    else:
+        Y = yaw_rotation(hand)
+        pos, rot = hand + (Y @ t[:, None])[..., 0], Y @ R
+    ys = (torch.arange(H, dtype=hand.dtype, device=hand.device) + 0.5) / H * 2 - 1
+    xs = (torch.arange(W, dtype=hand.dtype, device=hand.device) + 0.5) / W * 2 - 1
+    y, x = torch.meshgrid(ys, xs, indexing="ij")
+    cam = torch.stack([x / g["f"], -y / g["f"], -torch.ones_like(x)], -1).reshape(-1, 3)  # depth 1 along -z
+    d = torch.einsum("nij,pj->npi", rot, cam)
+    return pos, d / d.norm(dim=-1, keepdim=True)
+
+
+def box_hits(origin: torch.Tensor, dirs: torch.Tensor, centres: torch.Tensor, half: float) -> torch.Tensor:
+    """Distance along each ray (N, P, 3 from origins (N, 3)) to where it enters each axis-aligned cube of half extent
+    `half` centred at `centres` (N, k, 3) -> (N, k, P), inf where it misses (the slab method)."""
+    o = origin[:, None, None]  # (N, 1, 1, 3)
+    d = dirs[:, None]  # (N, 1, P, 3)
+    inv = 1.0 / torch.where(d.abs() < 1e-9, torch.full_like(d, 1e-9), d)
+    lo = (centres[:, :, None] - half - o) * inv
+    hi = (centres[:, :, None] + half - o) * inv
+    t_in = torch.minimum(lo, hi).amax(-1)
+    t_out = torch.maximum(lo, hi).amin(-1)
+    hit = (t_out >= t_in) & (t_out > 0)
+    return torch.where(hit, t_in.clamp(min=0), torch.full_like(t_in, float("inf")))
+
+
+def cube_pixels(points: torch.Tensor, g: dict, radius: float, H: int, W: int) -> torch.Tensor:
+    """Where the camera `g` sees a cube (N, 1, H, W) bool: points (N, 1 + k, 3) = [hand, cube centres], each cube
+    axis-aligned with half extent `radius`, every pixel whose ray meets one."""
+    origin, dirs = pixel_rays(points[:, 0], g, H, W)
+    return torch.isfinite(box_hits(origin, dirs, points[:, 1:], radius).amin(1)).reshape(len(points), 1, H, W)
+
+
+def reproject_objects(frame0: torch.Tensor, points0: torch.Tensor, points: torch.Tensor, g: dict, radius: float,
+                      cover: torch.Tensor | None = None, cover0: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each object drawn where it now is in one camera, from its pixels in the start frame: for every pixel whose ray
+    meets an object's cube (half extent `radius`, axis-aligned, the nearest cube where several), the point hit is
+    carried back by that object's displacement and looked up in the start frame (N, 3, H, W) as the camera saw it
+    then. points0, points (N, 1 + k, 3) = [hand, object centres] at the start frame and now -> the frame of the
+    objects' pixels (N, 3, H, W) and where it holds one (N, 1, H, W) in [0, 1] (a hit the start frame saw).
+    `cover`, `cover0` (N, 1, H, W) in [0, 1]: what stands in front of the objects (the arm, the gripper's fingers) in
+    the frame now and in the start frame (default: `cover`, for a camera the occluder is fixed to): an object is
+    drawn only where it is not covered now, and looked up only where it was not covered then.
+
+    Unlike `ChangeMask.object_sources`' translated patch, the view's own motion is in it: a camera on the hand that
+    comes down over a cube sees the cube grow and turn with the arm's yaw, which a shifted patch of the start frame
+    does not show. It assumes the objects slide without turning, and it looks up a face the start frame may not have
+    seen (a side that faced away) at whatever the start frame shows there. Drawing the table too (a plane that slides
+    under a camera on the hand) was tried: where the gripper's fingers moved since the start frame, their old pixels
+    are carried onto the table (session 69)."""
+    N, _, H, W = frame0.shape
+    origin, dirs = pixel_rays(points[:, 0], g, H, W)
+    near, which = box_hits(origin, dirs, points[:, 1:], radius).min(1)  # (N, P)
+    hit = torch.isfinite(near)
+    p = origin[:, None] + dirs * near.clamp(max=1e3)[..., None]  # (N, P, 3)
+    p0 = p - torch.gather(points[:, 1:] - points0[:, 1:], 1, which[..., None].expand(-1, -1, 3))
+    uv0, front = project(p0, points0[:, 0], g)
+    seen = hit & front & (uv0.abs() <= 1).all(-1)
+    grid = uv0.reshape(N, H, W, 2)
+    img = F.grid_sample(frame0, grid, mode="bilinear", padding_mode="border", align_corners=False)
+    cover0 = cover if cover0 is None else cover0
+    if cover0 is not None:
+        seen &= F.grid_sample(cover0, grid, mode="bilinear", padding_mode="border", align_corners=False)[:, 0].flatten(1) < 0.5
+    a = seen.reshape(N, 1, H, W).to(frame0.dtype)
+    return img, a * (1 - cover) if cover is not None else a

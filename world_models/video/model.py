@@ -39,7 +39,7 @@ from torch import nn
 from wmrl.core.features import OBS_ENV_STATE, OBS_STATE
 from wmrl.core.checkpoint import load_state, read_config, save_pretrained
 from world_models.edm import edm_coefficients
-from world_models.video.camera import blob_maps, check_geometry, object_moves
+from world_models.video.camera import blob_maps, check_geometry, object_moves, reproject_objects
 from world_models.video.networks import ChangeMask, FourierEmbedding, FrameAutoencoder, FrameHeads, TaskEncoder, UNet
 from world_models.video.state_channel import GATES, StateChannel, StateChannelConfig, clipped_target
 
@@ -49,6 +49,13 @@ SIZES = {"tiny": (16, 32), "small": (48, 96), "base": (128, 256), "large": (192,
 # the change mask's kind: a mask is fitted after the other phases, so models that differ only in these share weights
 CHANGE_MASK_FIELDS = ("change_mask", "change_refine", "change_warp", "change_unwarped", "change_read_pose", "change_objects",
                       "change_coords", "change_pose_layer")
+# How decoded frames show the objects (`WorldModelConfig.object_layer`). "blend": the change mask's softmax over its
+# sources, the objects' translated patches among them. "reproject": then each object drawn where the state channel
+# puts it from its pixels in the start frame, through each camera's geometry (`camera.reproject_objects`: a camera on
+# the hand that comes down over a cube sees it grow), except where the arm (the pose layer's coverage) or the
+# gripper's fingers (the mask's weight on the unwarped start frame) stand in front. On generated frames a pixel
+# policy's estimator misreads the cubes, and what misleads it is the wrist camera's cube pixels (README, ranking).
+OBJECT_LAYERS = ("blend", "reproject")
 
 
 def pixels(x, device=None) -> torch.Tensor:
@@ -98,6 +105,9 @@ class WorldModelConfig:
     # with object sources, each camera fixed to the world gets one more: the arm rendered from the state channel's
     # hand (`networks.PoseLayer`, `ChangeMask(pose_layer)`)
     change_pose_layer: bool = False
+    # how decoded frames show the objects (OBJECT_LAYERS; changes no weight): "blend", the change mask's learned
+    # blend; "reproject", each object drawn from the start frame where the state channel puts it (needs object sources)
+    object_layer: str = "blend"
     object_radius: float = 0.02  # m: an object's half extent, which sets its window in the image
     task_vocab: list[str] = field(default_factory=list)
     # the action space: end-effector delta (scaled by ee_step, clipped to the workspace) and a gripper command
@@ -271,6 +281,11 @@ class VideoWorldModel(nn.Module):
             raise ValueError(f"n_objects ({cfg.n_objects}) must equal len(object_xyz) ({len(cfg.object_xyz)})")
         if cfg.state_gate not in GATES:
             raise ValueError(f"state_gate: expected one of {GATES}, got {cfg.state_gate!r}")
+        if cfg.object_layer not in OBJECT_LAYERS:
+            raise ValueError(f"object_layer: expected one of {OBJECT_LAYERS}, got {cfg.object_layer!r}")
+        if cfg.object_layer == "reproject" and not (cfg.change_mask and cfg.change_objects and cfg.camera_geometry):
+            raise ValueError("object_layer reproject draws the objects where the state channel puts them: it needs a "
+                             "change mask with object sources (change_objects) and the cameras' geometry")
         self.cfg = cfg
         if cfg.gripper_action not in (3, 6) or cfg.action_dim <= cfg.gripper_action:
             raise ValueError(f"gripper_action: expected 3 ([dx, dy, dz, g]) or 6 ([dx, dy, dz, drx, dry, drz, g]) inside "
@@ -432,7 +447,10 @@ class VideoWorldModel(nn.Module):
                 if base is not None:  # each base decoded once (`corr`), then shared by its n frames
                     b = torch.arange(s, e, device=z.device) // n
                     x = x + corr[b, 3 * i : 3 * i + 3]
-                    if masked:
+                    if masked and self.cfg.object_layer == "reproject":
+                        x = self._reproject(cam, x.clamp(-1, 1), f0[b], part(p, s, e), part(p0, s, e),
+                                            part(moves[cam], s, e), q0[s:e], q[s:e])
+                    elif masked:
                         x = self.change_mask[cam](x.clamp(-1, 1), f0[b], part(p, s, e), part(p0, s, e),
                                                   part(moves.get(cam), s, e),
                                                   part(hands, s, e) if cam in self.cfg.layer_cameras else None)
@@ -775,6 +793,24 @@ class VideoWorldModel(nn.Module):
         new["proprio"] = proprio[:, -1]
         return new, preds
 
+    def _reproject(self, cam: str, x: torch.Tensor, f0: torch.Tensor, p, p0, moves: torch.Tensor, q0: torch.Tensor,
+                   q: torch.Tensor) -> torch.Tensor:
+        """`decode_frames`' blend of one camera's frames x (N, 3, H, W) with the start frames f0, then the objects drawn
+        over it where the state channel's points q (N, 1 + k, 3; q0 at the start) put them (`OBJECT_LAYERS`)."""
+        cm = self.change_mask[cam]
+        if cam in self.cfg.layer_cameras:  # the arm in front: the pose layer's coverage now and at the start frame
+            hands, hands0 = self.norm_hands(q[:, 0], q0[:, 0]), self.norm_hands(q0[:, 0], q0[:, 0])
+            drawn, cover = cm.layer.draw(hands, f0)
+            cover0 = cm.layer.draw(hands0, f0)[1]
+            x = cm(x, f0, p, p0, moves, rendered=drawn)
+        elif self.cfg.camera_geometry[cam]["mount"] == "world":  # no pose layer: nothing known in front
+            x, cover, cover0 = cm(x, f0, p, p0, moves), None, None
+        else:  # a camera on the hand: its fingers stay where they are in the image, the unwarped start frame's source
+            x, w = cm(x, f0, p, p0, moves, weights=True)
+            cover, cover0 = w[:, 2:3], None
+        img, a = reproject_objects(f0, q0, q, self.cfg.camera_geometry[cam], self.cfg.object_radius, cover, cover0)
+        return x * (1 - a) + img * a
+
     @torch.no_grad()
     def decode(self, latents: torch.Tensor, state: dict | None = None, poses: torch.Tensor | None = None,
                points: torch.Tensor | None = None) -> dict[str, np.ndarray]:
@@ -805,9 +841,10 @@ class VideoWorldModel(nn.Module):
 
     @classmethod
     def load(cls, path: str | Path, expect: WorldModelConfig | None = None, device: str = "cpu",
-             state_gate: str | None = None, state_settle: bool | None = None) -> "VideoWorldModel":
-        """`state_gate`, `state_settle`: the contact gate and settling rollouts use instead of the checkpoint's (they
-        change no weight)."""
+             state_gate: str | None = None, state_settle: bool | None = None,
+             object_layer: str | None = None) -> "VideoWorldModel":
+        """`state_gate`, `state_settle`, `object_layer`: the contact gate, settling and object layer rollouts use
+        instead of the checkpoint's (they change no weight)."""
         # keys a checkpoint saved before they existed lacks: what it was trained and run with
         cfg = read_config(path, WorldModelConfig, expect, what="world-model checkpoint",
                           absent={"mean_share": 0.0, "change_mask": False, "change_refine": False, "change_warp": False, "change_unwarped": False, "change_read_pose": False, "state_rest": False, "state_pairs": False,
@@ -816,8 +853,8 @@ class VideoWorldModel(nn.Module):
                                   "frame_state": False, "frame_state_noise": 0.0,
                                   "frame_blobs": False, "blob_width": 0.15, "camera_geometry": {},
                                   "change_objects": False, "object_radius": 0.02, "change_coords": False,
-                                  "change_pose_layer": False})
-        cfg = replace(cfg, state_gate=state_gate or cfg.state_gate,
+                                  "change_pose_layer": False, "object_layer": "blend"})
+        cfg = replace(cfg, state_gate=state_gate or cfg.state_gate, object_layer=object_layer or cfg.object_layer,
                       state_settle=cfg.state_settle if state_settle is None else state_settle)
         return load_state(cls(cfg), path, device)
 

@@ -188,6 +188,10 @@ class PoseLayer(nn.Module):
     def forward(self, hands: torch.Tensor, frame0: torch.Tensor) -> torch.Tensor:
         """hands (N, 6): [the hand at the frame, at the start frame], normalised; frame0 (N, 3, H, W) in [-1, 1] ->
         the frame (N, 3, H, W)."""
+        return self.draw(hands, frame0)[0]
+
+    def draw(self, hands: torch.Tensor, frame0: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`forward`'s frame (N, 3, H, W) and the arm's coverage a (N, 1, H, W) in [0, 1] it was drawn with."""
         if hands.shape != (len(frame0), 6):
             raise ValueError(f"hands: expected ({len(frame0)}, 6), got {tuple(hands.shape)}")
         # pixel-major (`channels_last`): on a CPU the nearest upsamplings and convolutions then run faster (rendering
@@ -201,7 +205,7 @@ class PoseLayer(nn.Module):
         o = self.head(channels_last(torch.cat([x, frame0, torch.stack([xs, ys])[None].expand(len(x), -1, -1, -1)], 1)))
         o = o.contiguous()
         a = torch.sigmoid(o[:, :1] - 2.0)
-        return a * torch.tanh(o[:, 1:]) + (1 - a) * frame0
+        return a * torch.tanh(o[:, 1:]) + (1 - a) * frame0, a
 
 
 class ChangeMask(nn.Module):
@@ -306,13 +310,15 @@ class ChangeMask(nn.Module):
 
     def forward(self, pred: torch.Tensor, frame0: torch.Tensor, pose: torch.Tensor | None = None,
                 pose0: torch.Tensor | None = None, objects: torch.Tensor | None = None,
-                hands: torch.Tensor | None = None, rendered: torch.Tensor | None = None) -> torch.Tensor:
+                hands: torch.Tensor | None = None, rendered: torch.Tensor | None = None,
+                weights: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """pred, frame0 (N, 3, H, W) in [-1, 1] -> the blended (and, with `refine`, corrected) frame (N, 3, H, W).
         With a warp, `pose` and `pose0` (N, P): the normalised commanded pose of each frame and of the start frame.
         With object sources, `objects` (N, k, 5): each object's move in this camera (`camera.object_moves`).
         With the pose layer, `hands` (N, 6): the hand at each frame and at its start frame, normalised; or `rendered`
         (N, 3, H, W), the layer's frame for them already drawn (a frozen layer draws the same frame at every step of
-        the mask's fit, `fit_change_mask`)."""
+        the mask's fit, `fit_change_mask`). `weights` (with three or more sources): also return the blend's weight
+        per source and pixel (N, sources, H, W): [decode, warped start frame, start frame, (pose layer,) objects]."""
         base = self.warp_frame(frame0, pose, pose0)
         inputs = [pred, base, frame0, pred - base, pred - frame0] if self.keep_unwarped else [pred, base, pred - base]
         sources = [pred, base, frame0]
@@ -348,5 +354,8 @@ class ChangeMask(nn.Module):
             if self.n_objects:
                 x = x + (w[:, nb:, None] * moved).sum(1)
         else:
+            if weights:
+                raise ValueError("weights: a mask of one source (no keep_unwarped) has no per-source weights")
             x = base + torch.sigmoid(o[:, :1]) * (pred - base)
-        return x + 0.1 * o[:, self.n_logits :] if self.refine else x
+        x = x + 0.1 * o[:, self.n_logits :] if self.refine else x
+        return (x, w) if weights else x
