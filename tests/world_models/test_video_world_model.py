@@ -2127,7 +2127,8 @@ def test_a_pose_layer_is_trained_on_real_frames_for_the_fixed_camera_and_frozen_
         inside = hit[:, 0].reshape(2, 4, 64, 64).numpy() > 0
         diff = np.abs(drawn[key].astype(int) - whole[key]).max(-1)
         assert (diff[~inside] <= 1).all()
-        assert inside.any() and (diff[inside] > 1).any() if cam == "front" else True
+        if cam == "front":  # the fixed camera sees every cube
+            assert inside.any() and (diff[inside] > 1).any()
     with pytest.raises(ValueError, match="object_layer"):
         VideoWorldModel.load(run / "checkpoints/last", object_layer="glued")
     with pytest.raises(ValueError, match="object sources"):

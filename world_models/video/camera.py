@@ -46,16 +46,21 @@ def yaw_rotation(p: torch.Tensor) -> torch.Tensor:
     return torch.stack([c, -s, z, s, c, z, z, z, o], -1).reshape(*a.shape, 3, 3)
 
 
+def camera_pose(hand: torch.Tensor, g: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """The camera `g`'s position (3,) and orientation (3, 3) in the world (its columns: the camera's axes), or for a
+    camera on the hand (..., 3) and (..., 3, 3), with the hand (end-effector) at `hand` (..., 3)."""
+    R = torch.as_tensor(g["R"], dtype=hand.dtype, device=hand.device)
+    t = torch.as_tensor(g["t"], dtype=hand.dtype, device=hand.device)
+    if g["mount"] == "world":
+        return t, R
+    Y = yaw_rotation(hand)  # the camera turns with the hand's yaw about the base
+    return hand + (Y @ t[:, None])[..., 0], Y @ R
+
+
 def camera_coords(points: torch.Tensor, hand: torch.Tensor, g: dict) -> torch.Tensor:
     """World points (..., N, 3) in the frame of the camera `g` (x right, y up, looking along -z), with the hand
     (end-effector) at `hand` (..., 3)."""
-    R = torch.as_tensor(g["R"], dtype=points.dtype, device=points.device)
-    t = torch.as_tensor(g["t"], dtype=points.dtype, device=points.device)
-    if g["mount"] == "world":
-        pos, rot = t, R
-    else:  # the camera turns with the hand's yaw about the base
-        Y = yaw_rotation(hand)
-        pos, rot = hand + (Y @ t[:, None])[..., 0], Y @ R
+    pos, rot = camera_pose(hand.to(points.dtype), g)
     rel = points - pos[..., None, :] if pos.dim() > 1 else points - pos
     return rel @ rot if rot.dim() == 2 else torch.einsum("...nj,...jk->...nk", rel, rot)  # R^T (p - pos), row vectors
 
@@ -103,13 +108,8 @@ def object_moves(points0: torch.Tensor, points: torch.Tensor, g: dict, radius: f
 def pixel_rays(hand: torch.Tensor, g: dict, H: int, W: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The camera `g`'s rays through each pixel's centre, with the hand at `hand` (N, 3): origins (N, 3) and unit
     directions (N, H * W, 3) in the world, row-major (`project`'s inverse: grid x = (j + 0.5) / W * 2 - 1)."""
-    R = torch.as_tensor(g["R"], dtype=hand.dtype, device=hand.device)
-    t = torch.as_tensor(g["t"], dtype=hand.dtype, device=hand.device)
-    if g["mount"] == "world":
-        pos, rot = t.expand(len(hand), 3), R.expand(len(hand), 3, 3)
-    else:
-        Y = yaw_rotation(hand)
-        pos, rot = hand + (Y @ t[:, None])[..., 0], Y @ R
+    pos, rot = camera_pose(hand, g)
+    pos, rot = pos.expand(len(hand), 3), rot.expand(len(hand), 3, 3)
     ys = (torch.arange(H, dtype=hand.dtype, device=hand.device) + 0.5) / H * 2 - 1
     xs = (torch.arange(W, dtype=hand.dtype, device=hand.device) + 0.5) / W * 2 - 1
     y, x = torch.meshgrid(ys, xs, indexing="ij")

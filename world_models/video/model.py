@@ -449,7 +449,7 @@ class VideoWorldModel(nn.Module):
                     x = x + corr[b, 3 * i : 3 * i + 3]
                     if masked and self.cfg.object_layer == "reproject":
                         x = self._reproject(cam, x.clamp(-1, 1), f0[b], part(p, s, e), part(p0, s, e),
-                                            part(moves[cam], s, e), q0[s:e], q[s:e])
+                                            part(moves[cam], s, e), q0[s:e], q[s:e], part(hands, s, e))
                     elif masked:
                         x = self.change_mask[cam](x.clamp(-1, 1), f0[b], part(p, s, e), part(p0, s, e),
                                                   part(moves.get(cam), s, e),
@@ -794,14 +794,14 @@ class VideoWorldModel(nn.Module):
         return new, preds
 
     def _reproject(self, cam: str, x: torch.Tensor, f0: torch.Tensor, p, p0, moves: torch.Tensor, q0: torch.Tensor,
-                   q: torch.Tensor) -> torch.Tensor:
+                   q: torch.Tensor, hands: torch.Tensor) -> torch.Tensor:
         """`decode_frames`' blend of one camera's frames x (N, 3, H, W) with the start frames f0, then the objects drawn
-        over it where the state channel's points q (N, 1 + k, 3; q0 at the start) put them (`OBJECT_LAYERS`)."""
+        over it where the state channel's points q (N, 1 + k, 3; q0 at the start; `hands` their hands normalised) put
+        them (`OBJECT_LAYERS`)."""
         cm = self.change_mask[cam]
         if cam in self.cfg.layer_cameras:  # the arm in front: the pose layer's coverage now and at the start frame
-            hands, hands0 = self.norm_hands(q[:, 0], q0[:, 0]), self.norm_hands(q0[:, 0], q0[:, 0])
             drawn, cover = cm.layer.draw(hands, f0)
-            cover0 = cm.layer.draw(hands0, f0)[1]
+            cover0 = cm.layer.draw(self.norm_hands(q0[:, 0], q0[:, 0]), f0)[1]
             x = cm(x, f0, p, p0, moves, rendered=drawn)
         elif self.cfg.camera_geometry[cam]["mount"] == "world":  # no pose layer: nothing known in front
             x, cover, cover0 = cm(x, f0, p, p0, moves), None, None
