@@ -224,6 +224,23 @@ def test_imagined_episodes_last_the_tasks_own_horizon_unless_told(tiny_data, tmp
     assert not (tmp_path / "x").exists()
 
 
+def test_imagine_passes_the_gate_settling_and_object_layer_to_the_world_model(trained, tiny_data, tiny_policy, tmp_path,
+                                                                              monkeypatch):
+    import wmrl.rl.imagine as im
+
+    seen = {}
+    load = im.make_world_model
+    monkeypatch.setattr(im, "make_world_model", lambda *a, **kw: (seen.update(kw), load(*a, **kw))[1])
+    imagine(ImagineConfig(policy=tiny_policy, world_model=trained, data=tiny_data, out=tmp_path / "r", iterations=1,
+                          groups=2, group_size=2, max_steps=4, minibatch_rollouts=2, epochs=1, state_gate="hard",
+                          state_settle=False, object_layer="blend"), progress=False)
+    assert (seen["state_gate"], seen["state_settle"], seen["object_layer"]) == ("hard", False, "blend")
+    with pytest.raises(ValueError, match="object_layer"):  # refused before anything is written
+        imagine(ImagineConfig(policy=tiny_policy, world_model=trained, data=tiny_data, out=tmp_path / "bad",
+                              object_layer="glued"), progress=False)
+    assert not (tmp_path / "bad").exists()
+
+
 def test_imagine_refuses_a_flow_policy(trained, tiny_data, tmp_path):
     from wmrl.commands.train_policy import TrainPolicyConfig, train_policy
 

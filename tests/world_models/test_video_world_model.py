@@ -990,6 +990,23 @@ def test_init_from_keeps_the_frames_model_and_trains_a_new_state_channel(trained
     assert not torch.equal(ours["change_mask.front.net.0.weight"], theirs["change_mask.front.net.0.weight"])
 
 
+def test_init_from_without_its_state_channel_trains_the_channel_anew(trained, tiny_data, tmp_path):
+    """`init_state_channel` False: the same recipe (which would fine-tune every weight) takes all but the channel, which
+    starts from a fresh initialisation (a channel seed of the source's recipe); True (default) fine-tunes the source's."""
+    src = VideoWorldModel.load(trained / "checkpoints/last").state_dict()
+    chans = {}
+    for keep in (True, False):
+        train_world_model(tiny_wm_config(tiny_data, tmp_path / str(keep), init_from=trained, ae_steps=0, dyn_steps=0,
+                                         unroll_steps=0, state_steps=1, init_state_channel=keep), progress=False)
+        chans[keep] = VideoWorldModel.load(tmp_path / str(keep) / "checkpoints/last").state_dict()
+    k = "state_channel.cube.l1.weight"
+    kept, fresh = ((chans[keep][k] - src[k]).abs().max().item() for keep in (True, False))
+    # one Adam step (lr 2e-3) from the source's, against the seed's initial draw: the source's training apart
+    assert kept <= 2.5e-3 and fresh > 10 * kept
+    frames = [k for k in src if k.startswith(("ae.", "net."))]
+    assert frames and all(torch.equal(chans[False][k], src[k]) for k in frames)  # the frames model is the source's
+
+
 def test_the_rest_head_leaves_the_arm_and_cube_training_unchanged(tiny_data, tmp_path):
     """The joints' head reads the arm detached and is clipped apart: the arm and cube heads train exactly as without it."""
     runs = {}
@@ -2289,6 +2306,27 @@ def test_the_height_loss_l1_fits_the_cubes_height_by_its_absolute_error():
     assert losses["l1"] == pytest.approx((0.125 + 0.5) / n, rel=1e-5)
     with pytest.raises(ValueError, match="height_loss"):
         StateChannelConfig(height_loss="l2")
+
+
+def test_the_cubes_huber_threshold_applies_to_their_horizontal_change_only():
+    """`cube_huber_cm`: the cubes' x and y entries of the unrolled loss use their own Huber threshold, every other
+    entry keeps 1 cm. A cube kicked 4 cm sideways and a hand 2 cm off, a head that predicts no change: at 1 cm the cube
+    costs 3.5 (linear: near the median of heavy-tailed pushes), at 5 cm 8.0 (quadratic: the mean); the hand 1.5 in both."""
+    losses = {}
+    for delta in (1.0, 5.0):
+        sc = StateChannel(StateChannelConfig(n_cubes=1, members=1, hidden=8, cube_huber_cm=delta))
+        x = torch.zeros(1, 1, 2, sc.cfg.dim)
+        x[..., 2] = 0.1
+        x[..., 4:7] = torch.tensor([0.3, 0.0, 0.02])
+        x[0, 0, 1, 5] = 0.04  # the cube 4 cm sideways
+        x[0, 0, 1, 0] = 0.02  # the hand 2 cm along x
+        a, mask = torch.zeros(1, 1, 1, 4), torch.ones(1, 1, 1)
+        losses[delta] = sc.unrolled_loss(x, a, mask)[1]["state_huber_cm"].item()
+    n = 7  # entries of x[..., :P] averaged: ee (3), opening, one cube (3)
+    assert losses[1.0] == pytest.approx((1.5 + 3.5) / n, rel=1e-5)
+    assert losses[5.0] == pytest.approx((1.5 + 8.0) / n, rel=1e-5)
+    with pytest.raises(ValueError, match="cube_huber_cm"):
+        StateChannelConfig(cube_huber_cm=0.0)
 
 
 def test_settling_is_on_by_default_only_where_the_objects_are_the_tabletops_cubes(tiny_data, tmp_path):

@@ -88,9 +88,9 @@ class RankConfig:
     """Whether objects the hand does not hold rest at their starting height in imagination (`state_channel.settle`);
     default: the model's own (on for models of tabletop data trained since it exists, off for older checkpoints)."""
     object_layer: str = ""
-    """How the world model's fixed cameras show the objects to policies acting on its frames: blend (the change
-    mask's) | rigid (each object's start-frame patch pasted where the state channel puts it, under the arm;
-    `model.OBJECT_LAYERS`); default: the model's own."""
+    """How the world model's frames show the objects to policies acting on them: blend (the change mask's) |
+    reproject (every pixel whose ray meets a cube drawn from the start frame where the state channel carries it, not
+    under the arm or the wrist camera's fingers; `model.OBJECT_LAYERS`); default: the model's own."""
     max_steps: Optional[int] = None
     """The episodes' length in both worlds (default: the task's own); shorter episodes make a quick smoke run."""
     sampler_seed: int = 0

@@ -43,6 +43,7 @@ from wmrl.rl.ppo import clipped_fraction
 from wmrl.rl.rollouts import Rollouts, collect_rollouts, step_logp, take
 from world_models.env import make_imagination_env
 from world_models.factory import make_world_model
+from world_models.video.model import OBJECT_LAYERS
 from world_models.video.train import check_world_model_task, world_model_data
 
 
@@ -88,6 +89,10 @@ class ImagineConfig:
     state_settle: Optional[bool] = None
     """Whether objects the hand does not hold rest at their starting height in imagination (`state_channel.settle`);
     default: the model's own (on for models of tabletop data trained since it exists, off for older checkpoints)."""
+    object_layer: str = ""
+    """How the generated frames a VLA acts on show the objects: blend | reproject (`model.OBJECT_LAYERS`: reproject
+    draws every pixel whose ray meets a cube from the start frame, where the state channel carries it); default: the
+    model's own. An estimated-state policy's actor reads the state channel, not frames."""
     sampling_steps: int = 1
     """Euler steps of the world model per step (1 is about 2.5x faster than 3 at similar quality)."""
     epochs: int = 2
@@ -207,6 +212,8 @@ def imagine(cfg: ImagineConfig, progress: bool = True) -> dict:
         raise ValueError(f"reward: expected one of {grpo.REWARDS}, got {cfg.reward!r}")
     if cfg.target_kl is not None and not cfg.target_kl > 0:
         raise ValueError(f"target_kl must be positive (or unset: no early stop), got {cfg.target_kl}")
+    if cfg.object_layer and cfg.object_layer not in OBJECT_LAYERS:
+        raise ValueError(f"object_layer: expected one of {OBJECT_LAYERS} (or empty: the model's own), got {cfg.object_layer!r}")
     if cfg.residual_hidden and cfg.policy_type != "estimated-state":
         raise ValueError(f"residual_hidden: a residual actor is built for the estimated-state policy, not {cfg.policy_type!r}")
     if cfg.max_steps is not None and cfg.max_steps <= 0:
@@ -224,7 +231,7 @@ def imagine(cfg: ImagineConfig, progress: bool = True) -> dict:
     if cfg.residual_hidden and not resuming:  # a resumed run's checkpoint carries its residual
         policy.add_residual(cfg.residual_hidden, cfg.residual_scale)
     model = make_world_model("video", str(cfg.world_model), device=cfg.device, state_gate=cfg.state_gate or None,
-                             state_settle=cfg.state_settle)
+                             state_settle=cfg.state_settle, object_layer=cfg.object_layer or None)
     data = cfg.data or world_model_data(cfg.world_model)
     check_world_model_task(cfg.world_model, data, policy.cfg.tasks, f"policy {cfg.policy}")
     on_objects = cfg.policy_type == "estimated-state"

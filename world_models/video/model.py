@@ -41,7 +41,7 @@ from wmrl.core.checkpoint import load_state, read_config, save_pretrained
 from world_models.edm import edm_coefficients
 from world_models.video.camera import blob_maps, check_geometry, object_moves, reproject_objects
 from world_models.video.networks import ChangeMask, FourierEmbedding, FrameAutoencoder, FrameHeads, TaskEncoder, UNet
-from world_models.video.state_channel import GATES, StateChannel, StateChannelConfig, clipped_target
+from world_models.video.state_channel import CUBE_HUBER_CM, GATES, StateChannel, StateChannelConfig, clipped_target
 
 SIZES = {"tiny": (16, 32), "small": (48, 96), "base": (128, 256), "large": (192, 384)}
 
@@ -138,6 +138,7 @@ class WorldModelConfig:
     state_settle: bool = True
     state_height_loss: str = "huber"  # how the channel fits the cubes' height: huber | l1 (`state_channel.HEIGHT_LOSSES`)
     state_settle_unroll: bool = False  # the channel's unrolled loss settles the cubes as rollouts do (`settle_unroll`)
+    state_cube_huber_cm: float = CUBE_HUBER_CM  # the Huber threshold of the channel's cube change (`CUBE_HUBER_CM`)
     # every generated frame is also conditioned on its state [hand, opening, object centres] (`frame_state_dim`): the
     # recorded one in training (noised by frame_state_noise m), the state channel's prediction in a rollout
     frame_state: bool = False
@@ -352,7 +353,8 @@ class VideoWorldModel(nn.Module):
                                                               workspace_low=cfg.workspace_low,
                                                               workspace_high=cfg.workspace_high,
                                                               height_loss=cfg.state_height_loss,
-                                                              settle_unroll=cfg.state_settle_unroll))
+                                                              settle_unroll=cfg.state_settle_unroll,
+                                                              cube_huber_cm=cfg.state_cube_huber_cm))
                               if cfg.env_state_dim and cfg.state_members else None)
         self.scheduler = EDMEulerScheduler(sigma_min=cfg.sigma_min, sigma_max=cfg.sigma_max,
                                            sigma_data=cfg.sigma_data, prediction_type="epsilon")
@@ -848,7 +850,7 @@ class VideoWorldModel(nn.Module):
         # keys a checkpoint saved before they existed lacks: what it was trained and run with
         cfg = read_config(path, WorldModelConfig, expect, what="world-model checkpoint",
                           absent={"mean_share": 0.0, "change_mask": False, "change_refine": False, "change_warp": False, "change_unwarped": False, "change_read_pose": False, "state_rest": False, "state_pairs": False,
-                                  "state_hand_frame": False, "state_velocity": False, "state_gate": "hard", "state_settle": False, "state_height_loss": "huber",
+                                  "state_hand_frame": False, "state_velocity": False, "state_gate": "hard", "state_settle": False, "state_height_loss": "huber", "state_cube_huber_cm": CUBE_HUBER_CM,
                                   "state_arm_rest": False, "state_detach_hand": False, "state_arm_target": False,
                                   "frame_state": False, "frame_state_noise": 0.0,
                                   "frame_blobs": False, "blob_width": 0.15, "camera_geometry": {},

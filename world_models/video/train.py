@@ -40,7 +40,7 @@ from world_models.video.networks import TaskEncoder
 import sim
 from sim import task_from_instruction
 from sim.tabletop.env import mirror_episode
-from world_models.video.state_channel import HEIGHT_LOSSES
+from world_models.video.state_channel import CUBE_HUBER_CM, HEIGHT_LOSSES
 from world_models.video.state_dagger import StateDaggerConfig, check_placeable, dagger_round, load_episodes, save_episodes
 
 
@@ -199,6 +199,10 @@ class TrainWMConfig:
     """The state channel's unrolled loss puts every cube the hand does not hold back at the height it had at the
     window's start, as rollouts with --state-settle do, so its heads are fitted on the flat cubes they read in
     imagination (`StateChannelConfig.settle_unroll`)."""
+    state_cube_huber_cm: float = CUBE_HUBER_CM
+    """The Huber threshold (cm) of the cubes' horizontal change in the state channel's unrolled loss: 1 fits near the
+    median change, which is well below the mean for the heavy-tailed pushes of the tabletop; larger fits the mean
+    (`state_channel.CUBE_HUBER_CM`)."""
     state_dagger_rounds: int = 0
     """After the other phases: rounds of DAgger for the state channel (`state_dagger.py`): the scripted expert in
     imagination, the true simulator put in the states it visits, the channel trained on the union (tabletop only)."""
@@ -224,6 +228,9 @@ class TrainWMConfig:
     if only the channel differs (e.g. a new channel on an existing model: --ae-steps 0 --dyn-steps 0 --unroll-steps 0),
     the autoencoder, latent statistics and state channel if only the frames model differs (e.g. --frame-state: use
     with --ae-steps 0 --state-steps 0), else the autoencoder and latent statistics only (e.g. a deterministic baseline on the same latents); use with --ae-steps 0."""
+    init_state_channel: bool = True
+    """With --init-from: take the source's state channel where its config allows (False: the channel trains anew
+    whatever the configs, e.g. channel seeds of the source's own recipe: --no-init-state-channel --seed N)."""
     fg_weight: float = 3.0
     """Extra autoencoder-loss weight on pixels that differ from the batch's mean frame of their camera (arm, cubes):
     plain MSE spends the latent on the static background."""
@@ -253,7 +260,7 @@ class TrainWMConfig:
 
 
 # options of one run or machine, not of the model's recipe
-RUN_FIELDS = frozenset({"data", "out", "extra_data", "calibration_data", "init_from", "resume", "overwrite", "seed", "videos", "device",
+RUN_FIELDS = frozenset({"data", "out", "extra_data", "calibration_data", "init_from", "init_state_channel", "resume", "overwrite", "seed", "videos", "device",
                         "amp", "compile", "threads", "state_dagger_rounds"})
 # recipe options whose default turned on after runs were recorded without them (those runs trained with them off)
 RECIPE_ADDED_OFF = {"frame_blobs": False, "change_objects": False, "head_rollout_steps": 0, "change_pose_layer": False,
@@ -342,7 +349,7 @@ def model_config(cfg: TrainWMConfig, ds) -> WorldModelConfig:
                             state_arm_rest=cfg.state_arm_rest, state_detach_hand=cfg.state_detach_hand,
                             state_arm_target=cfg.state_channel and cfg.state_arm_target, state_gate=cfg.state_gate,
                             state_settle=resolve_settle(cfg), state_height_loss=cfg.state_height_loss,
-                            state_settle_unroll=cfg.state_settle_unroll,
+                            state_settle_unroll=cfg.state_settle_unroll, state_cube_huber_cm=cfg.state_cube_huber_cm,
                             frame_state=frame_state, frame_state_noise=cfg.frame_state_noise,
                             frame_blobs=blobs,
                             camera_geometry=geometry or {},
@@ -642,6 +649,8 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
         raise ValueError(f"--frame-state-noise must be >= 0, got {cfg.frame_state_noise}")
     if cfg.state_height_loss not in HEIGHT_LOSSES:
         raise ValueError(f"--state-height-loss: expected one of {HEIGHT_LOSSES}, got {cfg.state_height_loss!r}")
+    if not cfg.state_cube_huber_cm > 0:
+        raise ValueError(f"--state-cube-huber-cm must be > 0 (cm), got {cfg.state_cube_huber_cm}")
     if cfg.state_channel and cfg.state_steps and not mcfg.env_state_dim:
         raise ValueError(f"{cfg.data}: the state channel needs {ENV_STATE!r}, which the dataset lacks; pass "
                          "--no-state-channel to read success from generated frames only")
@@ -671,9 +680,10 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
         same = replace(src.cfg, state_gate=mcfg.state_gate, state_settle=mcfg.state_settle, **mask_kind) == mcfg
         # a mask of another kind (or none) is left out: it is refitted after training
         mask_same = all(getattr(src.cfg, f) == mask_kind[f] for f in CHANGE_MASK_FIELDS)
-        weights = {k: v for k, v in src.state_dict().items() if mask_same or not k.startswith("change_mask")}
-        if same:  # the same model: fine-tune all
-            model.load_state_dict(weights, strict=mask_same)
+        weights = {k: v for k, v in src.state_dict().items() if (mask_same or not k.startswith("change_mask"))
+                   and (cfg.init_state_channel or not k.startswith("state_channel."))}
+        if same:  # the same model: fine-tune all (but a channel trained anew)
+            model.load_state_dict(weights, strict=mask_same and cfg.init_state_channel)
             fitted = src.change_mask is not None and bool(src.change_mask_fitted)
             if mask_same and fitted and mcfg.layer_cameras:
                 # the pose layer reads real frames and recorded hands only: a fine-tune (e.g. co-evolution's) keeps it
@@ -689,10 +699,12 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
                      state_detach_hand=mcfg.state_detach_hand, state_arm_target=mcfg.state_arm_target,
                      state_gate=mcfg.state_gate, state_settle=mcfg.state_settle,
                      state_height_loss=mcfg.state_height_loss, state_settle_unroll=mcfg.state_settle_unroll,
+                     state_cube_huber_cm=mcfg.state_cube_huber_cm,
                      **mask_kind) == mcfg:
             # the same frames model with another state channel: keep every weight but the channel's (trained anew)
             model.load_state_dict({k: v for k, v in weights.items() if not k.startswith("state_channel.")}, strict=False)
-        elif model.state_channel is not None and src.state_channel is not None and src.state_channel.cfg == model.state_channel.cfg:
+        elif (cfg.init_state_channel and model.state_channel is not None and src.state_channel is not None
+              and src.state_channel.cfg == model.state_channel.cfg):
             # another frames model on the same state channel (e.g. --frame-state): the channel is kept
             model.state_channel.load_state_dict(src.state_channel.state_dict())
         model.ae.load_state_dict(src.ae.state_dict())
