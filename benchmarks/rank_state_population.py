@@ -110,7 +110,7 @@ def main(quick: bool = False, work: str = "", world_model: str = "", episodes: i
     `sampler`: another draw of the imagination's noise on the same layouts (`RankConfig.sampler_seed`; 0: as before).
     `settle`: on | off, whether cubes the hand does not hold rest on the table in imagination (`RankConfig.state_settle`;
     default: the model's own).
-    `layer`: blend | rigid, how the world model's fixed cameras show the objects to pixel policies acting on its frames
+    `layer`: blend | reproject, how the world model's frames show the objects to pixel policies acting on them
     (`RankConfig.object_layer`; default: the model's own).
     `tag`: appended to the result's name (e.g. what the population is)."""
     from wmrl.eval.rank import FRESH_LAYOUTS, RankConfig, run_rank

@@ -2157,6 +2157,13 @@ def test_a_pose_layer_is_trained_on_real_frames_for_the_fixed_camera_and_frozen_
     tuned = VideoWorldModel.load(tmp_path / "tuned/checkpoints/last")
     assert len(trained_layers) == 1 and bool(tuned.change_mask_fitted)
     assert all(torch.equal(v, layer_after_training[k]) for k, v in tuned.change_mask["front"].layer.state_dict().items())
+    # so does a new state channel of another recipe on it (the channel-only path)
+    train_world_model(tiny_wm_config(tiny_data, tmp_path / "chan", init_from=run, change_objects=True, change_pose_layer=True,
+                                     change_layer_steps=4, ae_steps=0, state_steps=1, dyn_steps=0, unroll_steps=0,
+                                     change_mask_steps=2, state_cube_huber_cm=5.0), progress=False)
+    chan = VideoWorldModel.load(tmp_path / "chan/checkpoints/last")
+    assert len(trained_layers) == 1 and chan.cfg.state_cube_huber_cm == 5.0 and bool(chan.change_mask_fitted)
+    assert all(torch.equal(v, layer_after_training[k]) for k, v in chan.change_mask["front"].layer.state_dict().items())
     with pytest.raises(ValueError, match="change-layer-steps"):
         train_world_model(tiny_wm_config(tiny_data, tmp_path / "bad", change_layer_steps=-1), progress=False)
 

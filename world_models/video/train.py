@@ -682,26 +682,27 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
         mask_same = all(getattr(src.cfg, f) == mask_kind[f] for f in CHANGE_MASK_FIELDS)
         weights = {k: v for k, v in src.state_dict().items() if (mask_same or not k.startswith("change_mask"))
                    and (cfg.init_state_channel or not k.startswith("state_channel."))}
+        # the same frames model with another state channel: every weight but the channel's (trained anew)
+        channel_only = not same and replace(
+            src.cfg, state_rest=mcfg.state_rest, state_members=mcfg.state_members, state_pairs=mcfg.state_pairs,
+            state_hand_frame=mcfg.state_hand_frame, state_velocity=mcfg.state_velocity, state_arm_rest=mcfg.state_arm_rest,
+            state_detach_hand=mcfg.state_detach_hand, state_arm_target=mcfg.state_arm_target, state_gate=mcfg.state_gate,
+            state_settle=mcfg.state_settle, state_height_loss=mcfg.state_height_loss,
+            state_settle_unroll=mcfg.state_settle_unroll, state_cube_huber_cm=mcfg.state_cube_huber_cm, **mask_kind) == mcfg
+        fitted = src.change_mask is not None and bool(src.change_mask_fitted)
+        if (same or channel_only) and mask_same and fitted and mcfg.layer_cameras:
+            # the pose layer reads real frames and recorded hands only: a fine-tune (e.g. co-evolution's) or a new
+            # channel keeps it
+            extra["pose_layer_trained"] = True
         if same:  # the same model: fine-tune all (but a channel trained anew)
             model.load_state_dict(weights, strict=mask_same and cfg.init_state_channel)
-            fitted = src.change_mask is not None and bool(src.change_mask_fitted)
-            if mask_same and fitted and mcfg.layer_cameras:
-                # the pose layer reads real frames and recorded hands only: a fine-tune (e.g. co-evolution's) keeps it
-                extra["pose_layer_trained"] = True
             # a fit this run asks for (other data, other weights) is made even when nothing else trains
             refit = cfg.calibration_data is not None or cfg.change_mask_static_weight != 1
             if mask_same and fitted and not refit and not (cfg.ae_steps or cfg.state_steps or cfg.dyn_steps
                                                            or cfg.unroll_steps or dagger.rounds):
                 # nothing the mask reads changes (the heads are not among it): the source's fitted mask stays
                 extra["change_mask_step"] = 0
-        elif replace(src.cfg, state_rest=mcfg.state_rest, state_members=mcfg.state_members, state_pairs=mcfg.state_pairs,
-                     state_hand_frame=mcfg.state_hand_frame, state_velocity=mcfg.state_velocity, state_arm_rest=mcfg.state_arm_rest,
-                     state_detach_hand=mcfg.state_detach_hand, state_arm_target=mcfg.state_arm_target,
-                     state_gate=mcfg.state_gate, state_settle=mcfg.state_settle,
-                     state_height_loss=mcfg.state_height_loss, state_settle_unroll=mcfg.state_settle_unroll,
-                     state_cube_huber_cm=mcfg.state_cube_huber_cm,
-                     **mask_kind) == mcfg:
-            # the same frames model with another state channel: keep every weight but the channel's (trained anew)
+        elif channel_only:
             model.load_state_dict({k: v for k, v in weights.items() if not k.startswith("state_channel.")}, strict=False)
         elif (cfg.init_state_channel and model.state_channel is not None and src.state_channel is not None
               and src.state_channel.cfg == model.state_channel.cfg):
