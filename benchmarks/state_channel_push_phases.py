@@ -8,7 +8,7 @@ expert's own phase (`sim.tabletop.experts.push_phase`: `push`, `realign`: low be
 so the hand moves sideways at pushing height, `approach`, `done`). Per phase, over the steps in that phase:
 
 - `steps_per_episode`, `moved_share` (the pushed cube moved > 0.5 mm in the step) and, over moving steps, the cube's
-  displacement along the push direction and across it, signed positive when it goes the way the hand went across
+  displacement along the push direction (mean, median and p90) and across it, signed positive when it goes the way the hand went across
   (`lateral_with_hand_cm`: a cube that follows a sideways sweep of the hand);
 - for the failed episodes: how many bring the pushed cube within 3 cm of the hand's workspace bounds and in which
   phase the step that gets it there was taken (`edge_reached_in`).
@@ -90,6 +90,9 @@ def phase_table(episodes: list[list[tuple]], finals: list[tuple | None], success
     n = max(len(episodes), 1)
     out = {p: {"steps_per_episode": r["steps"] / n, "moved_share": r["moved"] / r["steps"] if r["steps"] else None,
                "along_cm": float(np.mean(r["along"])) if r["along"] else None,
+               # a push step's change is heavy-tailed (a kicked cube slides on): its median and p90 beside the mean
+               "along_median_cm": float(np.median(r["along"])) if r["along"] else None,
+               "along_p90_cm": float(np.percentile(r["along"], 90)) if r["along"] else None,
                "lateral_with_hand_cm": float(np.mean(r["across"])) if r["across"] else None} for p, r in rows.items()}
     fails = int((~np.asarray(success, bool)).sum())
     return {"phases": out, "failures": fails, "failures_reaching_edge": sum(edge_in.values()), "edge_reached_in": edge_in}

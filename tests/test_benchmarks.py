@@ -1082,6 +1082,16 @@ def test_state_channel_push_phases_labels_steps_with_the_experts_own_phases(trai
     assert phase == "realign" and along == pytest.approx(0.0) and across == pytest.approx(1.0)
     nxt_env[c + 1] += 0.02  # the cube goes the other way across
     assert bench["step_motion"](state, env_state, nxt, nxt_env, (c, z))[2] == pytest.approx(-1.0)
+    # a hand-made push of 1, 1, 1 and 7 cm along (a kick): mean 2.5, median 1, p90 5.2
+    seq, x = [], 0.30
+    for dx in (0.0, 0.01, 0.01, 0.01, 0.07):
+        x += dx
+        s, en = np.zeros(len(STATE_NAMES)), np.zeros(len(ENV_STATE_NAMES))
+        en[z : z + 2], en[c : c + 3], s[e : e + 3] = (0.60, 0.0), (x, 0.0, 0.02), (x - 0.03, 0.0, 0.02)
+        seq.append((s, en))
+    push = bench["phase_table"]([seq[:-1]], [seq[-1]], np.array([False]), [(c, z)])["phases"]["push"]
+    assert push["steps_per_episode"] == 4 and push["along_cm"] == pytest.approx(2.5)
+    assert push["along_median_cm"] == pytest.approx(1.0) and push["along_p90_cm"] == pytest.approx(5.2)
     with pytest.raises(ValueError, match="readout"):
         bench["main"](quick=True, world_models=str(trained), readout="median")
     # the settling rule both ways on one run: a row each; under a gate that draws nothing, the row of the run's own

@@ -201,8 +201,8 @@ class TrainWMConfig:
     imagination (`StateChannelConfig.settle_unroll`)."""
     state_cube_huber_cm: float = CUBE_HUBER_CM
     """The Huber threshold (cm) of the cubes' horizontal change in the state channel's unrolled loss: 1 fits near the
-    median change, which is well below the mean for the heavy-tailed pushes of the tabletop; larger fits the mean
-    (`state_channel.CUBE_HUBER_CM`)."""
+    median change, well below the mean for the tabletop's heavy-tailed pushes; larger fits more of the mean, which
+    lengthens the channel's push steps but did not make imagination agree better (`state_channel.CUBE_HUBER_CM`)."""
     state_dagger_rounds: int = 0
     """After the other phases: rounds of DAgger for the state channel (`state_dagger.py`): the scripted expert in
     imagination, the true simulator put in the states it visits, the channel trained on the union (tabletop only)."""
