@@ -997,7 +997,8 @@ def test_init_from_without_its_state_channel_trains_the_channel_anew(trained, ti
     chans = {}
     for keep in (True, False):
         train_world_model(tiny_wm_config(tiny_data, tmp_path / str(keep), init_from=trained, ae_steps=0, dyn_steps=0,
-                                         unroll_steps=0, state_steps=1, init_state_channel=keep), progress=False)
+                                         unroll_steps=0, state_steps=1, change_mask_steps=0, init_state_channel=keep),
+                          progress=False)
         chans[keep] = VideoWorldModel.load(tmp_path / str(keep) / "checkpoints/last").state_dict()
     k = "state_channel.cube.l1.weight"
     kept, fresh = ((chans[keep][k] - src[k]).abs().max().item() for keep in (True, False))

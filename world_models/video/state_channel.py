@@ -90,11 +90,11 @@ OUT_SCALE = 100.0  # outputs in centimetres: one unit of loss is 1 cm
 REST_SCALE = 100.0  # rest outputs in hundredths (0.01 rad for joints, about 0.3-0.5 cm at the gripper)
 
 # The Huber loss is quadratic below its threshold and linear above, so it fits something between the mean and the
-# median of what it cannot tell apart. A cube's horizontal change in a step is heavy-tailed: on the demo's data, over
-# the steps a cube moves, mean 3.0 cm, median 1.3, p90 7.4 (a kicked cube slides on), and at a threshold of 1 cm the
-# channel's push step from true states moves the cube 1.33 cm along the push against the simulator's 2.11 (README,
-# session 70). A larger threshold fits more of the mean (1.52 at 3 cm, 1.70 at 10), but drags the cube across with
-# the hand more as well, and neither the expert's closed loop nor the ranking of pixel policies gained: 1 stays.
+# median of what it cannot tell apart. A cube's change in a push step is heavy-tailed (the simulator's noisy expert:
+# 2.38 cm along the push per moving step, median 1.61, p90 5.98: a kicked cube slides on), and at a threshold of 1 cm
+# the channel's step from true states moves it 1.33 cm against the simulator's 2.11 (README, session 70). A larger
+# threshold fits more of the mean (1.52 at 3 cm, 1.70 at 10), but drags the cube across with the hand more as well,
+# and neither the expert's closed loop nor the ranking of pixel policies gained: 1 stays.
 CUBE_HUBER_CM = 1.0
 
 
