@@ -27,7 +27,7 @@ also samples.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -195,6 +195,12 @@ class WorldModelConfig:
     def pose_dim(self) -> int:
         """Entries of a commanded pose: end-effector xyz target, [the rotation step,] gripper command."""
         return 7 if self.rotation else 4
+
+
+# the state channel's recipe and rollout options (every `state_*` field but observation.state's size): models that
+# differ only in these share every weight but the channel's
+STATE_CHANNEL_FIELDS = tuple(f.name for f in fields(WorldModelConfig)
+                             if f.name.startswith("state_") and f.name != "state_dim")
 
 
 def commanded_pose(ee: torch.Tensor, action: torch.Tensor, cfg: WorldModelConfig) -> torch.Tensor:

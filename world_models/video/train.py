@@ -34,7 +34,7 @@ from wmrl.core.features import ACTION, OBS_ENV_STATE, OBS_STATE, REWARD, SUCCESS
 from wmrl.core.run import Tracker, start_run
 from wmrl.replay import EpisodeReplay
 from wmrl.replay.buffer import BOOKKEEPING
-from world_models.video.model import (CHANGE_MASK_FIELDS, VideoWorldModel, WorldModelConfig, channel_state, commanded_pose,
+from world_models.video.model import (CHANGE_MASK_FIELDS, STATE_CHANNEL_FIELDS, VideoWorldModel, WorldModelConfig, channel_state, commanded_pose,
                                       scene_points)
 from world_models.video.networks import TaskEncoder
 import sim
@@ -683,12 +683,8 @@ def train_world_model(cfg: TrainWMConfig, progress: bool = True) -> dict:
         weights = {k: v for k, v in src.state_dict().items() if (mask_same or not k.startswith("change_mask"))
                    and (cfg.init_state_channel or not k.startswith("state_channel."))}
         # the same frames model with another state channel: every weight but the channel's (trained anew)
-        channel_only = not same and replace(
-            src.cfg, state_rest=mcfg.state_rest, state_members=mcfg.state_members, state_pairs=mcfg.state_pairs,
-            state_hand_frame=mcfg.state_hand_frame, state_velocity=mcfg.state_velocity, state_arm_rest=mcfg.state_arm_rest,
-            state_detach_hand=mcfg.state_detach_hand, state_arm_target=mcfg.state_arm_target, state_gate=mcfg.state_gate,
-            state_settle=mcfg.state_settle, state_height_loss=mcfg.state_height_loss,
-            state_settle_unroll=mcfg.state_settle_unroll, state_cube_huber_cm=mcfg.state_cube_huber_cm, **mask_kind) == mcfg
+        channel_only = not same and replace(src.cfg, **{f: getattr(mcfg, f) for f in STATE_CHANNEL_FIELDS},
+                                            **mask_kind) == mcfg
         fitted = src.change_mask is not None and bool(src.change_mask_fitted)
         if (same or channel_only) and mask_same and fitted and mcfg.layer_cameras:
             # the pose layer reads real frames and recorded hands only: a fine-tune (e.g. co-evolution's) or a new
